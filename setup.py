@@ -1,0 +1,41 @@
+"""Installation script for arl: JAX-native agentic reinforcement learning."""
+
+import setuptools
+
+setuptools.setup(
+    name="arl",
+    version="0.1.0",
+    description=(
+        "JAX-native, functional agentic RL: PPO/GRPO/ERPO kernels, jittable token "
+        "environments and a single compiled rollout+update step."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.7.0",
+        "flax>=0.10.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "chex>=0.1.88",
+        "tensorflow-datasets>=4.9.7",
+        "ml-collections>=1.0.0",
+        "absl-py>=2.1.0",
+        "gymnax>=1.0.0",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+        "grain>=0.2.10",
+        "array-record>=0.7.0",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8.0",
+            "hypothesis>=6.100",
+            "rlax>=0.1.6",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+        ],
+    },
+)
