@@ -1,0 +1,499 @@
+"""Decoder-only transformer language model (Llama / Qwen2 family) with a KV cache.
+
+Architecture (Touvron et al. 2023, "LLaMA", arXiv 2302.13971; Qwen2 adds QKV bias):
+
+    h_0 = E[tokens]
+    for each layer l:
+        a   = RMSNorm_l^attn(h)
+        h  += o_proj(Attention(RoPE(q_proj a), RoPE(k_proj a), v_proj a))   # causal, GQA
+        m   = RMSNorm_l^mlp(h)
+        h  += down_proj(silu(gate_proj m) * up_proj m)                       # SwiGLU
+    z = RMSNorm^final(h)
+    logits = z @ W_lm   (W_lm = E^T when embeddings are tied)        -- float32
+    value  = z @ w_v + b_v   (optional scalar head, the PPO critic)  -- float32
+
+* RMSNorm(x) = x / sqrt(mean(x^2) + eps) * scale, computed in float32 (Zhang & Sennrich 2019).
+* RoPE (Su et al. 2021, arXiv 2104.09864) in the "rotate-half" layout used by Hugging Face
+  Llama/Qwen2: for frequencies f_i = theta^(-2i/head_dim), i < head_dim/2,
+  x' = x * cos(p f) + rotate_half(x) * sin(p f), rotate_half([x1, x2]) = [-x2, x1].
+* Attention scores and softmax are float32; softmax(q k^T / sqrt(head_dim) + mask).
+* Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): num_heads query heads
+  share num_kv_heads key/value heads in groups of num_heads // num_kv_heads.
+
+Parameter tree (names mirror Hugging Face so checkpoint import is a rename + reshape):
+
+    embed_tokens/embedding                 [vocab, d_model]            ("vocab", "embed")
+    layers/input_layernorm/scale           [L, d_model]                ("layers", "embed")
+    layers/self_attn/q_proj/kernel         [L, d_model, H, head_dim]   ("layers", "embed", "heads", "head_dim")
+    layers/self_attn/q_proj/bias           [L, H, head_dim]            (qkv_bias only)
+    layers/self_attn/k_proj/kernel         [L, d_model, KV, head_dim]  ("layers", "embed", "kv_heads", "head_dim")
+    layers/self_attn/v_proj/kernel         [L, d_model, KV, head_dim]
+    layers/self_attn/o_proj/kernel         [L, H, head_dim, d_model]   ("layers", "heads", "head_dim", "embed")
+    layers/post_attention_layernorm/scale  [L, d_model]
+    layers/mlp/gate_proj/kernel            [L, d_model, mlp_dim]       ("layers", "embed", "mlp")
+    layers/mlp/up_proj/kernel              [L, d_model, mlp_dim]
+    layers/mlp/down_proj/kernel            [L, mlp_dim, d_model]       ("layers", "mlp", "embed")
+    norm/scale                             [d_model]
+    lm_head                                [d_model, vocab]            ("embed", "vocab"), untied only
+    value_head/kernel, value_head/bias     [d_model, 1], [1]           (value_head only)
+
+The layers are stacked on a leading axis and run with `nn.scan` (one compiled layer body
+whatever the depth). A HF tensor `model.layers.{i}.self_attn.q_proj.weight` of shape
+[H*head_dim, d_model] is `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
+
+Boxed parameters: every parameter is created through `nn.with_logical_partitioning`, so
+`model.init(...)` returns `nn.LogicallyPartitioned` boxes. `model.apply` accepts boxed or
+plain parameters. For optax and arithmetic, unbox once:
+
+    variables = model.init(key, tokens)
+    specs = param_partition_specs(variables["params"], LOGICAL_AXIS_RULES)   # needs the boxes
+    params = nn.unbox(variables)["params"]                                  # plain arrays
+
+`abstract_params(model)` gives the boxed shapes without allocating anything.
+
+Separate critic: build a second `Transformer(dataclasses.replace(config, value_head=True))`
+with its own parameters and use only its `values` output (its logits are simply ignored;
+set `compute_logits=False` to skip the vocabulary projection). A shared-trunk critic is
+the same model with `value_head=True` on the policy itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import PartitionSpec
+
+# Logical axis name -> mesh axis (or None: replicated). Mesh axes are ("data", "fsdp",
+# "tensor"): FSDP shards the model dimension of every matrix, tensor parallelism shards
+# heads / MLP hidden / vocabulary (Megatron-style column/row split).
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("layers", None),
+    ("length", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of the decoder. Frozen and hashable (a static module attribute).
+
+    Attributes:
+      vocab_size: number of token ids.
+      d_model: residual stream width.
+      num_layers: number of decoder layers.
+      num_heads: query heads.
+      num_kv_heads: key/value heads; grouped-query attention when < num_heads. Must
+        divide num_heads.
+      head_dim: per-head width; defaults to d_model // num_heads.
+      mlp_dim: SwiGLU hidden width.
+      max_len: default KV-cache capacity (`init_cache` callers may pass their own).
+      rope_theta: RoPE base (10_000 for Llama 2, 500_000 for Llama 3, 1e6 for Qwen2).
+      norm_eps: RMSNorm epsilon.
+      qkv_bias: biases on q/k/v projections (Qwen2).
+      tie_embeddings: logits use the input embedding matrix transposed.
+      value_head: add a scalar value head on the final hidden state.
+      dtype: activation dtype (float32 or bfloat16). Norms, attention softmax, logits and
+        values are always float32.
+      param_dtype: parameter dtype.
+      initializer_range: std of the normal initialiser of every matrix (HF convention).
+      remat: rematerialise each layer in the backward pass (saves activation memory).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int | None = None
+    mlp_dim: int = 512
+    max_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    value_head: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    initializer_range: float = 0.02
+    remat: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                     "mlp_dim", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
+        if self.head_dim is None:
+            if self.d_model % self.num_heads:
+                raise ValueError(
+                    f"TransformerConfig.num_heads={self.num_heads} must divide "
+                    f"d_model={self.d_model} (or set head_dim explicitly)")
+        elif not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
+            raise ValueError(f"TransformerConfig.head_dim must be a positive int or None, "
+                             f"got {self.head_dim!r}")
+        if self.resolved_head_dim % 2:
+            raise ValueError(f"TransformerConfig.head_dim must be even for RoPE, got "
+                             f"{self.resolved_head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"TransformerConfig.num_kv_heads={self.num_kv_heads} must divide "
+                f"num_heads={self.num_heads}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"TransformerConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps}")
+        for name in ("dtype", "param_dtype"):
+            dt = jnp.dtype(getattr(self, name))
+            if not jnp.issubdtype(dt, jnp.floating):
+                raise ValueError(f"TransformerConfig.{name} must be a float dtype "
+                                 f"(float32, bfloat16, float16), got {dt}")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer keys/values of every position written so far, one row per sequence.
+
+    keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity).
+    length: int32 [B], number of valid positions of each row; position p of row b is
+      valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
+      valid queries.
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    length: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+
+@struct.dataclass
+class ModelOutput:
+    """logits f32 [B, T, V] (None with compute_logits=False); values f32 [B, T] or None;
+    cache (None without one); hidden [B, T, d_model] final-normed states when requested."""
+
+    logits: jax.Array | None
+    values: jax.Array | None
+    cache: KVCache | None
+    hidden: jax.Array | None = None
+
+
+def init_cache(config: TransformerConfig, batch_size: int, capacity: int | None = None,
+               dtype=jnp.float32) -> KVCache:
+    """An empty cache (length 0 everywhere) for `batch_size` rows of `capacity` positions
+    (default config.max_len)."""
+    capacity = config.max_len if capacity is None else capacity
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
+    if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ValueError(f"init_cache: capacity must be a positive int, got {capacity!r}")
+    shape = (config.num_layers, batch_size, capacity, config.num_kv_heads,
+             config.resolved_head_dim)
+    return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
+                   length=jnp.zeros((batch_size,), jnp.int32))
+
+
+def _normal(config: TransformerConfig):
+    return nn.initializers.normal(stddev=config.initializer_range)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * scale, statistics in float32 (Zhang & Sennrich 2019)."""
+
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # HF casts back to the activation dtype before the scale multiply; keep that order
+        # so bfloat16 checkpoints reproduce exactly.
+        return normed.astype(self.dtype) * scale.astype(self.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding, rotate-half layout. x [B, T, N, D], positions int [B, T]."""
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _projection(config, features, names, use_bias, name):
+    return nn.DenseGeneral(
+        features=features, axis=-1, use_bias=use_bias, dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(_normal(config), ("embed",) + names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names), name=name)
+
+
+class Attention(nn.Module):
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x, positions, layer_cache, write_positions, key_positions):
+        """x [B, T, D]; positions int [B, T] (query positions).
+
+        Without a cache (layer_cache None) keys are the T tokens themselves. With a cache
+        (keys, values [B, S, KV, Dh]) the new keys are scattered to `write_positions`
+        [B, T] (out-of-range entries dropped) and queries attend to all S slots whose
+        position is <= their own (`key_positions` [S]).
+        """
+        cfg = self.config
+        num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        q = _projection(cfg, (num_heads, head_dim), ("heads", "head_dim"), cfg.qkv_bias,
+                        "q_proj")(x)
+        k = _projection(cfg, (num_kv, head_dim), ("kv_heads", "head_dim"), cfg.qkv_bias,
+                        "k_proj")(x)
+        v = _projection(cfg, (num_kv, head_dim), ("kv_heads", "head_dim"), cfg.qkv_bias,
+                        "v_proj")(x)
+        q = apply_rope(q, positions, cfg.rope_theta)
+        k = apply_rope(k, positions, cfg.rope_theta)
+
+        if layer_cache is None:
+            keys, values = k, v
+            key_pos = positions  # [B, T]
+            new_layer_cache = None
+        else:
+            cached_keys, cached_values = layer_cache
+            batch_index = jnp.arange(x.shape[0])[:, None]
+            # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
+            # clamping onto the last slot as dynamic_update_slice would.
+            keys = cached_keys.at[batch_index, write_positions].set(
+                k.astype(cached_keys.dtype), mode="drop")
+            values = cached_values.at[batch_index, write_positions].set(
+                v.astype(cached_values.dtype), mode="drop")
+            new_layer_cache = (keys, values)
+            keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
+            key_pos = jnp.broadcast_to(key_positions, (x.shape[0], key_positions.shape[0]))
+
+        batch, q_len = q.shape[:2]
+        groups = num_heads // num_kv
+        q = q.reshape(batch, q_len, num_kv, groups, head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
+                            preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+        allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
+            batch, q_len, num_heads, head_dim)
+        out = nn.DenseGeneral(
+            features=cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
+            name="o_proj")(out)
+        return out, new_layer_cache
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate x) * up x) (Shazeer 2020, arXiv 2002.05202)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+
+        def dense(features, names, name):
+            return nn.Dense(features, use_bias=False, dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype,
+                            kernel_init=nn.with_logical_partitioning(_normal(cfg), names),
+                            name=name)
+
+        gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
+        up = dense(cfg.mlp_dim, ("embed", "mlp"), "up_proj")(x)
+        return dense(cfg.d_model, ("mlp", "embed"), "down_proj")(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm layer; scanned over the layer axis (carry = residual stream)."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, h, layer_cache, positions, write_positions, key_positions):
+        cfg = self.config
+        norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
+        attn_out, new_layer_cache = Attention(cfg, name="self_attn")(
+            norm("input_layernorm")(h), positions, layer_cache, write_positions, key_positions)
+        h = h + attn_out
+        h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
+        return h, new_layer_cache
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM; see the module docstring for the architecture and parameters."""
+
+    config: TransformerConfig
+
+    @nn.compact
+    def __call__(self, tokens, *, cache: KVCache | None = None, num_valid=None,
+                 compute_logits: bool = True, return_hidden: bool = False) -> ModelOutput:
+        """tokens int32 [B, T].
+
+        No cache: positions 0..T-1, causal attention over the T tokens (training /
+          recomputation; sequences left-aligned, padding only at the end).
+        With cache: the T tokens are appended to row b at positions
+          cache.length[b] + arange(T); queries attend causally to every cached position <=
+          their own. Writes past the capacity are dropped (outputs for such queries are
+          meaningless). new_cache.length = length + num_valid (int32 [B], default T).
+          Tokens t >= num_valid[b] are not written at all (stronger than "written but not
+          counted": the cache of a row with num_valid 0 is bit-for-bit unchanged); their
+          outputs are meaningless and valid queries never see them. This lets one call
+          prefill a padded chunk, and lets finished rows idle during decoding.
+        compute_logits=False skips the vocabulary projection (logits None);
+        return_hidden=True also returns the final-normed hidden states.
+
+        Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, new cache or
+        None, hidden or None).
+        """
+        cfg = self.config
+        if tokens.ndim != 2:
+            raise ValueError(f"Transformer: tokens must be [B, T], got shape {tokens.shape}")
+        if not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"Transformer: tokens must be an integer array, got {tokens.dtype}")
+        batch, seq_len = tokens.shape
+
+        if cache is None:
+            if num_valid is not None:
+                raise ValueError("Transformer: num_valid only applies together with cache")
+            positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+            layer_caches = None
+            write_positions = key_positions = None
+        else:
+            expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
+                        cfg.resolved_head_dim)
+            if cache.keys.shape != expected or cache.values.shape != expected:
+                raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
+                                 f"(layers, batch, capacity, kv_heads, head_dim), got "
+                                 f"{cache.keys.shape} / {cache.values.shape}")
+            if cache.length.shape != (batch,):
+                raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
+                                 f"{cache.length.shape}")
+            if num_valid is None:
+                num_valid = jnp.full((batch,), seq_len, jnp.int32)
+            num_valid = jnp.asarray(num_valid, jnp.int32)
+            if num_valid.shape != (batch,):
+                raise ValueError(f"Transformer: num_valid must be int32 [B]=({batch},), got "
+                                 f"shape {num_valid.shape}")
+            offsets = jnp.arange(seq_len, dtype=jnp.int32)
+            positions = cache.length[:, None] + offsets  # [B, T]
+            write_positions = jnp.where(offsets < num_valid[:, None], positions, cache.capacity)
+            key_positions = jnp.arange(cache.capacity, dtype=jnp.int32)
+            layer_caches = (cache.keys, cache.values)
+
+        embed = nn.Embed(
+            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            embedding_init=nn.with_logical_partitioning(_normal(cfg), ("vocab", "embed")),
+            name="embed_tokens")
+        h = embed(tokens)
+
+        layer_cls = DecoderLayer
+        if cfg.remat:
+            layer_cls = nn.remat(layer_cls, prevent_cse=False)
+        layers = nn.scan(
+            layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+            metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
+        h, new_layer_caches = layers(h, layer_caches, positions, write_positions, key_positions)
+
+        hidden = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h)
+
+        logits = None
+        if compute_logits:
+            if cfg.tie_embeddings:
+                unembed = embed.embedding.T  # [D, V]
+            else:
+                unembed = self.param(
+                    "lm_head",
+                    nn.with_logical_partitioning(_normal(cfg), ("embed", "vocab")),
+                    (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
+            logits = jnp.einsum("btd,dv->btv", hidden, unembed.astype(cfg.dtype),
+                                preferred_element_type=jnp.float32)
+
+        values = None
+        if cfg.value_head:
+            values = nn.Dense(
+                1, dtype=jnp.float32, param_dtype=cfg.param_dtype,
+                kernel_init=nn.with_logical_partitioning(_normal(cfg), ("embed", None)),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+                name="value_head")(hidden.astype(jnp.float32))[..., 0]
+
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
+                                length=cache.length + num_valid)
+        return ModelOutput(logits=logits, values=values, cache=new_cache,
+                           hidden=hidden if return_hidden else None)
+
+
+def abstract_params(model: Transformer, batch_size: int = 1, seq_len: int = 1):
+    """Boxed parameter shapes (`nn.LogicallyPartitioned` of ShapeDtypeStruct), no memory."""
+    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+
+
+def _divides(mesh, mesh_axes, dim) -> bool:
+    names = mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
+    return dim % int(np.prod([mesh.shape[n] for n in names])) == 0
+
+
+def param_partition_specs(params_or_boxed, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES,
+                          mesh: jax.sharding.Mesh | None = None):
+    """PartitionSpec pytree (mesh axes) for boxed parameters.
+
+    Leaves that are `nn.Partitioned`/`nn.LogicallyPartitioned` boxes (what `model.init`
+    and `abstract_params` return) get their logical names mapped through `rules`; plain
+    arrays get PartitionSpec() (replicated) — pass boxes, not unboxed params. With `mesh`,
+    an axis whose mesh size does not divide the dimension is dropped (replicated) so the
+    spec is always valid for `jax.device_put`, e.g. 2 kv heads on a 4-way tensor axis.
+    The result has the structure of the unboxed parameters.
+    """
+    logical = nn.get_partition_spec(params_or_boxed)
+    mesh_specs = nn.logical_to_mesh(logical, rules)
+    if mesh is None:
+        return mesh_specs
+    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(params_or_boxed))
+
+    def fit(spec, shape):
+        return PartitionSpec(*(axes if axes is None or _divides(mesh, axes, dim) else None
+                               for axes, dim in zip(tuple(spec) + (None,) * (len(shape) - len(spec)),
+                                                    shape)))
+
+    return jax.tree.map(fit, mesh_specs, shapes,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def param_shardings(params_or_boxed, mesh: jax.sharding.Mesh,
+                    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES):
+    """NamedSharding pytree for `jax.device_put` / `jax.jit(out_shardings=...)`."""
+    specs = param_partition_specs(params_or_boxed, rules, mesh)
+    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
