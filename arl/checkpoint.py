@@ -1,0 +1,346 @@
+"""Checkpointing of training-state pytrees with orbax, with exact resume.
+
+A training state is any pytree (typically a `flax.struct` dataclass holding
+parameters, an optax state, a step counter and a PRNG key). `Checkpointer` wraps
+`orbax.checkpoint.CheckpointManager` with two items per step:
+
+* ``state``: the pytree, written with `ocp.args.StandardSave` and read back with
+    `ocp.args.StandardRestore(abstract_state)`, so containers (optax named tuples,
+    dataclasses) come back as their real types and arrays land on the shardings
+    of the abstract target. Typed keys (`jax.random.key`) and raw ``uint32`` keys
+    (`jax.random.PRNGKey`) both round-trip bit for bit.
+* ``metadata``: a JSON object (the config, host-side counters, ...).
+
+Saves are atomic: orbax writes into a temporary directory, writes
+``commit_success.txt`` and renames it to ``<directory>/<step>``.
+
+Restoring walks the committed steps from newest to oldest. A step is skipped,
+with an absl warning naming the step and the reason, when
+
+1. its commit marker (``commit_success.txt``) or an item directory is missing,
+2. its metadata cannot be read (truncated or deleted JSON / tree metadata),
+3. reading the arrays fails (tensorstore checks every chunk: truncated,
+      deleted or bit-flipped data files raise ``DATA_LOSS`` / ``NOT_FOUND``).
+
+A skipped step is moved aside to ``<directory>/corrupt/<step>-<n>`` so that the
+resumed run can save that step number again and `max_to_keep` counts only good
+checkpoints. A checkpoint whose tree does not match ``abstract_state``
+(different leaves, shapes or dtypes) is NOT treated as corrupt: that is a
+program error, and `restore_latest` raises a `ValueError` listing the
+differences instead of silently discarding good checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+
+_STATE_ITEM = "state"
+_METADATA_ITEM = "metadata"
+_COMMIT_MARKER = "commit_success.txt"
+_QUARANTINE_DIR = "corrupt"
+
+
+class CheckpointStructureError(ValueError):
+    """The checkpoint on disk does not match the abstract target's tree."""
+
+
+def abstract_state(state: PyTree) -> PyTree:
+    """Returns `jax.ShapeDtypeStruct` leaves (with shardings) mirroring `state`.
+
+    Use it as the restore target when a concrete state (e.g. a freshly
+    initialised one) is at hand; `jax.eval_shape(init_fn, ...)` works too.
+    """
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+
+
+def _to_json_compatible(value: Any) -> Any:
+    """Converts numpy/jax scalars and arrays and ConfigDicts to JSON types."""
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return _to_json_compatible(value.to_dict())
+    if isinstance(value, Mapping):
+        return {str(k): _to_json_compatible(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json_compatible(v) for v in value]
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        return np.asarray(value).tolist()
+    raise TypeError(
+        f"metadata value {value!r} of type {type(value).__name__} is not JSON "
+        "serialisable; allowed: dict, list, tuple, str, bool, int, float, None, "
+        "numpy/jax arrays and ml_collections.ConfigDict."
+    )
+
+
+def _physical_shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype as stored on disk (typed PRNG keys are stored as key data)."""
+    dtype = leaf.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, dtype))
+        return tuple(data.shape), np.dtype(data.dtype)
+    return tuple(leaf.shape), np.dtype(dtype)
+
+
+def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
+    """Lists leaves whose presence, shape or dtype differ between target and disk."""
+    expected = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(abstract), sep=".")
+    saved = ocp.tree.to_flat_dict(saved_tree, sep=".")
+    differences = []
+    for name in sorted(set(expected) - set(saved)):
+        differences.append(f"{name}: in the target, not in the checkpoint")
+    for name in sorted(set(saved) - set(expected)):
+        differences.append(f"{name}: in the checkpoint, not in the target")
+    for name in sorted(set(expected) & set(saved)):
+        target_leaf, saved_leaf = expected[name], saved[name]
+        if not hasattr(target_leaf, "dtype") or not hasattr(saved_leaf, "dtype"):
+            continue
+        shape, dtype = _physical_shape_dtype(target_leaf)
+        if tuple(saved_leaf.shape) != shape or np.dtype(saved_leaf.dtype) != dtype:
+            differences.append(
+                f"{name}: target {shape} {dtype}, checkpoint "
+                f"{tuple(saved_leaf.shape)} {np.dtype(saved_leaf.dtype)}"
+            )
+    return differences
+
+
+class Checkpointer:
+    """Saves and restores a training-state pytree plus JSON metadata.
+
+    Usage::
+
+        with Checkpointer(workdir / "checkpoints", save_every=100) as ckpt:
+            restored = ckpt.restore_latest(abstract_state(initial_state))
+            step, state, meta = restored if restored else (0, initial_state, {})
+            for step in range(step + 1, num_steps + 1):
+                state, metrics = train_step(state)
+                ckpt.save(step, state, metadata={"config": config.to_dict()})
+            ckpt.save(num_steps, state, force=True)
+
+    Args:
+        directory: where step directories live; created if missing.
+        max_to_keep: number of most recent checkpoints kept (older ones deleted).
+        save_every: `save` writes when ``step % save_every == 0``; ``None`` means
+            only forced saves write.
+        async_save: if True, `save` returns while orbax writes in the background
+            (call `wait()` before relying on the files); by default `save` returns
+            after the checkpoint is committed, so a crash right after it loses nothing.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_to_keep: int = 3,
+        save_every: int | None = None,
+        async_save: bool = False,
+    ):
+        if not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
+        if save_every is not None and (not isinstance(save_every, int) or save_every < 1):
+            raise ValueError(
+                f"save_every must be None or an integer >= 1, got {save_every!r}."
+            )
+        self._directory = os.path.abspath(os.fspath(directory))
+        self._save_every = save_every
+        self._async_save = async_save
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            create=True,
+            cleanup_tmp_directories=True,  # leftovers of a save killed midway
+            enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(
+            self._directory,
+            # Handlers given up front so a fresh process can read item metadata
+            # before its first save.
+            item_handlers={
+                _STATE_ITEM: ocp.StandardCheckpointHandler(),
+                _METADATA_ITEM: ocp.JsonCheckpointHandler(),
+            },
+            options=options,
+        )
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    def should_save(self, step: int, *, force: bool = False) -> bool:
+        """Whether `save(step, ..., force=force)` would write (ignoring existing steps)."""
+        return force or (self._save_every is not None and step % self._save_every == 0)
+
+    def save(
+        self,
+        step: int,
+        state: PyTree,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> bool:
+        """Saves `state` and `metadata` as checkpoint `step` if due.
+
+        Writes when ``step % save_every == 0`` or `force`. A step that is already on
+        disk is never overwritten (e.g. the final forced save right after a periodic
+        one): the call returns False.
+
+        Returns:
+            True if a checkpoint was written (or, with ``async_save``, started).
+        """
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}.")
+        if not self.should_save(step, force=force):
+            return False
+        if step in self._manager.all_steps():
+            return False
+        json_metadata = _to_json_compatible(dict(metadata or {}))
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    _STATE_ITEM: ocp.args.StandardSave(state),
+                    _METADATA_ITEM: ocp.args.JsonSave(json_metadata),
+                }
+            ),
+            force=True,  # the save decision is ours, made above
+        )
+        if not self._async_save:
+            self._manager.wait_until_finished()
+        return bool(saved)
+
+    def wait(self) -> None:
+        """Blocks until any in-flight save is committed."""
+        self._manager.wait_until_finished()
+
+    def all_steps(self) -> list[int]:
+        """Committed steps on disk, ascending (not yet checked for corruption)."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None (not yet checked for corruption)."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def restore(self, step: int, abstract_target: PyTree) -> tuple[PyTree, dict[str, Any]]:
+        """Restores checkpoint `step` into the structure of `abstract_target`.
+
+        Raises:
+            CheckpointStructureError: the tree on disk does not match the target.
+            Exception: whatever orbax/tensorstore raise for unreadable files.
+        """
+        self._check_committed(step)
+        saved_tree = self._manager.item_metadata(step)[_STATE_ITEM]
+        saved_tree = getattr(saved_tree, "tree", saved_tree)
+        if saved_tree is None:
+            raise FileNotFoundError("the state's tree metadata could not be read")
+        differences = _structure_differences(abstract_target, saved_tree)
+        if differences:
+            raise CheckpointStructureError(
+                f"checkpoint step {step} in {self._directory} does not match "
+                "abstract_target:\n  " + "\n  ".join(differences)
+            )
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    _STATE_ITEM: ocp.args.StandardRestore(abstract_target),
+                    _METADATA_ITEM: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+        metadata = restored[_METADATA_ITEM]
+        if not isinstance(metadata, dict):
+            raise ValueError(f"metadata of step {step} is {type(metadata).__name__}, not a dict")
+        return restored[_STATE_ITEM], metadata
+
+    def restore_latest(
+        self, abstract_target: PyTree
+    ) -> tuple[int, PyTree, dict[str, Any]] | None:
+        """Restores the newest readable checkpoint.
+
+        Args:
+            abstract_target: pytree of `jax.ShapeDtypeStruct` (with shardings, see
+                `abstract_state`) or of concrete arrays, shaped like the saved state.
+
+        Returns:
+            ``(step, state, metadata)``, or None when no good checkpoint exists.
+            Unreadable steps are reported with an absl warning and moved to
+            ``<directory>/corrupt/``.
+
+        Raises:
+            CheckpointStructureError: a readable checkpoint does not match the target.
+        """
+        self.wait()
+        for step in reversed(self.all_steps()):
+            try:
+                state, metadata = self.restore(step, abstract_target)
+            except CheckpointStructureError:
+                raise
+            except Exception as error:  # pylint: disable=broad-except
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                logging.warning(
+                    "Checkpoint step %d in %s is corrupt or incomplete (%s); "
+                    "falling back to the previous checkpoint.",
+                    step, self._directory, reason,
+                )
+                self._quarantine(step)
+                continue
+            return step, state, metadata
+        return None
+
+    def close(self) -> None:
+        """Waits for pending saves and releases orbax resources."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _step_directory(self, step: int) -> str:
+        return os.path.join(self._directory, str(step))
+
+    def _check_committed(self, step: int) -> None:
+        step_dir = self._step_directory(step)
+        for relative in (
+            _COMMIT_MARKER,
+            os.path.join(_STATE_ITEM, _COMMIT_MARKER),
+            os.path.join(_METADATA_ITEM, _COMMIT_MARKER),
+        ):
+            if not os.path.exists(os.path.join(step_dir, relative)):
+                raise FileNotFoundError(f"commit marker {relative} is missing")
+        metadata_path = os.path.join(step_dir, _METADATA_ITEM, _METADATA_ITEM)
+        with open(metadata_path, encoding="utf-8") as f:
+            json.load(f)
+
+    def _quarantine(self, step: int) -> None:
+        """Moves an unreadable step out of orbax's sight (primary process only)."""
+        if jax.process_index() == 0:
+            quarantine = os.path.join(self._directory, _QUARANTINE_DIR)
+            os.makedirs(quarantine, exist_ok=True)
+            suffix = 0
+            while os.path.exists(os.path.join(quarantine, f"{step}-{suffix}")):
+                suffix += 1
+            destination = os.path.join(quarantine, f"{step}-{suffix}")
+            try:
+                shutil.move(self._step_directory(step), destination)
+                logging.warning("Moved corrupt checkpoint step %d to %s.", step, destination)
+            except OSError as error:
+                logging.warning("Could not move corrupt checkpoint step %d: %s", step, error)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+            multihost_utils.sync_global_devices(f"arl_checkpoint_quarantine_{step}")
+        self._manager.reload()
