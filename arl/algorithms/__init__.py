@@ -1,0 +1,27 @@
+"""Pure-function kernels of agentic RL: advantages, group statistics, losses, filters.
+
+Conventions (DESIGN.md section 3): token arrays are `[B, T]`, sequence arrays `[B]`,
+`mask` is the agent mask. Every kernel is jittable and vmappable, computes statistics in
+float32, returns no NaN on degenerate input and zeros its outputs where the mask is 0.
+"""
+
+from arl.algorithms.advantages import GAE_METHODS, discounted_returns, gae, turn_level_gae
+from arl.algorithms.aggregation import AGGREGATIONS, aggregate
+from arl.algorithms.filters import dapo_zero_variance_mask, horizon_schedule, starpo_keep_mask
+from arl.algorithms.group import (GroupStatistics, env_advantages, group_advantages,
+                                  group_statistics, reinforce_pp_advantages,
+                                  rloo_advantages)
+from arl.algorithms.logprobs import entropy, token_logprobs
+from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observation_loss,
+                                   policy_loss, policy_loss_per_token, sft_loss, value_loss,
+                                   value_loss_per_token)
+from arl.algorithms.normalization import whiten
+
+__all__ = [
+    "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
+    "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
+    "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
+    "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",
+    "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
+    "token_logprobs", "turn_level_gae", "value_loss", "value_loss_per_token", "whiten",
+]

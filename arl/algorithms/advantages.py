@@ -1,0 +1,286 @@
+"""Generalised advantage estimation over masked, multi-turn token sequences.
+
+Layout: token arrays are `[B, T]` (batch-major); `mask` is true on the tokens the policy
+wrote (the agent mask). All kernels share one rule: on a token outside the mask the
+recursion's carry passes through unchanged, so the observation tokens of a multi-turn
+trajectory are skipped and the discount counts agent tokens only.
+
+Episode boundaries inside a sequence (vector environments with auto-reset; time-major
+users transpose to `[B, T]` first) are given per token:
+
+* `dones[b, t]`: an episode ended right after token t (for any reason). The trace is cut:
+  token t sees no advantage from later tokens and, unless truncated, a next value of 0.
+* `truncated[b, t]`: the episode ended after token t by a time limit. It also ends the
+  episode (it implies `dones`), but token t bootstraps from `next_values[b, t]`, the
+  value of the final observation (the one an auto-reset wrapper discards).
+* `bootstrap_value[b]`: the value after the last token of the sequence (a trajectory
+  cut by the buffer length); 0 by default. A boundary on the last token overrides it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from arl.algorithms import _validation as v
+
+GAE_METHODS = ("auto", "scan", "associative")
+
+# Measured by benchmarks/kernels.py (see benchmarks/RESULTS.md): on CPU the sequential
+# scan wins at every benchmarked shape; the associative scan is kept for accelerators,
+# where its log-depth parallelism pays off (not measured here).
+_AUTO_METHOD = {"cpu": "scan"}
+_AUTO_DEFAULT = "associative"
+_SCAN_UNROLL = 8
+
+
+def _resolve_method(method: str) -> str:
+    method = v.choice("gae", "method", method, GAE_METHODS)
+    if method == "auto":
+        return _AUTO_METHOD.get(jax.default_backend(), _AUTO_DEFAULT)
+    return method
+
+
+def _check_inputs(fn, rewards, values, mask, bootstrap_value, dones, truncated,
+                  next_values):
+    layout = "[B, T]"
+    rewards = v.floating(fn, "rewards", rewards, rank=2, layout=layout)
+    shape = rewards.shape
+    values = v.floating(fn, "values", values, rank=2, layout=layout)
+    v.same_shape(fn, "values", values, "rewards", shape)
+    mask = v.boolean(fn, "mask", mask, rank=2, layout=layout)
+    v.same_shape(fn, "mask", mask, "rewards", shape)
+    if bootstrap_value is None:
+        bootstrap_value = jnp.zeros(shape[:1], jnp.float32)
+    bootstrap_value = v.floating(fn, "bootstrap_value", bootstrap_value, rank=1,
+                                 layout="[B]")
+    v.shape(fn, "bootstrap_value", bootstrap_value, shape[:1], "[B]")
+    if truncated is not None and next_values is None:
+        raise ValueError(f"{fn}: `truncated` needs `next_values` [B, T] (the value of the "
+                         "final observation of each truncated episode).")
+    if next_values is not None and truncated is None:
+        raise ValueError(f"{fn}: `next_values` is only used with `truncated` [B, T].")
+    if dones is not None:
+        dones = v.boolean(fn, "dones", dones, rank=2, layout=layout)
+        v.same_shape(fn, "dones", dones, "rewards", shape)
+    if truncated is not None:
+        truncated = v.boolean(fn, "truncated", truncated, rank=2, layout=layout)
+        v.same_shape(fn, "truncated", truncated, "rewards", shape)
+        next_values = v.floating(fn, "next_values", next_values, rank=2, layout=layout)
+        v.same_shape(fn, "next_values", next_values, "rewards", shape)
+    return rewards, values, mask, bootstrap_value, dones, truncated, next_values
+
+
+def _boundaries(dones, truncated, next_values, shape):
+    """(episode ends after t, value to bootstrap from there) or None if no boundaries."""
+    if dones is None and truncated is None:
+        return None
+    ends = jnp.zeros(shape, bool)
+    if dones is not None:
+        ends = ends | dones
+    boundary_value = jnp.zeros(shape, jnp.float32)
+    if truncated is not None:
+        ends = ends | truncated
+        boundary_value = jnp.where(truncated, next_values, 0.0)
+    return ends, boundary_value
+
+
+def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
+    """Reverse `lax.scan` over time; the carry is (value of next agent token, its A)."""
+    gamma_lam = gamma * lam
+    time_major = lambda x: jnp.swapaxes(x, 0, 1)
+    xs = (time_major(rewards), time_major(values), time_major(mask))
+    if boundaries is not None:
+        xs = xs + tuple(time_major(b) for b in boundaries)
+
+    def step(carry, x):
+        next_value, next_advantage = carry
+        if boundaries is None:
+            r, val, m = x
+        else:
+            r, val, m, end, boundary_value = x
+            next_value = jnp.where(end, boundary_value, next_value)
+            next_advantage = jnp.where(end, 0.0, next_advantage)
+        advantage = r + gamma * next_value - val + gamma_lam * next_advantage
+        carry = (jnp.where(m, val, next_value), jnp.where(m, advantage, next_advantage))
+        return carry, jnp.where(m, advantage, 0.0)
+
+    init = (bootstrap_value, jnp.zeros_like(bootstrap_value))
+    _, advantages = jax.lax.scan(step, init, xs, reverse=True, unroll=_SCAN_UNROLL)
+    return time_major(advantages)
+
+
+def _reverse_linear_recurrence(a, b, final):
+    """c[t] = a[t] * c[t+1] + b[t] along axis 1, with c[T] = final [B]; returns c[:, :T].
+
+    Solved as an associative scan over affine maps (Blelloch 1990): depth O(log T).
+    """
+
+    def compose(inner, outer):
+        a_in, b_in = inner
+        a_out, b_out = outer
+        return a_out * a_in, a_out * b_in + b_out
+
+    a_cum, b_cum = jax.lax.associative_scan(compose, (a, b), reverse=True, axis=1)
+    return a_cum * final[:, None] + b_cum
+
+
+def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
+    """The same recursion as `_gae_scan`, written as two linear recurrences."""
+    if boundaries is None:
+        ends = jnp.zeros(mask.shape, bool)
+        boundary_value = jnp.zeros(mask.shape, jnp.float32)
+    else:
+        ends, boundary_value = boundaries
+    # Value carried out of token t (backwards): V_t on agent tokens, otherwise what came
+    # in (reset to the boundary value at an episode end).
+    carry_a = jnp.where(mask | ends, 0.0, 1.0)
+    carry_b = jnp.where(mask, values, jnp.where(ends, boundary_value, 0.0))
+    value_out = _reverse_linear_recurrence(carry_a, carry_b, bootstrap_value)
+    value_after = jnp.concatenate([value_out[:, 1:], bootstrap_value[:, None]], axis=1)
+    next_value = jnp.where(ends, boundary_value, value_after)
+    delta = jnp.where(mask, rewards + gamma * next_value - values, 0.0)
+    adv_a = jnp.where(ends, 0.0, jnp.where(mask, gamma * lam, 1.0))
+    advantage_out = _reverse_linear_recurrence(
+        adv_a, delta, jnp.zeros_like(bootstrap_value))
+    return jnp.where(mask, advantage_out, 0.0)
+
+
+def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, dones=None,
+        truncated=None, next_values=None, method: str = "auto"):
+    """Generalised advantage estimation with an agent mask (Schulman et al. 2016).
+
+    Reverse recursion over time. On an agent token t (`mask[b, t]` true):
+
+    .. math::
+        \\delta_t = r_t + \\gamma V_{next} - V_t, \\qquad
+        A_t = \\delta_t + \\gamma\\lambda A_{next}, \\qquad
+        (V_{next}, A_{next}) \\leftarrow (V_t, A_t)
+
+    On a non-agent token the carry `(V_next, A_next)` passes through unchanged and the
+    output is 0. Initially `V_next = bootstrap_value` and `A_next = 0`. Returns are
+    `A_t + V_t` on agent tokens. Rewards must sit on agent tokens (a turn's reward on
+    its last agent token). Episode boundaries (see module docstring): where
+    `dones | truncated` at t, before token t is processed the carry is reset to
+    `(truncated ? next_values[t] : 0, 0)`.
+
+    With `mask` all true and no boundaries this is rlax's
+    `truncated_generalized_advantage_estimation` with discount `gamma` and the bootstrap
+    value appended to `values`.
+
+    Args:
+        rewards: [B, T] float.
+        values: [B, T] float, V(s_t) for each token.
+        mask: [B, T] agent mask (bool or 0/1).
+        gamma: discount per agent token, in [0, 1] (scalar; may be traced).
+        lam: GAE lambda, in [0, 1] (scalar; may be traced).
+        bootstrap_value: [B] value after the last token; default 0.
+        dones: [B, T] optional, an episode ended after token t (cuts the trace).
+        truncated: [B, T] optional, the episode ended after t by truncation (implies
+            done); requires `next_values`.
+        next_values: [B, T] value of the final observation of each truncated episode
+            (read only where `truncated`).
+        method: "scan" (sequential `lax.scan`), "associative" (`lax.associative_scan`,
+            O(log T) depth) or "auto" (the faster one measured for the backend).
+
+    Returns:
+        (advantages, returns): both [B, T] float32, zero where `mask` is 0.
+    """
+    fn = "gae"
+    rewards, values, mask, bootstrap_value, dones, truncated, next_values = _check_inputs(
+        fn, rewards, values, mask, bootstrap_value, dones, truncated, next_values)
+    gamma = v.scalar(fn, "gamma", gamma, low=0.0, high=1.0)
+    lam = v.scalar(fn, "lam", lam, low=0.0, high=1.0)
+    method = _resolve_method(method)
+    boundaries = _boundaries(dones, truncated, next_values, rewards.shape)
+    kernel = _gae_scan if method == "scan" else _gae_associative
+    advantages = kernel(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
+    returns = jnp.where(mask, advantages + values, 0.0)
+    return advantages, returns
+
+
+def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=None,
+                       truncated=None, next_values=None, method: str = "auto"):
+    """Discounted reward-to-go over agent tokens (Monte-Carlo returns).
+
+    .. math:: G_t = r_t + \\gamma G_{next}
+
+    on agent tokens, with `G_next = bootstrap_value` after the last token and the same
+    pass-through rule as `gae`: non-agent tokens leave the carry unchanged (and output
+    0), so the discount counts agent tokens only. Episode boundaries as in `gae`
+    (terminated: G_next = 0; truncated: G_next = next_values[t]). This is `gae` with
+    zero values and lambda = 1 (Sutton & Barto 2018, eq. 3.8).
+
+    Args:
+        rewards: [B, T] float.
+        mask: [B, T] agent mask.
+        gamma: discount per agent token, in [0, 1].
+        bootstrap_value: [B] value after the last token; default 0.
+        dones, truncated, next_values: episode boundaries, as in `gae`.
+        method: as in `gae`.
+
+    Returns:
+        [B, T] float32 returns, zero where `mask` is 0.
+    """
+    fn = "discounted_returns"
+    rewards = v.floating(fn, "rewards", rewards, rank=2, layout="[B, T]")
+    advantages, _ = gae(rewards, jnp.zeros_like(rewards), mask, gamma=gamma, lam=1.0,
+                        bootstrap_value=bootstrap_value, dones=dones, truncated=truncated,
+                        next_values=next_values, method=method)
+    return advantages
+
+
+def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
+                   gamma_turn=1.0, lam_turn=None, bootstrap_value=None,
+                   method: str = "auto"):
+    """Bi-level (turn-level, then token-level) GAE for multi-turn agents.
+
+    As in RAGEN's bi-level GAE (Wang et al. 2025, arXiv 2504.20073) and ArCHer's
+    hierarchical critic (Zhou et al. 2024, arXiv 2402.19446). Let e_1 < ... < e_K be the
+    turn-end tokens of a row (`turn_end`, the last agent token of each turn).
+
+    1. Turn level: GAE over the turn ends only, with `gamma_turn` and `lam_turn`:
+
+       .. math::
+           \\delta_k = r_{e_k} + \\gamma_{turn} V_{e_{k+1}} - V_{e_k}, \\quad
+           A_k = \\delta_k + \\gamma_{turn}\\lambda_{turn} A_{k+1}, \\quad
+           G_k = A_k + V_{e_k}
+
+       with `V_{e_{K+1}} = bootstrap_value`.
+    2. Token level: ordinary masked GAE (`gamma`, `lam`) inside each turn, where the
+       turn's last token receives the turn return `G_k` as its reward and is terminal
+       (next value 0, carry reset). The last token of a turn thus gets advantage `A_k`.
+
+    Rewards off the turn ends (e.g. per-token penalties) enter only the token level.
+
+    Args:
+        rewards: [B, T] float; turn rewards on the turn-end tokens.
+        values: [B, T] float token values.
+        mask: [B, T] agent mask.
+        turn_end: [B, T] bool, true on the last agent token of each turn (tokens outside
+            `mask` are ignored).
+        gamma, lam: token-level discount and lambda.
+        gamma_turn: turn-level discount (per turn).
+        lam_turn: turn-level lambda; defaults to `lam`.
+        bootstrap_value: [B] value after the last turn; default 0.
+        method: as in `gae`.
+
+    Returns:
+        (advantages, returns): [B, T] float32, zero where `mask` is 0.
+    """
+    fn = "turn_level_gae"
+    rewards = v.floating(fn, "rewards", rewards, rank=2, layout="[B, T]")
+    mask = v.boolean(fn, "mask", mask, rank=2, layout="[B, T]")
+    v.same_shape(fn, "mask", mask, "rewards", rewards.shape)
+    turn_end = v.boolean(fn, "turn_end", turn_end, rank=2, layout="[B, T]")
+    v.same_shape(fn, "turn_end", turn_end, "rewards", rewards.shape)
+    if lam_turn is None:
+        lam_turn = lam
+    turn_end = turn_end & mask
+    _, turn_returns = gae(rewards, values, turn_end, gamma=gamma_turn, lam=lam_turn,
+                          bootstrap_value=bootstrap_value, method=method)
+    token_rewards = jnp.where(turn_end, turn_returns, jnp.where(mask, rewards, 0.0))
+    return gae(token_rewards, values, mask, gamma=gamma, lam=lam, dones=turn_end,
+               method=method)
