@@ -1,0 +1,313 @@
+"""The environment contract: timesteps, token chunks, spaces, `Environment`.
+
+An environment is a set of pure functions over explicit state and params pytrees
+(gymnax/jumanji-shaped, DESIGN.md section 4):
+
+    reset(key, params) -> (state, timestep)
+    step(key, state, action, params) -> (state, timestep)
+
+Functions are single-instance; batch with `jax.vmap` (see `arl.envs.wrappers.batch`).
+Params are `flax.struct` pytrees, so one task/difficulty per row is just a batched
+params pytree. A finished episode stays finished: `step` on a done state returns the
+state unchanged, reward 0, the same terminated/truncated flags and an empty
+observation (auto-reset is a wrapper).
+
+Token environments (`TokenEnvironment`): the action is one agent turn as a padded
+`TokenChunk`, every observation is the environment's reply as a padded `TokenChunk`
+(the reset observation is the prompt). The TASK is sampled in `reset` from the reset
+key, so the G members of a GRPO group given the SAME reset key get the same task;
+their step keys may differ (they only drive env stochasticity such as slippery ice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from arl.envs.codec import Codec
+
+
+@struct.dataclass
+class TokenChunk:
+    """One padded chunk of token ids: `tokens` int32 [L] (pad_id-padded), `length` int32 []
+    (number of valid tokens, a prefix)."""
+
+    tokens: jax.Array
+    length: jax.Array
+
+
+@struct.dataclass
+class TimeStep:
+    """What an environment returns after reset/step.
+
+    observation: TokenChunk for token envs; an array for vector envs.
+    reward: float32 []; terminated, truncated: bool [].
+    info: dict of fixed structure per env. Token envs always include `success` (bool []),
+    `turn` (int32 [], turns taken so far) and `format_error` (bool [], this step's
+    action was malformed).
+    """
+
+    observation: Any
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    info: dict
+
+    @property
+    def done(self) -> jax.Array:
+        return jnp.logical_or(self.terminated, self.truncated)
+
+
+# ----------------------------------------------------------------------------- spaces
+
+
+class Discrete:
+    """Integers in [0, n)."""
+
+    def __init__(self, n: int):
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.n = int(n)
+        self.shape = ()
+        self.dtype = jnp.int32
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.randint(key, (), 0, self.n, dtype=jnp.int32)
+
+    def contains(self, x) -> jax.Array:
+        x = jnp.asarray(x)
+        return jnp.logical_and(x >= 0, x < self.n)
+
+    def __repr__(self) -> str:
+        return f"Discrete({self.n})"
+
+
+class Box:
+    """Arrays of `shape` with low <= x <= high elementwise."""
+
+    def __init__(self, low, high, shape: tuple[int, ...], dtype=jnp.float32):
+        self.low = low
+        self.high = high
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        low = jnp.broadcast_to(jnp.asarray(self.low, jnp.float32), self.shape)
+        high = jnp.broadcast_to(jnp.asarray(self.high, jnp.float32), self.shape)
+        # Unbounded boxes sample from a bounded core so samples stay finite.
+        low = jnp.maximum(low, -1e6)
+        high = jnp.minimum(high, 1e6)
+        return jax.random.uniform(key, self.shape, jnp.float32, low, high).astype(self.dtype)
+
+    def contains(self, x) -> jax.Array:
+        x = jnp.asarray(x)
+        return jnp.all(jnp.logical_and(x >= self.low, x <= self.high))
+
+    def __repr__(self) -> str:
+        return f"Box(shape={self.shape}, dtype={jnp.dtype(self.dtype).name})"
+
+
+class TokenSpace:
+    """Padded token chunks: ids in [0, vocab_size), at most `max_len` of them."""
+
+    def __init__(self, vocab_size: int, max_len: int):
+        self.vocab_size = int(vocab_size)
+        self.max_len = int(max_len)
+        self.shape = (self.max_len,)
+
+    def sample(self, key: jax.Array) -> TokenChunk:
+        """Uniformly random ids and a uniformly random length in [0, max_len]."""
+        key_tokens, key_length = jax.random.split(key)
+        tokens = jax.random.randint(key_tokens, self.shape, 0, self.vocab_size, jnp.int32)
+        length = jax.random.randint(key_length, (), 0, self.max_len + 1, jnp.int32)
+        return TokenChunk(tokens=tokens, length=length)
+
+    def contains(self, chunk: TokenChunk) -> jax.Array:
+        ok_ids = jnp.all((chunk.tokens >= 0) & (chunk.tokens < self.vocab_size))
+        ok_len = (chunk.length >= 0) & (chunk.length <= self.max_len)
+        return ok_ids & ok_len & (chunk.tokens.shape[-1] == self.max_len)
+
+    def __repr__(self) -> str:
+        return f"TokenSpace(vocab_size={self.vocab_size}, max_len={self.max_len})"
+
+
+# ------------------------------------------------------------------------ environments
+
+
+def tree_select(pred: jax.Array, on_true, on_false):
+    """Leafwise `where(pred, a, b)` over two pytrees of the same structure."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class Environment:
+    """Abstract pure-function environment (single instance; batch via vmap)."""
+
+    name: str = "environment"
+
+    def default_params(self):
+        raise NotImplementedError
+
+    def reset(self, key: jax.Array, params) -> tuple[Any, TimeStep]:
+        raise NotImplementedError
+
+    def step(self, key: jax.Array, state, action, params) -> tuple[Any, TimeStep]:
+        raise NotImplementedError
+
+    @property
+    def observation_space(self):
+        raise NotImplementedError
+
+    @property
+    def action_space(self):
+        raise NotImplementedError
+
+
+@struct.dataclass
+class TokenEnvState:
+    """Fields every built-in token environment's state has (subclasses add the task)."""
+
+    turn: jax.Array  # int32 [], turns taken so far
+    terminated: jax.Array  # bool []
+    truncated: jax.Array  # bool []
+    success: jax.Array  # bool []
+
+
+class TokenEnvironment(Environment):
+    """A multi-turn agent task spoken in tokens through `codec`.
+
+    Static attributes: `codec`, `max_turns` (the env truncates after this many turns),
+    `prompt_len` (length of the reset observation chunk), `obs_len` (length of every
+    later observation chunk), `action_len` (the per-turn token budget the env expects;
+    actions of any static length are accepted).
+
+    Subclasses implement `_reset(key, params) -> (state, prompt_chunk)`,
+    `_transition(key, state, content, params) -> (state, obs_chunk, reward, format_error)`
+    on a live episode, `_info(state, format_error)`, `oracle_action` and
+    `reward_bounds(params)`. This base class does the shared bookkeeping: sanitising
+    the action, cutting it at the first end-of-turn token, counting turns, truncating
+    at `max_turns`, and keeping finished episodes finished.
+    """
+
+    codec: Codec
+    max_turns: int
+    prompt_len: int
+    obs_len: int
+    action_len: int
+
+    # -- spaces
+    @property
+    def observation_space(self) -> TokenSpace:
+        return TokenSpace(self.codec.vocab_size, max(self.prompt_len, self.obs_len))
+
+    @property
+    def action_space(self) -> TokenSpace:
+        return TokenSpace(self.codec.vocab_size, self.action_len)
+
+    # -- helpers for subclasses
+    def empty_observation(self, size: int | None = None) -> TokenChunk:
+        size = self.obs_len if size is None else size
+        return TokenChunk(
+            tokens=jnp.full((size,), self.codec.pad_id, jnp.int32),
+            length=jnp.zeros((), jnp.int32),
+        )
+
+    def _info(self, state, format_error: jax.Array) -> dict:
+        return {
+            "success": state.success,
+            "turn": state.turn,
+            "format_error": jnp.asarray(format_error, bool),
+        }
+
+    # -- the contract
+    def reset(self, key: jax.Array, params) -> tuple[Any, TimeStep]:
+        state, prompt = self._reset(key, params)
+        timestep = TimeStep(
+            observation=prompt,
+            reward=jnp.zeros((), jnp.float32),
+            terminated=jnp.zeros((), bool),
+            truncated=jnp.zeros((), bool),
+            info=self._info(state, jnp.zeros((), bool)),
+        )
+        return state, timestep
+
+    def step(self, key: jax.Array, state, action: TokenChunk, params) -> tuple[Any, TimeStep]:
+        from arl.envs import parsing  # local import: parsing imports nothing from here
+
+        tokens, length = parsing.sanitize(
+            action.tokens, action.length, self.codec.vocab_size, self.codec.pad_id
+        )
+        content_length = parsing.turn_content_length(tokens, length, self.codec.eot_id)
+        live_state, observation, reward, format_error = self._transition(
+            key, state, TokenChunk(tokens=tokens, length=content_length), params
+        )
+        turn = state.turn + 1
+        truncated = jnp.logical_and(~live_state.terminated, turn >= self.max_turns)
+        live_state = live_state.replace(turn=turn, truncated=truncated)
+        live = TimeStep(
+            observation=observation,
+            reward=jnp.asarray(reward, jnp.float32),
+            terminated=live_state.terminated,
+            truncated=truncated,
+            info=self._info(live_state, format_error),
+        )
+        finished = TimeStep(
+            observation=self.empty_observation(),
+            reward=jnp.zeros((), jnp.float32),
+            terminated=state.terminated,
+            truncated=state.truncated,
+            info=self._info(state, jnp.zeros((), bool)),
+        )
+        was_done = jnp.logical_or(state.terminated, state.truncated)
+        return tree_select(was_done, (state, finished), (live_state, live))
+
+    # -- rendering
+    def render_chunk(self, chunk: TokenChunk) -> str:
+        tokens = np.asarray(chunk.tokens)
+        length = int(np.clip(np.asarray(chunk.length), 0, tokens.shape[-1]))
+        return self.codec.decode(tokens[:length], stop_at_pad=False)
+
+    def render(self, prompt: TokenChunk, actions: TokenChunk | None = None,
+               observations: TokenChunk | None = None, rewards=None) -> str:
+        """Readable text of a trajectory of ONE episode.
+
+        `prompt` is the reset observation; `actions` / `observations` are stacked
+        chunks with a leading turn axis [T, L] (as a `lax.scan` over turns produces);
+        `rewards` optional [T]. Turns after the episode ended (empty observation and
+        empty action) are skipped.
+        """
+        lines = [f"[env] {self.render_chunk(prompt)}"]
+        if actions is None:
+            return "\n".join(lines)
+        num_turns = np.asarray(actions.tokens).shape[0]
+        for t in range(num_turns):
+            act = TokenChunk(np.asarray(actions.tokens)[t], np.asarray(actions.length)[t])
+            obs = None
+            if observations is not None:
+                obs = TokenChunk(
+                    np.asarray(observations.tokens)[t], np.asarray(observations.length)[t]
+                )
+            if int(act.length) == 0 and (obs is None or int(obs.length) == 0):
+                continue
+            lines.append(f"[agent] {self.render_chunk(act)}")
+            if obs is not None:
+                reward = "" if rewards is None else f"  (reward {float(np.asarray(rewards)[t]):+.3f})"
+                lines.append(f"[env] {self.render_chunk(obs)}{reward}")
+        return "\n".join(lines)
+
+    # -- subclass hooks
+    def _reset(self, key, params):
+        raise NotImplementedError
+
+    def _transition(self, key, state, content: TokenChunk, params):
+        raise NotImplementedError
+
+    def oracle_action(self, key: jax.Array, state, params) -> TokenChunk:
+        raise NotImplementedError
+
+    def reward_bounds(self, params) -> tuple[jax.Array, jax.Array]:
+        """(lowest, highest) reward a single step can return under `params`."""
+        raise NotImplementedError

@@ -1,0 +1,84 @@
+"""Building observation chunks inside `jit`: constants, concatenation, integers.
+
+All outputs are `TokenChunk`s of a static size, padded with the codec's pad id.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from arl.envs.base import TokenChunk
+from arl.envs.codec import Codec
+
+
+def constant_chunk(codec: Codec, text: str, size: int) -> TokenChunk:
+    tokens, length = codec.encode_padded(text, size)
+    return TokenChunk(tokens=jnp.asarray(tokens), length=jnp.asarray(length, jnp.int32))
+
+
+def select_text(codec: Codec, index: jax.Array, texts: Sequence[str], size: int) -> TokenChunk:
+    """The chunk of texts[index] (index traced), padded to `size`."""
+    encoded = [codec.encode_padded(t, size) for t in texts]
+    table = jnp.asarray(np.stack([e[0] for e in encoded]))
+    lengths = jnp.asarray(np.array([e[1] for e in encoded], np.int32))
+    index = jnp.clip(index, 0, len(texts) - 1)
+    return TokenChunk(tokens=table[index], length=lengths[index])
+
+
+def pad_chunk(chunk: TokenChunk, size: int, pad_id: int) -> TokenChunk:
+    """Pad (or cut) `chunk` to static `size`."""
+    current = chunk.tokens.shape[-1]
+    if size >= current:
+        tokens = jnp.concatenate(
+            [chunk.tokens, jnp.full((size - current,), pad_id, chunk.tokens.dtype)]
+        )
+    else:
+        tokens = chunk.tokens[:size]
+    return TokenChunk(tokens=tokens, length=jnp.minimum(chunk.length, size).astype(jnp.int32))
+
+
+def concat_chunks(first: TokenChunk, second: TokenChunk, size: int, pad_id: int) -> TokenChunk:
+    """first[:first.length] + second[:second.length], cut to `size`, padded."""
+    pos = jnp.arange(size)
+    n_first = first.tokens.shape[-1]
+    n_second = second.tokens.shape[-1]
+    from_first = jnp.take(first.tokens, jnp.clip(pos, 0, n_first - 1))
+    second_pos = pos - first.length
+    from_second = jnp.take(second.tokens, jnp.clip(second_pos, 0, n_second - 1))
+    tokens = jnp.where(pos < first.length, from_first, from_second)
+    length = jnp.minimum(first.length + second.length, size).astype(jnp.int32)
+    tokens = jnp.where(pos < length, tokens, pad_id)
+    return TokenChunk(tokens=tokens.astype(jnp.int32), length=length)
+
+
+def concat_all(chunks: Sequence[TokenChunk], size: int, pad_id: int) -> TokenChunk:
+    out = pad_chunk(chunks[0], size, pad_id)
+    for chunk in chunks[1:]:
+        out = concat_chunks(out, chunk, size, pad_id)
+    return out
+
+
+def int_chunk(codec: Codec, value: jax.Array, max_digits: int = 10) -> TokenChunk:
+    """Decimal text of int32 `value` ("-" then digits, no leading zeros), size
+    max_digits + 1. |value| must have at most `max_digits` digits (10 covers int32)."""
+    if not 1 <= max_digits <= 10:
+        raise ValueError(f"max_digits must be in [1, 10], got {max_digits}")
+    size = max_digits + 1
+    value = jnp.asarray(value, jnp.int32)
+    negative = value < 0
+    magnitude = jnp.abs(value)
+    powers = jnp.asarray(10 ** np.arange(max_digits, dtype=np.int64), jnp.int32)
+    digits = (magnitude // powers) % 10  # least significant first
+    num_digits = 1 + jnp.sum(magnitude >= powers[1:]).astype(jnp.int32)
+    sign = negative.astype(jnp.int32)
+    pos = jnp.arange(size)
+    exponent = jnp.clip(num_digits - 1 - (pos - sign), 0, max_digits - 1)
+    digit_ids = jnp.asarray(codec.digit_ids)[digits[exponent]]
+    tokens = jnp.where(negative & (pos == 0), codec.token_id("-"), digit_ids)
+    length = num_digits + sign
+    tokens = jnp.where(pos < length, tokens, codec.pad_id)
+    return TokenChunk(tokens=tokens.astype(jnp.int32), length=length.astype(jnp.int32))

@@ -1,0 +1,136 @@
+"""Vocabulary / codec: text <-> token ids, special tokens and jittable lookup tables.
+
+Token environments never hard-code ids: they receive a `Codec` at construction and
+talk only through it, so a real tokenizer can replace the built-in character-level
+vocabulary later. A codec must map every character the environments write (digits,
+letters, the punctuation below) to exactly one token: the envs parse the agent's
+turn character by character inside `jit`.
+"""
+
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+PAD = "<pad>"
+BOS = "<bos>"
+EOT = "<eot>"
+USER = "<user>"
+AGENT = "<agent>"
+
+# Order matters only for readability of ids; pad must be 0.
+SPECIAL_TOKENS = (PAD, BOS, EOT, USER, AGENT)
+CHARACTERS = (
+    string.digits
+    + string.ascii_lowercase
+    + string.ascii_uppercase
+    + " \n"
+    + "<>/+-*=().,:;?!_#'\"|%"
+)
+
+
+class Codec:
+    """Interface of a vocabulary the token environments can talk through.
+
+    Attributes every codec provides: `vocab_size`, `pad_id`, `bos_id`, `eot_id`,
+    `digit_value` (int32 [vocab_size], the digit 0..9 an id stands for, else -1),
+    `digit_ids` (int32 [10], the id of each digit), and the methods below.
+    """
+
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eot_id: int
+    digit_value: np.ndarray
+    digit_ids: np.ndarray
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids, stop_at_pad: bool = True, show_special: bool = True) -> str:
+        raise NotImplementedError
+
+    def token_id(self, char: str) -> int:
+        """Id of a single character (or special-token name)."""
+        ids = self.encode(char)
+        if len(ids) != 1:
+            raise ValueError(f"char must encode to exactly one token, got {char!r} -> {ids}")
+        return ids[0]
+
+    def encode_padded(self, text: str, length: int) -> tuple[np.ndarray, int]:
+        """(int32 [length] ids padded with pad_id, number of valid ids)."""
+        ids = self.encode(text)
+        if len(ids) > length:
+            raise ValueError(
+                f"text {text!r} needs {len(ids)} tokens, more than length={length}"
+            )
+        out = np.full((length,), self.pad_id, np.int32)
+        out[: len(ids)] = ids
+        return out, len(ids)
+
+
+class CharCodec(Codec):
+    """Built-in character-level vocabulary (vocab_size = 5 specials + 85 characters).
+
+    Ids: 0 `<pad>`, 1 `<bos>`, 2 `<eot>` (end of turn), 3 `<user>`, 4 `<agent>` (role
+    markers), then digits, lower- and upper-case letters, space, newline and the
+    punctuation ``<>/+-*=().,:;?!_#'"|%``. Special tokens are written in text as their
+    names, e.g. ``encode("7<eot>") == [digit 7, eot_id]``.
+    """
+
+    def __init__(self):
+        self._tokens = SPECIAL_TOKENS + tuple(CHARACTERS)
+        self._ids = {tok: i for i, tok in enumerate(self._tokens)}
+        self.vocab_size = len(self._tokens)
+        self.pad_id = self._ids[PAD]
+        self.bos_id = self._ids[BOS]
+        self.eot_id = self._ids[EOT]
+        self.user_id = self._ids[USER]
+        self.agent_id = self._ids[AGENT]
+        self.digit_ids = np.array([self._ids[d] for d in string.digits], np.int32)
+        self.digit_value = np.full((self.vocab_size,), -1, np.int32)
+        self.digit_value[self.digit_ids] = np.arange(10, dtype=np.int32)
+
+    def __repr__(self) -> str:
+        return f"CharCodec(vocab_size={self.vocab_size})"
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        i = 0
+        while i < len(text):
+            if text[i] == "<":
+                special = next((s for s in SPECIAL_TOKENS if text.startswith(s, i)), None)
+                if special is not None:
+                    ids.append(self._ids[special])
+                    i += len(special)
+                    continue
+            char = text[i]
+            if char not in self._ids:
+                raise ValueError(
+                    f"text contains {char!r} at position {i}, which is not in the "
+                    f"CharCodec vocabulary (allowed: {CHARACTERS!r} and {SPECIAL_TOKENS})"
+                )
+            ids.append(self._ids[char])
+            i += 1
+        return ids
+
+    def decode(self, ids, stop_at_pad: bool = True, show_special: bool = True) -> str:
+        """Text of `ids`; stops at the first pad if `stop_at_pad`, else skips pads.
+
+        Ids outside the vocabulary decode as ``<?>`` (agents can emit anything).
+        """
+        parts = []
+        for raw in np.asarray(ids).reshape(-1).tolist():
+            if raw == self.pad_id:
+                if stop_at_pad:
+                    break
+                continue
+            if not 0 <= raw < self.vocab_size:
+                parts.append("<?>")
+                continue
+            tok = self._tokens[raw]
+            if tok in SPECIAL_TOKENS and not show_special:
+                continue
+            parts.append(tok)
+        return "".join(parts)

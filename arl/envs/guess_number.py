@@ -1,0 +1,146 @@
+"""`guess_number`: find a hidden integer in [0, N) from higher / lower replies.
+
+Prompt: "guess 0-{N-1}". Each turn the agent writes just the number then end-of-turn
+(e.g. "7<eot>"); the reply is "higher" (the hidden number is higher), "lower",
+"correct" (episode terminates) or "invalid" (unparsable or out-of-range turn).
+
+Reward per step: success_reward·[correct] − turn_cost − format_penalty·[malformed],
+so a step's reward lies in [−(turn_cost + format_penalty), success_reward − turn_cost].
+
+Partially observable; bisection is optimal and needs at most ceil(log2(N + 1)) guesses
+(k guesses with three-way replies separate at most 2^k − 1 values).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from arl.envs import chunks, parsing
+from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.codec import CharCodec, Codec
+
+REPLIES = ("higher", "lower", "correct", "invalid")
+HIGHER, LOWER, CORRECT, INVALID = range(4)
+
+
+@struct.dataclass
+class GuessNumberParams:
+    num_values: jax.Array  # int32 N; hidden number in [0, N); clipped to [2, max_n]
+    turn_cost: jax.Array
+    format_penalty: jax.Array
+    success_reward: jax.Array
+
+
+@struct.dataclass
+class GuessNumberState(TokenEnvState):
+    hidden: jax.Array  # int32
+    low: jax.Array  # int32, smallest value consistent with the replies so far
+    high: jax.Array  # int32, largest value consistent with the replies so far
+    num_values: jax.Array  # int32 N of this episode
+
+
+class GuessNumber(TokenEnvironment):
+    """Guess-the-number. `max_n` (static) bounds N and fixes the token budgets;
+    `num_values` in the params is the per-row N (data, <= max_n)."""
+
+    name = "guess_number"
+
+    def __init__(self, codec: Codec | None = None, max_n: int = 16, max_turns: int | None = None):
+        if not isinstance(max_n, int) or not 2 <= max_n <= 10**8:
+            raise ValueError(f"max_n must be an int in [2, 10**8], got {max_n!r}")
+        self.codec = codec or CharCodec()
+        self.max_n = max_n
+        default_turns = math.ceil(math.log2(max_n)) + 2
+        if max_turns is None:
+            max_turns = default_turns
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = int(max_turns)
+        self.num_digits = len(str(max_n - 1))
+        self.prompt_len = len("guess 0-") + self.num_digits
+        self.obs_len = max(len(r) for r in REPLIES)
+        self.action_len = self.num_digits + 1
+        self._minus_id = self.codec.token_id("-")
+
+    def default_params(self, num_values: int | None = None) -> GuessNumberParams:
+        num_values = self.max_n if num_values is None else num_values
+        if not 2 <= num_values <= self.max_n:
+            raise ValueError(f"num_values must be in [2, max_n={self.max_n}], got {num_values}")
+        return GuessNumberParams(
+            num_values=jnp.asarray(num_values, jnp.int32),
+            turn_cost=jnp.asarray(0.05, jnp.float32),
+            format_penalty=jnp.asarray(0.1, jnp.float32),
+            success_reward=jnp.asarray(1.0, jnp.float32),
+        )
+
+    def reward_bounds(self, params: GuessNumberParams):
+        low = -(params.turn_cost + params.format_penalty)
+        high = params.success_reward - params.turn_cost
+        return low, high
+
+    def _reset(self, key, params):
+        num_values = jnp.clip(params.num_values, 2, self.max_n).astype(jnp.int32)
+        hidden = jax.random.randint(key, (), 0, num_values, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+        false = jnp.zeros((), bool)
+        state = GuessNumberState(
+            turn=zero, terminated=false, truncated=false, success=false,
+            hidden=hidden, low=zero, high=num_values - 1, num_values=num_values,
+        )
+        prompt = chunks.concat_chunks(
+            chunks.constant_chunk(self.codec, "guess 0-", len("guess 0-")),
+            chunks.int_chunk(self.codec, num_values - 1, max_digits=self.num_digits),
+            self.prompt_len, self.codec.pad_id,
+        )
+        return state, prompt
+
+    def _transition(self, key, state, content: TokenChunk, params):
+        del key
+        value, ok = parsing.parse_int(
+            content.tokens, 0, content.length, self.codec.digit_value, self._minus_id
+        )
+        valid = ok & (value >= 0) & (value < state.num_values)
+        correct = valid & (value == state.hidden)
+        reply = jnp.where(
+            ~valid, INVALID,
+            jnp.where(correct, CORRECT, jnp.where(state.hidden > value, HIGHER, LOWER)),
+        )
+        low = jnp.where(valid & (value < state.hidden), jnp.maximum(state.low, value + 1), state.low)
+        high = jnp.where(valid & (value > state.hidden), jnp.minimum(state.high, value - 1), state.high)
+        new_state = state.replace(low=low, high=high, terminated=correct, success=correct)
+        reward = (
+            params.success_reward * correct
+            - params.turn_cost
+            - params.format_penalty * (~valid)
+        )
+        observation = chunks.select_text(self.codec, reply, REPLIES, self.obs_len)
+        return new_state, observation, reward, ~valid
+
+    def _guess_chunk(self, guess: jax.Array) -> TokenChunk:
+        eot = TokenChunk(jnp.asarray([self.codec.eot_id], jnp.int32), jnp.asarray(1, jnp.int32))
+        return chunks.concat_chunks(
+            chunks.int_chunk(self.codec, guess, max_digits=self.num_digits),
+            eot, self.action_len, self.codec.pad_id,
+        )
+
+    def oracle_action(self, key, state: GuessNumberState, params) -> TokenChunk:
+        """Bisection on the interval consistent with the replies (the optimum; it does
+        not peek at the hidden number)."""
+        del key, params
+        return self._guess_chunk((state.low + state.high) // 2)
+
+    def demonstrator_action(self, key, state: GuessNumberState, params,
+                            noise: float = 0.5) -> TokenChunk:
+        """A weaker teacher: with probability `noise` a uniformly random number from the
+        consistent interval, else the bisection midpoint. Never wrong, often slower."""
+        del params
+        key_coin, key_guess = jax.random.split(key)
+        random_guess = jax.random.randint(key_guess, (), state.low, state.high + 1, jnp.int32)
+        guess = jnp.where(
+            jax.random.uniform(key_coin) < noise, random_guess, (state.low + state.high) // 2
+        )
+        return self._guess_chunk(guess)
