@@ -55,6 +55,10 @@ class CheckpointStructureError(ValueError):
     """The checkpoint on disk does not match the abstract target's tree."""
 
 
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint step is incomplete or its files cannot be read."""
+
+
 def abstract_state(state: PyTree) -> PyTree:
     """Returns `jax.ShapeDtypeStruct` leaves (with shardings) mirroring `state`.
 
@@ -94,7 +98,11 @@ def _physical_shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
 
 def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
     """Lists leaves whose presence, shape or dtype differ between target and disk."""
-    expected = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(abstract), sep=".")
+    # Leaf names as orbax writes them: attribute/key/index path joined by ".".
+    expected = {
+        ".".join(ocp.tree.str_keypath(path)): leaf
+        for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]
+    }
     saved = ocp.tree.to_flat_dict(saved_tree, sep=".")
     differences = []
     for name in sorted(set(expected) - set(saved)):
@@ -112,6 +120,11 @@ def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
                 f"{tuple(saved_leaf.shape)} {np.dtype(saved_leaf.dtype)}"
             )
     return differences
+
+
+def _first_line(error: BaseException) -> str:
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 class Checkpointer:
@@ -237,31 +250,39 @@ class Checkpointer:
 
         Raises:
             CheckpointStructureError: the tree on disk does not match the target.
-            Exception: whatever orbax/tensorstore raise for unreadable files.
+            CheckpointCorruptError: a commit marker is missing or files are unreadable.
         """
         self._check_committed(step)
-        saved_tree = self._manager.item_metadata(step)[_STATE_ITEM]
+        try:
+            saved_tree = self._manager.item_metadata(step)[_STATE_ITEM]
+        except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
+            raise CheckpointCorruptError(f"tree metadata unreadable: {_first_line(error)}") from error
         saved_tree = getattr(saved_tree, "tree", saved_tree)
         if saved_tree is None:
-            raise FileNotFoundError("the state's tree metadata could not be read")
+            raise CheckpointCorruptError("tree metadata unreadable")
         differences = _structure_differences(abstract_target, saved_tree)
         if differences:
             raise CheckpointStructureError(
                 f"checkpoint step {step} in {self._directory} does not match "
                 "abstract_target:\n  " + "\n  ".join(differences)
             )
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    _STATE_ITEM: ocp.args.StandardRestore(abstract_target),
-                    _METADATA_ITEM: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        _STATE_ITEM: ocp.args.StandardRestore(abstract_target),
+                        _METADATA_ITEM: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
+        except (OSError, ValueError) as error:
+            # tensorstore reports checksum, truncation and missing-file errors as
+            # ValueError (DATA_LOSS, OUT_OF_RANGE, NOT_FOUND, ...).
+            raise CheckpointCorruptError(f"arrays unreadable: {_first_line(error)}") from error
         metadata = restored[_METADATA_ITEM]
         if not isinstance(metadata, dict):
-            raise ValueError(f"metadata of step {step} is {type(metadata).__name__}, not a dict")
+            raise CheckpointCorruptError(f"metadata is {type(metadata).__name__}, not a dict")
         return restored[_STATE_ITEM], metadata
 
     def restore_latest(
@@ -285,14 +306,11 @@ class Checkpointer:
         for step in reversed(self.all_steps()):
             try:
                 state, metadata = self.restore(step, abstract_target)
-            except CheckpointStructureError:
-                raise
-            except Exception as error:  # pylint: disable=broad-except
-                reason = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            except CheckpointCorruptError as error:
                 logging.warning(
                     "Checkpoint step %d in %s is corrupt or incomplete (%s); "
                     "falling back to the previous checkpoint.",
-                    step, self._directory, reason,
+                    step, self._directory, error,
                 )
                 self._quarantine(step)
                 continue
@@ -321,10 +339,13 @@ class Checkpointer:
             os.path.join(_METADATA_ITEM, _COMMIT_MARKER),
         ):
             if not os.path.exists(os.path.join(step_dir, relative)):
-                raise FileNotFoundError(f"commit marker {relative} is missing")
+                raise CheckpointCorruptError(f"commit marker {relative} is missing")
         metadata_path = os.path.join(step_dir, _METADATA_ITEM, _METADATA_ITEM)
-        with open(metadata_path, encoding="utf-8") as f:
-            json.load(f)
+        try:
+            with open(metadata_path, encoding="utf-8") as f:
+                json.load(f)
+        except (OSError, ValueError) as error:
+            raise CheckpointCorruptError(f"JSON metadata unreadable: {_first_line(error)}") from error
 
     def _quarantine(self, step: int) -> None:
         """Moves an unreadable step out of orbax's sight (primary process only)."""
