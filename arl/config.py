@@ -1,0 +1,243 @@
+"""The experiment configuration: defaults for every key, and validation before tracing.
+
+A config is an `ml_collections.ConfigDict`. `configs/<experiment>.py` files start from
+`default_config()` and override what they need; `validate(config)` rejects inconsistent
+settings with a one-line error naming the field and the allowed values, before anything
+is compiled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+TOKEN_ALGORITHMS = ("ppo", "grpo", "drgrpo", "rloo", "reinforce_pp", "erpo")
+GROUP_ALGORITHMS = ("grpo", "drgrpo", "rloo", "erpo")
+AGGREGATIONS = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+KL_KINDS = ("k1", "abs", "k2", "k3", "k1+", "k2+", "k3+", "abs+")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+SFT_SOURCES = ("demonstrator", "oracle")
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+class ConfigError(ValueError):
+    """A configuration field has a value outside its allowed set."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every key a token-environment experiment reads, with its default."""
+    c = ml_collections.ConfigDict()
+    c.algorithm = "grpo"
+    c.seed = 0
+    c.train_steps = 100
+    c.log_every = 5
+    c.checkpoint_every = 50
+    c.keep_checkpoints = 3
+    c.sample_every = 25  # write rendered sample trajectories every N steps
+    c.mesh = (1, 1, 1)  # (data, fsdp, tensor); product must not exceed the device count
+
+    c.env = ml_collections.ConfigDict()
+    c.env.name = "guess_number"
+    c.env.kwargs = ml_collections.ConfigDict()
+    # For name == "mixture": a list of {"name": ..., "kwargs": {...}} members.
+    c.env.members = ()
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.num_tasks = 16  # distinct tasks per step
+    c.rollout.group_size = 8  # samples per task (GRPO group)
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0
+    c.rollout.top_p = 1.0
+    # ScalingInter-RL horizon curriculum: h = rounds[min(step // every, len - 1)];
+    # empty rounds means the environment's max_turns throughout.
+    c.rollout.horizon_rounds = ()
+    c.rollout.horizon_every = 100
+
+    c.model = ml_collections.ConfigDict()
+    c.model.d_model = 64
+    c.model.num_layers = 2
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 4
+    c.model.mlp_dim = 256
+    c.model.rope_theta = 10000.0
+    c.model.tie_embeddings = False
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 1e-3
+    c.optim.schedule = "constant"
+    c.optim.warmup_steps = 0
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.99
+    c.optim.weight_decay = 0.0
+    c.optim.max_grad_norm = 1.0
+
+    c.updates = ml_collections.ConfigDict()
+    c.updates.epochs = 1
+    c.updates.minibatches = 1
+
+    c.advantage = ml_collections.ConfigDict()
+    c.advantage.gamma = 1.0
+    c.advantage.lam = 1.0
+    c.advantage.turn_level = False  # PPO: bi-level (turn, then token) GAE
+    c.advantage.turn_gamma = 1.0
+    c.advantage.eps = 1e-6
+    c.advantage.whiten = False  # PPO: whiten GAE advantages over agent tokens
+    c.advantage.erpo_centre_on_env_mean = False
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.clip_low = 0.2
+    c.loss.clip_high = 0.2
+    c.loss.dual_clip = 0.0  # 0 disables; e.g. 3.0
+    c.loss.agg = "token-mean"
+    c.loss.norm = 0.0  # constant N for seq-mean-token-sum-norm; 0 = the context length
+    c.loss.value_coef = 0.5
+    c.loss.value_clip = 0.0  # 0 disables
+    c.loss.entropy_coef = 0.0
+    c.loss.kl_coef = 0.0
+    c.loss.kl_kind = "k3"
+    c.loss.kl_in_reward = False
+    c.loss.echo_coef = 0.0  # ECHO: cross-entropy on environment observation tokens
+    c.loss.sft_coef = 0.0  # RL + alpha * SFT on demonstrations
+    c.loss.sft_coef_final = -1.0  # < 0: constant sft_coef; else linear decay to this value
+    c.loss.sft_decay_steps = 100
+    c.loss.sft_source = "demonstrator"
+
+    c.filters = ml_collections.ConfigDict()
+    c.filters.starpo_keep_fraction = 1.0  # < 1 keeps the top fraction of groups by std
+    c.filters.dapo_zero_variance = False
+    c.filters.skip_zero_advantage = True
+    return c
+
+
+def _fail(field: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}.")
+
+
+def _check_range(config, field, low=None, high=None, *, low_open=False, integer=False):
+    node = config
+    for part in field.split("."):
+        node = node[part]
+    value = node
+    if integer and (not isinstance(value, int) or isinstance(value, bool)):
+        _fail(field, value, "expected an integer")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+        _fail(field, value, "expected a number")
+    if low is not None and (value <= low if low_open else value < low):
+        _fail(field, value, f"must be {'>' if low_open else '>='} {low}")
+    if high is not None and value > high:
+        _fail(field, value, f"must be <= {high}")
+
+
+def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
+             workdir: str | None = None) -> None:
+    """Rejects inconsistent settings with a `ConfigError` naming the field."""
+    if config.algorithm not in TOKEN_ALGORITHMS + ("ppo_vector",):
+        _fail("algorithm", config.algorithm,
+              f"allowed values are {TOKEN_ALGORITHMS + ('ppo_vector',)}")
+    _check_range(config, "train_steps", 1, integer=True)
+    _check_range(config, "log_every", 1, integer=True)
+    _check_range(config, "checkpoint_every", 1, integer=True)
+    _check_range(config, "keep_checkpoints", 1, integer=True)
+    _check_range(config, "seed", 0, integer=True)
+
+    mesh = tuple(config.mesh)
+    if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
+        _fail("mesh", mesh, f"expected three positive integers for axes {MESH_AXES}")
+    if num_devices is not None and math.prod(mesh) > num_devices:
+        _fail("mesh", mesh, f"needs {math.prod(mesh)} devices but only {num_devices} exist")
+
+    _check_range(config, "optim.learning_rate", 0.0, low_open=True)
+    if config.optim.schedule not in LR_SCHEDULES:
+        _fail("optim.schedule", config.optim.schedule, f"allowed values are {LR_SCHEDULES}")
+    _check_range(config, "optim.warmup_steps", 0, integer=True)
+    _check_range(config, "optim.max_grad_norm", 0.0)
+    _check_range(config, "optim.b1", 0.0, 1.0)
+    _check_range(config, "optim.b2", 0.0, 1.0)
+    _check_range(config, "optim.weight_decay", 0.0)
+
+    _check_range(config, "loss.clip_low", 0.0, 1.0, low_open=True)
+    _check_range(config, "loss.clip_high", 0.0, low_open=True)
+    if config.loss.dual_clip != 0.0:
+        _check_range(config, "loss.dual_clip", 1.0, low_open=True)
+    if config.loss.agg not in AGGREGATIONS:
+        _fail("loss.agg", config.loss.agg, f"allowed values are {AGGREGATIONS}")
+    if config.loss.kl_kind not in KL_KINDS:
+        _fail("loss.kl_kind", config.loss.kl_kind, f"allowed values are {KL_KINDS}")
+    for field in ("value_coef", "value_clip", "entropy_coef", "kl_coef", "echo_coef",
+                  "sft_coef", "norm"):
+        _check_range(config, f"loss.{field}", 0.0)
+    if config.loss.sft_source not in SFT_SOURCES:
+        _fail("loss.sft_source", config.loss.sft_source, f"allowed values are {SFT_SOURCES}")
+
+    _check_range(config, "advantage.gamma", 0.0, 1.0)
+    _check_range(config, "advantage.lam", 0.0, 1.0)
+    _check_range(config, "advantage.turn_gamma", 0.0, 1.0)
+    _check_range(config, "advantage.eps", 0.0, low_open=True)
+    _check_range(config, "filters.starpo_keep_fraction", 0.0, 1.0, low_open=True)
+
+    _check_range(config, "updates.epochs", 1, integer=True)
+    _check_range(config, "updates.minibatches", 1, integer=True)
+
+    if config.algorithm != "ppo_vector":
+        _validate_token_rollout(config, mesh)
+    if workdir is not None:
+        _validate_workdir(workdir)
+
+
+def _validate_token_rollout(config, mesh) -> None:
+    r = config.rollout
+    _check_range(config, "rollout.num_tasks", 1, integer=True)
+    _check_range(config, "rollout.group_size", 1, integer=True)
+    if config.algorithm in GROUP_ALGORITHMS and r.group_size < 2:
+        _fail("rollout.group_size", r.group_size,
+              f"algorithm {config.algorithm!r} compares samples within a group: need >= 2")
+    _check_range(config, "rollout.temperature", 0.0)
+    _check_range(config, "rollout.top_k", 0, integer=True)
+    _check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
+    _check_range(config, "rollout.horizon_every", 1, integer=True)
+    if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
+        _fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
+    batch = r.num_tasks * r.group_size
+    data_shards = mesh[0] * mesh[1]
+    if batch % data_shards:
+        _fail("rollout.num_tasks", r.num_tasks,
+              f"batch num_tasks*group_size={batch} must be divisible by the mesh's "
+              f"data*fsdp={data_shards}")
+    if batch % config.updates.minibatches:
+        _fail("updates.minibatches", config.updates.minibatches,
+              f"must divide the batch num_tasks*group_size={batch}")
+    if (batch // config.updates.minibatches) % data_shards:
+        _fail("updates.minibatches", config.updates.minibatches,
+              f"minibatch size {batch // config.updates.minibatches} must be divisible by "
+              f"the mesh's data*fsdp={data_shards}")
+    m = config.model
+    for field in ("d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_dim"):
+        _check_range(config, f"model.{field}", 1, integer=True)
+    if m.d_model % m.num_heads:
+        _fail("model.num_heads", m.num_heads, f"must divide model.d_model={m.d_model}")
+    if m.num_heads % m.num_kv_heads:
+        _fail("model.num_kv_heads", m.num_kv_heads,
+              f"must divide model.num_heads={m.num_heads}")
+    if config.env.name == "mixture" and len(config.env.members) < 1:
+        _fail("env.members", config.env.members, "a mixture needs at least one member")
+
+
+def _validate_workdir(workdir: str) -> None:
+    path = os.path.abspath(workdir)
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+        raise ConfigError(f"--workdir={workdir!r} is not writable (checked {probe!r}).")

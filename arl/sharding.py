@@ -1,0 +1,48 @@
+"""Device meshes and shardings: axes ("data", "fsdp", "tensor"), logical-axis rules.
+
+The batch is sharded over data x fsdp; parameters carry logical axis names (set by the
+model with `nn.with_logical_partitioning`) mapped to mesh axes by
+`arl.models.transformer.LOGICAL_AXIS_RULES`; optimizer moments follow their parameters.
+The same program runs on one device (mesh (1, 1, 1)), on fake CPU devices and on a slice.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import optax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def make_mesh(shape: Sequence[int], devices=None) -> jax.sharding.Mesh:
+    """A mesh with axes ("data", "fsdp", "tensor") over the first prod(shape) devices."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3 or any(s < 1 for s in shape):
+        raise ValueError(f"mesh shape {shape} must be three positive integers {MESH_AXES}.")
+    devices = jax.devices() if devices is None else devices
+    if math.prod(shape) > len(devices):
+        raise ValueError(
+            f"mesh shape {shape} needs {math.prod(shape)} devices; {len(devices)} available.")
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices[: math.prod(shape)])
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """Leading (batch) dimension split over data x fsdp; other dimensions replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def opt_state_shardings(optimizer, opt_state, param_shardings_tree, default):
+    """Shardings for an optimizer state: parameter-shaped subtrees follow the params."""
+    return optax.tree_map_params(
+        optimizer, lambda _, s: s, opt_state, param_shardings_tree,
+        transform_non_params=lambda _: default)

@@ -1,0 +1,485 @@
+"""The single compiled training step for token environments: rollout + signals + update.
+
+    train_step(state) -> (state, metrics)      # one jax.jit program, state donated
+
+1. rollout   : `arl.rollout.rollout` — a scan over turns with KV-cached decoding.
+2. signals   : rewards -> advantages (PPO GAE / GRPO / Dr.GRPO / RLOO / REINFORCE++ /
+               ERPO), StarPO-S and DAPO filters, KL-in-reward.
+3. update    : a scan over epochs x minibatches of optax updates on
+               policy + value + KL(ref) - entropy + ECHO + SFT terms; skipped (parameters
+               unchanged) when no advantage in the batch is non-zero.
+
+`Trainer(config)` builds the pieces from an `ml_collections` config (see `arl.config`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+
+from arl import algorithms as alg
+from arl import config as config_lib
+from arl import envs as envs_lib
+from arl import rollout as rollout_lib
+from arl import sharding as sharding_lib
+from arl.models import transformer as transformer_lib
+
+
+@struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    ref_params: Any  # None unless a KL term needs the reference policy
+    step: jax.Array  # int32 []
+    key: jax.Array
+
+
+def make_env(env_config: ml_collections.ConfigDict):
+    """Builds the environment named by `config.env` (a single env or a mixture)."""
+    if env_config.name == "mixture":
+        members = [
+            envs_lib.make(m["name"], **dict(m.get("kwargs", {}))) for m in env_config.members
+        ]
+        return envs_lib.make("mixture", envs=members)
+    return envs_lib.make(env_config.name, **dict(env_config.kwargs))
+
+
+def env_names(env) -> tuple[str, ...]:
+    members = getattr(env, "envs", None)
+    if members is None:
+        return (getattr(env, "name", "env"),)
+    return tuple(f"{i}_{getattr(m, 'name', 'env')}" for i, m in enumerate(members))
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    o = config.optim
+    total = max(1, config.train_steps * config.updates.epochs * config.updates.minibatches)
+    if o.schedule == "constant":
+        decay = optax.constant_schedule(o.learning_rate)
+    elif o.schedule == "linear":
+        decay = optax.linear_schedule(o.learning_rate, 0.0, max(1, total - o.warmup_steps))
+    else:
+        decay = optax.cosine_decay_schedule(o.learning_rate, max(1, total - o.warmup_steps))
+    if o.warmup_steps:
+        schedule = optax.join_schedules(
+            [optax.linear_schedule(0.0, o.learning_rate, o.warmup_steps), decay],
+            [o.warmup_steps])
+    else:
+        schedule = decay
+    parts = []
+    if o.max_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(o.max_grad_norm))
+    parts.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay))
+    return optax.chain(*parts)
+
+
+def sft_weight(config, step):
+    """alpha of RL + alpha*SFT: constant, or linear decay to `sft_coef_final`."""
+    c = config.loss
+    if c.sft_coef_final < 0:
+        return jnp.asarray(c.sft_coef, jnp.float32)
+    frac = jnp.clip(step / max(1, c.sft_decay_steps), 0.0, 1.0)
+    return (c.sft_coef + frac * (c.sft_coef_final - c.sft_coef)).astype(jnp.float32)
+
+
+def _shift_right(x):
+    """Pads a [B, S-1] per-prediction array to [B, S] so index t belongs to token t."""
+    return jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
+
+
+class Trainer:
+    """Static pieces of an experiment and its jitted `train_step`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
+        config_lib.validate(config, num_devices=jax.device_count())
+        if config.algorithm == "ppo_vector":
+            raise ValueError("config.algorithm='ppo_vector' is trained by arl.vector_ppo.")
+        self.config = config
+        self.env = make_env(config.env)
+        self.env_names = env_names(self.env)
+        self.num_envs = len(self.env_names)
+        self.context_length = rollout_lib.context_length(self.env)
+        m = config.model
+        self.model = transformer_lib.Transformer(transformer_lib.TransformerConfig(
+            vocab_size=self.env.codec.vocab_size,
+            d_model=m.d_model,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            mlp_dim=m.mlp_dim,
+            max_len=self.context_length,
+            rope_theta=m.rope_theta,
+            tie_embeddings=m.tie_embeddings,
+            value_head=config.algorithm == "ppo",
+        ))
+        self.optimizer = make_optimizer(config)
+        self.sampling = rollout_lib.SamplingConfig(
+            temperature=config.rollout.temperature, top_k=config.rollout.top_k,
+            top_p=config.rollout.top_p)
+        self.batch_size = config.rollout.num_tasks * config.rollout.group_size
+        self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
+        self.uses_reference = config.loss.kl_coef > 0
+        self._state_shardings = None
+        self.train_step = self._compile_train_step()
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, seed: int | None = None) -> TrainState:
+        seed = self.config.seed if seed is None else seed
+        key = jax.random.key(seed)
+        init_key, key = jax.random.split(key)
+
+        def init(init_key, key):
+            dummy = jnp.zeros((1, self.context_length), jnp.int32)
+            params = nn.unbox(self.model.init(init_key, dummy)["params"])
+            return TrainState(
+                params=params,
+                opt_state=self.optimizer.init(params),
+                ref_params=params if self.uses_reference else None,
+                step=jnp.zeros((), jnp.int32),
+                key=key,
+            )
+
+        shardings = self.state_shardings()
+        return jax.jit(init, out_shardings=shardings)(init_key, key)
+
+    def abstract_state(self) -> TrainState:
+        """Shapes, dtypes and shardings of the state (orbax restore target)."""
+        abstract = jax.eval_shape(lambda: self.init_state_unsharded_shape())
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract, self.state_shardings())
+
+    def init_state_unsharded_shape(self):
+        dummy = jnp.zeros((1, self.context_length), jnp.int32)
+        params = nn.unbox(self.model.init(jax.random.key(0), dummy)["params"])
+        return TrainState(
+            params=params,
+            opt_state=self.optimizer.init(params),
+            ref_params=params if self.uses_reference else None,
+            step=jnp.zeros((), jnp.int32),
+            key=jax.random.key(0),
+        )
+
+    def state_shardings(self):
+        if self._state_shardings is None:
+            boxed = transformer_lib.abstract_params(self.model)
+            param_shardings = transformer_lib.param_shardings(boxed, self.mesh)
+            abstract = jax.eval_shape(self.init_state_unsharded_shape)
+            replicated = sharding_lib.replicated(self.mesh)
+            opt_shardings = sharding_lib.opt_state_shardings(
+                self.optimizer, abstract.opt_state, param_shardings, replicated)
+            self._state_shardings = TrainState(
+                params=param_shardings,
+                opt_state=opt_shardings,
+                ref_params=param_shardings if self.uses_reference else None,
+                step=replicated,
+                key=replicated,
+            )
+        return self._state_shardings
+
+    # ------------------------------------------------------------------ step
+    def _compile_train_step(self):
+        shardings = self.state_shardings()
+        return jax.jit(
+            self._train_step,
+            in_shardings=(shardings,),
+            out_shardings=(shardings, sharding_lib.replicated(self.mesh)),
+            donate_argnums=(0,),
+        )
+
+    def horizon(self, step):
+        r = self.config.rollout
+        if not r.horizon_rounds:
+            return jnp.asarray(self.env.max_turns, jnp.int32)
+        return alg.horizon_schedule(step, rounds=tuple(r.horizon_rounds), every=r.horizon_every)
+
+    def _forward(self, params, tokens):
+        """Per-token log-probs, entropies and values aligned to token index."""
+        out = self.model.apply({"params": params}, tokens)
+        logits = out.logits[:, :-1] / jnp.maximum(self.config.rollout.temperature, 1e-6)
+        logp = _shift_right(alg.token_logprobs(logits, tokens[:, 1:]))
+        ent = _shift_right(alg.entropy(logits))
+        values = None if out.values is None else _shift_right(out.values[:, :-1])
+        return logp, ent, values
+
+    def _train_step(self, state: TrainState):
+        c = self.config
+        key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
+        horizon = self.horizon(state.step)
+        batch_axes = sharding_lib.batch_sharding(self.mesh)
+        traj = rollout_lib.rollout(
+            self.env, rollout_key, num_tasks=c.rollout.num_tasks,
+            group_size=c.rollout.group_size, model=self.model, params=state.params,
+            sampling=self.sampling, horizon=horizon)
+        traj = jax.lax.with_sharding_constraint(traj, batch_axes)
+        mask = traj.agent_mask
+
+        ref_logp = None
+        if self.uses_reference:
+            ref_logp, _, _ = self._forward(state.ref_params, traj.tokens)
+            ref_logp = jax.lax.stop_gradient(ref_logp)
+        old_values = None
+        if c.algorithm == "ppo":
+            _, _, old_values = self._forward(state.params, traj.tokens)
+            old_values = jax.lax.stop_gradient(old_values) * mask
+
+        rewards = traj.rewards
+        if self.uses_reference and c.loss.kl_in_reward:
+            rewards = rewards - c.loss.kl_coef * alg.kl_penalty(
+                traj.behaviour_logp, ref_logp, "k1") * mask
+        advantages, returns, seq_valid, signal_metrics = self._advantages(
+            traj, rewards, old_values)
+        loss_mask = mask * seq_valid[:, None]
+        advantages = advantages * loss_mask
+
+        demo = None
+        if c.loss.sft_coef > 0:
+            demo = rollout_lib.rollout(
+                self.env, demo_key, num_tasks=c.rollout.num_tasks,
+                group_size=c.rollout.group_size, action_source=c.loss.sft_source)
+            demo = jax.lax.with_sharding_constraint(demo, batch_axes)
+        batch = dict(
+            tokens=traj.tokens, mask=loss_mask, old_logp=traj.behaviour_logp,
+            advantages=advantages, observation_mask=traj.observation_mask)
+        if old_values is not None:
+            batch.update(old_values=old_values, returns=returns)
+        if ref_logp is not None:
+            batch.update(ref_logp=ref_logp)
+        if demo is not None:
+            batch.update(demo_tokens=demo.tokens, demo_mask=demo.agent_mask)
+
+        has_signal = jnp.any(advantages != 0)
+        if demo is not None or c.loss.echo_coef > 0 or not c.filters.skip_zero_advantage:
+            has_signal = jnp.ones((), bool)  # the auxiliary terms still carry gradient
+
+        def do_update(operand):
+            params, opt_state = operand
+            return self._update(params, opt_state, batch, update_key, state.step)
+
+        def skip_update(operand):
+            params, opt_state = operand
+            return params, opt_state, self._zero_update_metrics()
+
+        params, opt_state, update_metrics = jax.lax.cond(
+            has_signal, do_update, skip_update, (state.params, state.opt_state))
+
+        metrics = self._rollout_metrics(traj)
+        metrics.update(signal_metrics)
+        metrics.update(update_metrics)
+        metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
+        metrics["horizon"] = horizon.astype(jnp.float32)
+        if demo is not None:
+            metrics["demo_success_rate"] = jnp.mean(demo.success.astype(jnp.float32))
+            metrics["sft_coef"] = sft_weight(c, state.step)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, step=state.step + 1, key=key)
+        return new_state, metrics
+
+    # ------------------------------------------------------------------ signals
+    def _advantages(self, traj, rewards, old_values):
+        c = self.config
+        mask = traj.agent_mask
+        num_groups = c.rollout.num_tasks
+        scores = rewards.sum(axis=1)
+        group_ids = traj.group_ids
+        metrics = {}
+        stats = alg.group_statistics(scores, group_ids, num_groups=num_groups)
+        metrics["degenerate_group_fraction"] = jnp.mean(stats.degenerate.astype(jnp.float32))
+        metrics["within_group_reward_std"] = jnp.mean(stats.std)
+
+        seq_valid = jnp.ones(scores.shape, jnp.float32)
+        if c.filters.starpo_keep_fraction < 1.0:
+            keep = alg.starpo_keep_mask(
+                scores, group_ids, num_groups=num_groups,
+                keep_fraction=c.filters.starpo_keep_fraction)
+            seq_valid = seq_valid * keep.astype(jnp.float32)
+        if c.filters.dapo_zero_variance:
+            keep = alg.dapo_zero_variance_mask(scores, group_ids, num_groups=num_groups)
+            seq_valid = seq_valid * keep.astype(jnp.float32)
+        metrics["kept_fraction"] = jnp.mean(seq_valid)
+        valid = seq_valid > 0
+
+        returns = None
+        if c.algorithm == "ppo":
+            if c.advantage.turn_level:
+                advantages, returns = alg.turn_level_gae(
+                    rewards, old_values, mask, traj.turn_end_mask,
+                    gamma=c.advantage.gamma, lam=c.advantage.lam,
+                    turn_gamma=c.advantage.turn_gamma)
+            else:
+                advantages, returns = alg.gae(
+                    rewards, old_values, mask, gamma=c.advantage.gamma, lam=c.advantage.lam)
+            if c.advantage.whiten:
+                advantages = alg.whiten(advantages, mask * seq_valid[:, None])
+            return advantages * mask, returns, seq_valid, metrics
+
+        if c.algorithm in ("grpo", "drgrpo"):
+            seq_adv = alg.group_advantages(
+                scores, group_ids, num_groups=num_groups,
+                scale_by_std=c.algorithm == "grpo", eps=c.advantage.eps, valid=valid)
+        elif c.algorithm == "rloo":
+            seq_adv = alg.rloo_advantages(scores, group_ids, num_groups=num_groups, valid=valid)
+        elif c.algorithm == "reinforce_pp":
+            seq_adv = alg.reinforce_pp_advantages(
+                scores, group_ids, num_groups=num_groups, valid=valid)
+        elif c.algorithm == "erpo":
+            seq_adv = alg.env_advantages(
+                scores, group_ids, traj.env_ids, num_groups=num_groups,
+                num_envs=self.num_envs, eps=c.advantage.eps, valid=valid,
+                centre_on_env_mean=c.advantage.erpo_centre_on_env_mean)
+        else:  # pragma: no cover - validate() rejects this earlier
+            raise ValueError(c.algorithm)
+        return seq_adv[:, None] * mask, returns, seq_valid, metrics
+
+    # ------------------------------------------------------------------ update
+    def _loss(self, params, mb, step):
+        c = self.config
+        logp, ent, values = self._forward(params, mb["tokens"])
+        mask = mb["mask"]
+        norm = c.loss.norm or None
+        if c.loss.agg == "seq-mean-token-sum-norm" and norm is None:
+            norm = float(self.context_length)
+        pg, metrics = alg.policy_loss(
+            logp, mb["old_logp"], mb["advantages"], mask, clip_low=c.loss.clip_low,
+            clip_high=c.loss.clip_high, dual_clip=c.loss.dual_clip or None,
+            agg=c.loss.agg, norm=norm)
+        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        total = pg
+        metrics["loss/policy"] = pg
+        ent_mean = alg.aggregate(ent, mask, "token-mean")
+        metrics["entropy"] = ent_mean
+        if c.loss.entropy_coef > 0:
+            total = total - c.loss.entropy_coef * alg.aggregate(ent, mask, c.loss.agg, norm=norm)
+        if c.algorithm == "ppo":
+            vl, vmetrics = alg.value_loss(
+                values, mb["old_values"], mb["returns"], mask,
+                clip=c.loss.value_clip or None, agg=c.loss.agg, norm=norm)
+            total = total + c.loss.value_coef * vl
+            metrics["loss/value"] = vl
+            metrics.update({f"value/{k}": v for k, v in vmetrics.items()})
+        if "ref_logp" in mb:
+            kl = alg.aggregate(alg.kl_penalty(logp, mb["ref_logp"], c.loss.kl_kind), mask,
+                               "token-mean")
+            metrics["kl_ref"] = kl
+            if not c.loss.kl_in_reward:
+                total = total + c.loss.kl_coef * alg.aggregate(
+                    alg.kl_penalty(logp, mb["ref_logp"], c.loss.kl_kind), mask, c.loss.agg,
+                    norm=norm)
+        if c.loss.echo_coef > 0:
+            echo = alg.observation_loss(logp, mb["observation_mask"])
+            total = total + c.loss.echo_coef * echo
+            metrics["loss/echo"] = echo
+        if "demo_tokens" in mb:
+            demo_logp, _, _ = self._forward(params, mb["demo_tokens"])
+            sft = alg.sft_loss(demo_logp, mb["demo_mask"])
+            total = total + sft_weight(c, step) * sft
+            metrics["loss/sft"] = sft
+        metrics["loss/total"] = total
+        return total, metrics
+
+    def _update(self, params, opt_state, batch, key, step):
+        c = self.config
+        num_mb = c.updates.minibatches
+        mb_size = self.batch_size // num_mb
+        batch_axes = sharding_lib.batch_sharding(self.mesh)
+        grad_fn = jax.grad(self._loss, has_aux=True)
+
+        def epoch(carry, epoch_key):
+            params, opt_state = carry
+            perm = jax.random.permutation(epoch_key, self.batch_size)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]),
+                                    batch)
+
+            def minibatch(carry, mb):
+                params, opt_state = carry
+                mb = jax.lax.with_sharding_constraint(mb, batch_axes)
+                grads, metrics = grad_fn(params, mb, step)
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                params = optax.apply_updates(params, updates)
+                metrics["grad_norm"] = optax.global_norm(grads)
+                return (params, opt_state), metrics
+
+            return jax.lax.scan(minibatch, (params, opt_state), shuffled)
+
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (params, opt_state), jax.random.split(key, c.updates.epochs))
+        return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+    def _zero_update_metrics(self):
+        shapes = jax.eval_shape(
+            lambda: self._update_metric_shapes())
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def _update_metric_shapes(self):
+        batch = self._dummy_batch()
+        _, metrics = self._loss(self._dummy_params(), batch, jnp.zeros((), jnp.int32))
+        metrics = dict(metrics)
+        metrics["grad_norm"] = jnp.zeros((), jnp.float32)
+        return metrics
+
+    def _dummy_params(self):
+        dummy = jnp.zeros((1, self.context_length), jnp.int32)
+        return nn.unbox(self.model.init(jax.random.key(0), dummy)["params"])
+
+    def _dummy_batch(self):
+        c = self.config
+        shape = (1, self.context_length)
+        f = jnp.zeros(shape, jnp.float32)
+        batch = dict(tokens=jnp.zeros(shape, jnp.int32), mask=f, old_logp=f,
+                     advantages=f, observation_mask=f)
+        if c.algorithm == "ppo":
+            batch.update(old_values=f, returns=f)
+        if self.uses_reference:
+            batch.update(ref_logp=f)
+        if c.loss.sft_coef > 0:
+            batch.update(demo_tokens=jnp.zeros(shape, jnp.int32), demo_mask=f)
+        return batch
+
+    # ------------------------------------------------------------------ metrics
+    def _rollout_metrics(self, traj):
+        ret = traj.episode_return
+        success = traj.success.astype(jnp.float32)
+        agent_tokens = traj.agent_mask.sum(axis=1)
+        metrics = {
+            "reward_mean": jnp.mean(ret),
+            "reward_std": jnp.std(ret),
+            "success_rate": jnp.mean(success),
+            "turns_mean": jnp.mean(traj.num_turns.astype(jnp.float32)),
+            "response_tokens_mean": jnp.mean(agent_tokens),
+            "context_tokens_mean": jnp.mean(traj.length.astype(jnp.float32)),
+            "format_error_rate": jnp.sum(traj.format_errors)
+            / jnp.maximum(jnp.sum(traj.num_turns), 1),
+        }
+        if self.num_envs > 1:
+            counts = jax.ops.segment_sum(jnp.ones_like(ret), traj.env_ids, self.num_envs)
+            sums = jax.ops.segment_sum(ret, traj.env_ids, self.num_envs)
+            succ = jax.ops.segment_sum(success, traj.env_ids, self.num_envs)
+            for i, name in enumerate(self.env_names):
+                metrics[f"reward_mean/{name}"] = sums[i] / jnp.maximum(counts[i], 1)
+                metrics[f"success_rate/{name}"] = succ[i] / jnp.maximum(counts[i], 1)
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation
+    @functools.cached_property
+    def _evaluate_fn(self):
+        c = self.config
+
+        def evaluate(params, key, greedy):
+            sampling = self.sampling.replace(greedy=greedy)
+            traj = rollout_lib.rollout(
+                self.env, key, num_tasks=c.rollout.num_tasks * c.rollout.group_size,
+                group_size=1, model=self.model, params=params, sampling=sampling)
+            return self._rollout_metrics(traj), traj
+
+        return jax.jit(evaluate, static_argnames=("greedy",))
+
+    def evaluate(self, params, key, *, greedy: bool = True):
+        """Success and reward of the policy on fresh tasks (one sample per task)."""
+        return self._evaluate_fn(params, key, greedy=greedy)

@@ -1,0 +1,47 @@
+r"""Trains an agent from a config file; resumes automatically from --workdir.
+
+    python -m experiments.train --config=configs/grpo_guess_number.py --workdir=/tmp/run \
+        --config.train_steps=200 --config.rollout.group_size=8
+
+Writes to the workdir: metrics.jsonl, TensorBoard event files, rendered sample
+trajectories (samples/), orbax checkpoints (checkpoints/), and curves.png at the end.
+Multi-host: pass --coordinator_address, --num_processes and --process_id on every host.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumed if it exists).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 for jax.distributed.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_KILL_AFTER = flags.DEFINE_integer(
+    "debug_kill_after_step", None,
+    "Testing aid: SIGKILL this process right after the checkpoint of this step.")
+
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    import jax
+
+    if _COORDINATOR.value is not None:
+        jax.distributed.initialize(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value)
+    from arl import experiment
+
+    experiment.run(_CONFIG.value, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
