@@ -241,8 +241,10 @@ class TokenEnvironment(Environment):
             action.tokens, action.length, self.codec.vocab_size, self.codec.pad_id
         )
         content_length = parsing.turn_content_length(tokens, length, self.codec.eot_id)
+        # split(key)[1] is reserved for auto-reset (see arl.envs.wrappers).
+        key_step, _ = jax.random.split(key)
         live_state, observation, reward, format_error = self._transition(
-            key, state, TokenChunk(tokens=tokens, length=content_length), params
+            key_step, state, TokenChunk(tokens=tokens, length=content_length), params
         )
         turn = state.turn + 1
         truncated = jnp.logical_and(~live_state.terminated, turn >= self.max_turns)
