@@ -11,15 +11,11 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from arl.models import (LOGICAL_AXIS_RULES, Transformer, TransformerConfig, abstract_params,
                         init_cache, param_partition_specs, param_shardings)
+from tests.models.helpers import SMALL, jitted_forward, make
 
-SMALL = TransformerConfig(vocab_size=48, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                          mlp_dim=64, max_len=32, value_head=True)
-
-
-def make(config, seed=0, seq_len=4):
-    model = Transformer(config)
-    boxed = model.init(jax.random.key(seed), jnp.zeros((1, seq_len), jnp.int32))["params"]
-    return model, boxed, nn.unbox(boxed)
+# Multi-query attention, Qwen2-style QKV bias, tied embeddings, no value head.
+MQA_TIED = dataclasses.replace(SMALL, num_kv_heads=1, qkv_bias=True, tie_embeddings=True,
+                               value_head=False, rope_theta=1e6)
 
 
 # ----------------------------------------------------------------------------- config
@@ -65,16 +61,16 @@ def test_call_argument_errors():
 
 
 def test_parameter_names_shapes_and_logical_axes():
-    _, boxed, params = make(dataclasses.replace(SMALL, qkv_bias=True))
+    _, boxed, params = make(SMALL)
     layers = params["layers"]
-    assert params["embed_tokens"]["embedding"].shape == (48, 32)
+    assert params["embed_tokens"]["embedding"].shape == (64, 32)
     assert layers["self_attn"]["q_proj"]["kernel"].shape == (2, 32, 4, 8)
-    assert layers["self_attn"]["q_proj"]["bias"].shape == (2, 4, 8)
+    assert "bias" not in layers["self_attn"]["q_proj"]
     assert layers["self_attn"]["k_proj"]["kernel"].shape == (2, 32, 2, 8)
     assert layers["self_attn"]["o_proj"]["kernel"].shape == (2, 4, 8, 32)
     assert layers["mlp"]["down_proj"]["kernel"].shape == (2, 64, 32)
     assert layers["input_layernorm"]["scale"].shape == (2, 32)
-    assert params["lm_head"].shape == (32, 48)
+    assert params["lm_head"].shape == (32, 64)
     assert params["value_head"]["kernel"].shape == (32, 1)
     names = nn.get_partition_spec(boxed)
     assert names["layers"]["self_attn"]["k_proj"]["kernel"] == P(
@@ -84,33 +80,35 @@ def test_parameter_names_shapes_and_logical_axes():
     assert specs["layers"]["mlp"]["gate_proj"]["kernel"] == P(None, "fsdp", "tensor")
     assert specs["lm_head"] == P("fsdp", "tensor")
     # abstract_params gives the same boxes without allocating.
-    assert param_partition_specs(abstract_params(
-        Transformer(dataclasses.replace(SMALL, qkv_bias=True)))) == specs
+    assert param_partition_specs(abstract_params(Transformer(SMALL))) == specs
+    biased = abstract_params(Transformer(dataclasses.replace(SMALL, qkv_bias=True)))
+    bias = biased["layers"]["self_attn"]["k_proj"]["bias"]
+    assert bias.value.shape == (2, 2, 8) and bias.names == ("layers", "kv_heads", "head_dim")
     # unboxed params carry no names -> replicated.
     assert all(s == P() for s in jax.tree.leaves(
         param_partition_specs(params), is_leaf=lambda x: isinstance(x, P)))
 
 
 def test_tied_embeddings_have_no_lm_head():
-    model, _, params = make(dataclasses.replace(SMALL, tie_embeddings=True, value_head=False))
+    model, _, params = make(MQA_TIED)
     assert "lm_head" not in params and "value_head" not in params
     tokens = jnp.array([[1, 2, 3]])
-    out = model.apply({"params": params}, tokens, return_hidden=True)
+    out = jax.jit(lambda p, t: model.apply({"params": p}, t, return_hidden=True))(params, tokens)
     assert out.values is None
     expected = out.hidden @ params["embed_tokens"]["embedding"].T
     np.testing.assert_allclose(out.logits, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_boxed_params_apply_like_plain_params():
-    model, boxed, params = make(SMALL)
+    _, boxed, params = make(SMALL)
     tokens = jnp.array([[3, 1, 4, 1, 5]])
-    np.testing.assert_array_equal(model.apply({"params": boxed}, tokens).logits,
-                                  model.apply({"params": params}, tokens).logits)
+    forward = jitted_forward(SMALL)
+    np.testing.assert_array_equal(forward(boxed, tokens).logits, forward(params, tokens).logits)
 
 
 def test_causality_and_rope_relative_positions():
-    model, _, params = make(SMALL)
-    apply = jax.jit(lambda t: model.apply({"params": params}, t).logits)
+    _, _, params = make(SMALL)
+    apply = lambda t: jitted_forward(SMALL)(params, t).logits
     a = jnp.array([[5, 6, 7, 8, 9, 10]])
     b = a.at[0, 4:].set(jnp.array([1, 2]))
     # Changing later tokens never changes earlier logits.
@@ -122,21 +120,20 @@ def test_causality_and_rope_relative_positions():
 # ----------------------------------------------------------------------------- KV cache
 
 
-def _cached_vs_full(config, chunks, num_valids, capacity=24, seed=1):
+def _cached_vs_full(config, chunks, num_valids, capacity=24):
     """Run `chunks` ([B, T_i] int arrays, num_valid [B] each) through the cache and compare
     every valid position's logits/values with one full forward pass per row."""
-    model, _, params = make(config, seed=seed)
-    variables = {"params": params}
-    step = jax.jit(lambda tokens, cache, nv: model.apply(variables, tokens, cache=cache,
-                                                         num_valid=nv))
-    full = jax.jit(lambda tokens: model.apply(variables, tokens))
+    model, _, params = make(config)
+    step = jax.jit(lambda p, tokens, cache, nv: model.apply({"params": p}, tokens, cache=cache,
+                                                            num_valid=nv))
+    full = lambda tokens: jitted_forward(config)(params, tokens)
     batch = chunks[0].shape[0]
     cache = init_cache(config, batch, capacity)
     rows = [[] for _ in range(batch)]
     got_logits = [[] for _ in range(batch)]
     got_values = [[] for _ in range(batch)]
     for tokens, nv in zip(chunks, num_valids):
-        out = step(jnp.asarray(tokens), cache, jnp.asarray(nv, jnp.int32))
+        out = step(params, jnp.asarray(tokens), cache, jnp.asarray(nv, jnp.int32))
         cache = out.cache
         for b in range(batch):
             rows[b].extend(np.asarray(tokens)[b, :nv[b]].tolist())
@@ -158,11 +155,7 @@ def _cached_vs_full(config, chunks, num_valids, capacity=24, seed=1):
     return cache
 
 
-@pytest.mark.parametrize("config", [
-    SMALL,  # GQA (4 query heads, 2 kv heads) + value head
-    dataclasses.replace(SMALL, num_kv_heads=1, qkv_bias=True, tie_embeddings=True,
-                        value_head=False, rope_theta=1e6),
-], ids=["gqa-value-head", "mqa-qkv-bias-tied"])
+@pytest.mark.parametrize("config", [SMALL, MQA_TIED], ids=["gqa-value-head", "mqa-qkv-bias-tied"])
 def test_cached_decoding_matches_full_forward(config):
     rng = np.random.default_rng(0)
     tok = lambda t: rng.integers(0, config.vocab_size, size=(3, t)).astype(np.int32)
@@ -176,11 +169,11 @@ def test_cached_decoding_matches_full_forward(config):
 
 def test_rows_with_num_valid_zero_keep_their_cache_bit_for_bit():
     model, _, params = make(SMALL)
-    cache = init_cache(SMALL, 2, 8)
-    cache = model.apply({"params": params}, jnp.array([[1, 2, 3], [4, 5, 6]]), cache=cache,
-                        num_valid=jnp.array([3, 2])).cache
-    new = model.apply({"params": params}, jnp.array([[7, 8], [9, 9]]), cache=cache,
-                      num_valid=jnp.array([0, 2])).cache
+    step = jax.jit(lambda p, t, c, nv: model.apply({"params": p}, t, cache=c,
+                                                   num_valid=nv).cache)
+    cache = step(params, jnp.array([[1, 2, 3], [4, 5, 6]]), init_cache(SMALL, 2, 8),
+                 jnp.array([3, 2]))
+    new = step(params, jnp.array([[7, 8], [9, 9]]), cache, jnp.array([0, 2]))
     np.testing.assert_array_equal(new.keys[:, 0], cache.keys[:, 0])
     np.testing.assert_array_equal(new.values[:, 0], cache.values[:, 0])
     np.testing.assert_array_equal(new.length, [3, 4])
@@ -190,34 +183,34 @@ def test_rows_with_num_valid_zero_keep_their_cache_bit_for_bit():
 
 def test_writes_past_capacity_are_dropped_not_clamped():
     model, _, params = make(SMALL)
-    variables = {"params": params}
     tokens = jnp.array([[1, 2, 3, 4, 5, 6]])
-    small = model.apply(variables, tokens, cache=init_cache(SMALL, 1, 4)).cache
-    large = model.apply(variables, tokens, cache=init_cache(SMALL, 1, 8)).cache
+    prefill = jax.jit(lambda p, c: model.apply({"params": p}, tokens, cache=c).cache)
+    small = prefill(params, init_cache(SMALL, 1, 4))
+    large = prefill(params, init_cache(SMALL, 1, 8))
     np.testing.assert_allclose(small.keys, large.keys[:, :, :4], atol=1e-6)
     np.testing.assert_array_equal(small.length, [6])
 
 
 def test_vmap_over_independent_batches_equals_flat_batch():
-    model, _, params = make(SMALL)
-    tokens = jax.random.randint(jax.random.key(3), (2, 3, 5), 0, SMALL.vocab_size)
-    apply = lambda t: model.apply({"params": params}, t).logits
-    stacked = jax.jit(jax.vmap(apply))(tokens)
-    flat = jax.jit(apply)(tokens.reshape(6, 5)).reshape(2, 3, 5, -1)
+    _, _, params = make(SMALL)
+    tokens = jax.random.randint(jax.random.key(3), (2, 4, 6), 0, SMALL.vocab_size)
+    forward = jitted_forward(SMALL)
+    stacked = jax.jit(jax.vmap(lambda t: forward(params, t).logits))(tokens)
+    flat = forward(params, tokens.reshape(8, 6)).logits.reshape(2, 4, 6, -1)
     np.testing.assert_allclose(stacked, flat, atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_activations_give_float32_logits_close_to_float32():
-    config = dataclasses.replace(SMALL, dtype=jnp.bfloat16)
-    model, _, params = make(config)
-    tokens = jnp.array([[1, 2, 3, 4, 5, 6, 7]])
-    out = jax.jit(lambda t: model.apply({"params": params}, t))(tokens)
+    _, _, params = make(SMALL)  # same parameter tree; only activations change
+    tokens = jnp.array([[1, 2, 3, 4, 5, 6]])
+    out = jitted_forward(dataclasses.replace(SMALL, dtype=jnp.bfloat16))(params, tokens)
     assert out.logits.dtype == jnp.float32 and out.values.dtype == jnp.float32
-    ref = Transformer(SMALL).apply({"params": params}, tokens)
+    ref = jitted_forward(SMALL)(params, tokens)
     assert np.all(np.isfinite(out.logits))
     np.testing.assert_allclose(out.logits, ref.logits, atol=0.05)
 
 
+@pytest.mark.slow  # two gradient compilations (~25 s on a busy 2-core CPU)
 def test_remat_gives_identical_gradients():
     tokens = jnp.array([[1, 2, 3, 4, 5]])
     _, _, params = make(SMALL)
@@ -236,11 +229,10 @@ def test_remat_gives_identical_gradients():
 
 
 def test_sharded_forward_matches_unsharded():
-    config = dataclasses.replace(SMALL, vocab_size=64)
-    model, boxed, params = make(config)
-    tokens = jax.random.randint(jax.random.key(7), (4, 6), 0, config.vocab_size)
+    model, boxed, params = make(SMALL)
+    tokens = jax.random.randint(jax.random.key(7), (4, 6), 0, SMALL.vocab_size)
     forward = lambda p, t: model.apply({"params": p}, t)
-    ref = jax.jit(forward)(params, tokens)
+    ref = jitted_forward(SMALL)(params, tokens)
 
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
                          axis_types=(AxisType.Auto,) * 3)
@@ -263,5 +255,5 @@ def test_partition_specs_drop_axes_that_do_not_divide():
     specs = param_partition_specs(boxed, LOGICAL_AXIS_RULES, mesh)
     assert specs["layers"]["self_attn"]["q_proj"]["kernel"] == P(None, "fsdp", "tensor", None)
     assert specs["layers"]["self_attn"]["k_proj"]["kernel"] == P(None, "fsdp", None, None)
-    # 48 = vocab divides by 4; the spec is usable for device_put.
-    jax.device_put(jnp.zeros((48, 32)), NamedSharding(mesh, specs["embed_tokens"]["embedding"]))
+    # vocab 64 divides by 4; the spec is usable for device_put.
+    jax.device_put(jnp.zeros((64, 32)), NamedSharding(mesh, specs["embed_tokens"]["embedding"]))

@@ -1,0 +1,40 @@
+"""Shared small models for tests/models: one jitted init per config, reused across tests
+(compilation dominates the run time on CPU)."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from arl.models import Transformer, TransformerConfig
+
+SMALL = TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                          mlp_dim=64, max_len=32, value_head=True)
+
+
+@functools.lru_cache(maxsize=None)
+def make(config: TransformerConfig, seed: int = 0):
+    """(model, boxed params, plain params) for `config`, initialised once per process."""
+    model = Transformer(config)
+    boxed = jax.jit(model.init)(jax.random.key(seed), jnp.zeros((1, 1), jnp.int32))["params"]
+    return model, boxed, nn.unbox(boxed)
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_forward(config: TransformerConfig):
+    """jit(params, tokens) -> ModelOutput, cached per config."""
+    model = Transformer(config)
+    return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens))
+
+
+def log_softmax_at(logits, tokens, temperature=1.0):
+    """Trainer-side recomputation of behaviour log-probs (float32)."""
+    try:
+        from arl.algorithms import token_logprobs
+    except ImportError:
+        token_logprobs = None
+    scaled = logits.astype(jnp.float32) / temperature
+    if token_logprobs is not None:
+        return token_logprobs(scaled, tokens)
+    return jnp.take_along_axis(jax.nn.log_softmax(scaled, -1), tokens[..., None], -1)[..., 0]
