@@ -5,10 +5,12 @@ parameters, an optax state, a step counter and a PRNG key). `Checkpointer` wraps
 `orbax.checkpoint.CheckpointManager` with two items per step:
 
 * ``state``: the pytree, written with `ocp.args.StandardSave` and read back with
-    `ocp.args.StandardRestore(abstract_state)`, so containers (optax named tuples,
-    dataclasses) come back as their real types and arrays land on the shardings
-    of the abstract target. Typed keys (`jax.random.key`) and raw ``uint32`` keys
-    (`jax.random.PRNGKey`) both round-trip bit for bit.
+  `ocp.args.StandardRestore(abstract_target)`, so containers (optax named tuples,
+  dataclasses) come back as their real types and arrays land on the shardings
+  of the abstract target. Typed keys (`jax.random.key`) and raw ``uint32`` keys
+  (`jax.random.PRNGKey`) both round-trip bit for bit; each key leaf comes back
+  in the kind the target asks for (a raw key saved by an older run restores
+  into a typed-key target and vice versa).
 * ``metadata``: a JSON object (the config, host-side counters, ...).
 
 Saves are atomic: orbax writes into a temporary directory, writes
@@ -20,25 +22,25 @@ with an absl warning naming the step and the reason, when
 1. its commit marker (``commit_success.txt``) or an item directory is missing,
 2. its metadata cannot be read (truncated or deleted JSON / tree metadata),
 3. reading the arrays fails (tensorstore checks every chunk: truncated,
-      deleted or bit-flipped data files raise ``DATA_LOSS`` / ``NOT_FOUND``).
+   deleted or bit-flipped data files raise ``DATA_LOSS`` / ``NOT_FOUND``).
 
 A skipped step is moved aside to ``<directory>/corrupt/<step>-<n>`` so that the
 resumed run can save that step number again and `max_to_keep` counts only good
-checkpoints. A checkpoint whose tree does not match ``abstract_state``
+checkpoints. A checkpoint whose tree does not match the abstract target
 (different leaves, shapes or dtypes) is NOT treated as corrupt: that is a
-program error, and `restore_latest` raises a `ValueError` listing the
-differences instead of silently discarding good checkpoints.
+program error, and `restore_latest` raises `CheckpointStructureError` (a
+`ValueError`) listing the differences instead of discarding good checkpoints.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
 from absl import logging
+from etils import epath
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -65,7 +67,16 @@ def abstract_state(state: PyTree) -> PyTree:
     Use it as the restore target when a concrete state (e.g. a freshly
     initialised one) is at hand; `jax.eval_shape(init_fn, ...)` works too.
     """
-    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    return jax.tree.map(_abstract_leaf, state)
+
+
+def _abstract_leaf(leaf: Any) -> Any:
+    # Not ocp.utils.to_shape_dtype_struct: it turns typed keys into raw uint32.
+    if isinstance(leaf, jax.Array):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding)
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+    return leaf
 
 
 def _to_json_compatible(value: Any) -> Any:
@@ -90,10 +101,37 @@ def _to_json_compatible(value: Any) -> Any:
 def _physical_shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype as stored on disk (typed PRNG keys are stored as key data)."""
     dtype = leaf.dtype
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if _is_typed_key(leaf):
         data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, dtype))
         return tuple(data.shape), np.dtype(data.dtype)
     return tuple(leaf.shape), np.dtype(dtype)
+
+
+def _key_impl(leaf: Any) -> Any:
+    """The PRNG implementation of a typed-key array or ShapeDtypeStruct."""
+    if isinstance(leaf, jax.Array):
+        return jax.random.key_impl(leaf)
+    found = []  # key_impl needs a key value; a traced one is enough
+    jax.eval_shape(
+        lambda key: found.append(jax.random.key_impl(key)) or 0,
+        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
+    )
+    return found[0]
+
+
+def _is_typed_key(leaf: Any) -> bool:
+    return jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
+
+
+def _as_target_key_kind(value: Any, target: Any) -> Any:
+    """Converts between typed and raw keys so `value` has the kind of `target`."""
+    if not hasattr(target, "dtype") or not hasattr(value, "dtype"):
+        return value
+    if _is_typed_key(target) and not _is_typed_key(value):
+        return jax.random.wrap_key_data(value, impl=_key_impl(target))
+    if _is_typed_key(value) and not _is_typed_key(target):
+        return jax.random.key_data(value)
+    return value
 
 
 def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
@@ -164,7 +202,10 @@ class Checkpointer:
             raise ValueError(
                 f"save_every must be None or an integer >= 1, got {save_every!r}."
             )
-        self._directory = os.path.abspath(os.fspath(directory))
+        # epath keeps remote filesystems (gs://...) working alongside local paths.
+        self._directory = epath.Path(directory)
+        if not str(self._directory).startswith(("gs://", "s3://")):
+            self._directory = epath.Path(os.path.abspath(os.fspath(directory)))
         self._save_every = save_every
         self._async_save = async_save
         options = ocp.CheckpointManagerOptions(
@@ -185,7 +226,7 @@ class Checkpointer:
         )
 
     @property
-    def directory(self) -> str:
+    def directory(self) -> epath.Path:
         return self._directory
 
     def should_save(self, step: int, *, force: bool = False) -> bool:
@@ -256,7 +297,9 @@ class Checkpointer:
         try:
             saved_tree = self._manager.item_metadata(step)[_STATE_ITEM]
         except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
-            raise CheckpointCorruptError(f"tree metadata unreadable: {_first_line(error)}") from error
+            raise CheckpointCorruptError(
+                f"tree metadata unreadable: {_first_line(error)}"
+            ) from error
         saved_tree = getattr(saved_tree, "tree", saved_tree)
         if saved_tree is None:
             raise CheckpointCorruptError("tree metadata unreadable")
@@ -279,11 +322,14 @@ class Checkpointer:
         except (OSError, ValueError) as error:
             # tensorstore reports checksum, truncation and missing-file errors as
             # ValueError (DATA_LOSS, OUT_OF_RANGE, NOT_FOUND, ...).
-            raise CheckpointCorruptError(f"arrays unreadable: {_first_line(error)}") from error
+            raise CheckpointCorruptError(
+                f"arrays unreadable: {_first_line(error)}"
+            ) from error
         metadata = restored[_METADATA_ITEM]
         if not isinstance(metadata, dict):
             raise CheckpointCorruptError(f"metadata is {type(metadata).__name__}, not a dict")
-        return restored[_STATE_ITEM], metadata
+        state = jax.tree.map(_as_target_key_kind, restored[_STATE_ITEM], abstract_target)
+        return state, metadata
 
     def restore_latest(
         self, abstract_target: PyTree
@@ -328,36 +374,36 @@ class Checkpointer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _step_directory(self, step: int) -> str:
-        return os.path.join(self._directory, str(step))
+    def _step_directory(self, step: int) -> epath.Path:
+        return self._directory / str(step)
 
     def _check_committed(self, step: int) -> None:
         step_dir = self._step_directory(step)
         for relative in (
             _COMMIT_MARKER,
-            os.path.join(_STATE_ITEM, _COMMIT_MARKER),
-            os.path.join(_METADATA_ITEM, _COMMIT_MARKER),
+            f"{_STATE_ITEM}/{_COMMIT_MARKER}",
+            f"{_METADATA_ITEM}/{_COMMIT_MARKER}",
         ):
-            if not os.path.exists(os.path.join(step_dir, relative)):
+            if not (step_dir / relative).exists():
                 raise CheckpointCorruptError(f"commit marker {relative} is missing")
-        metadata_path = os.path.join(step_dir, _METADATA_ITEM, _METADATA_ITEM)
         try:
-            with open(metadata_path, encoding="utf-8") as f:
-                json.load(f)
+            json.loads((step_dir / _METADATA_ITEM / _METADATA_ITEM).read_text())
         except (OSError, ValueError) as error:
-            raise CheckpointCorruptError(f"JSON metadata unreadable: {_first_line(error)}") from error
+            raise CheckpointCorruptError(
+                f"JSON metadata unreadable: {_first_line(error)}"
+            ) from error
 
     def _quarantine(self, step: int) -> None:
         """Moves an unreadable step out of orbax's sight (primary process only)."""
         if jax.process_index() == 0:
-            quarantine = os.path.join(self._directory, _QUARANTINE_DIR)
-            os.makedirs(quarantine, exist_ok=True)
+            quarantine = self._directory / _QUARANTINE_DIR
+            quarantine.mkdir(parents=True, exist_ok=True)
             suffix = 0
-            while os.path.exists(os.path.join(quarantine, f"{step}-{suffix}")):
+            while (quarantine / f"{step}-{suffix}").exists():
                 suffix += 1
-            destination = os.path.join(quarantine, f"{step}-{suffix}")
+            destination = quarantine / f"{step}-{suffix}"
             try:
-                shutil.move(self._step_directory(step), destination)
+                self._step_directory(step).rename(destination)
                 logging.warning("Moved corrupt checkpoint step %d to %s.", step, destination)
             except OSError as error:
                 logging.warning("Could not move corrupt checkpoint step %d: %s", step, error)

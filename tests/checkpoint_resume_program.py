@@ -15,6 +15,7 @@ On start it resumes from the latest good checkpoint.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 
@@ -42,6 +43,7 @@ class TrainState:
 OPTIMIZER = optax.adam(3e-2)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_state(seed: int) -> TrainState:
     k1, k2 = jax.random.split(jax.random.key(seed))
     params = {
@@ -100,6 +102,9 @@ def main() -> None:
         if restored is not None:
             start, state, metadata = restored
             assert metadata["seed"] == args.seed and metadata["step"] == start, metadata
+            assert jax.dtypes.issubdtype(state.key.dtype, jax.dtypes.prng_key), state.key
+            assert state.noise_key.dtype == jnp.uint32, state.noise_key
+            assert int(state.step) == start, state.step
             print(f"resumed from step {start}", flush=True)
         with writers_lib.MetricsWriter(
             args.workdir, tensorboard=False, resume_step=start or None

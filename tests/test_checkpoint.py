@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -35,6 +36,7 @@ class _State:
 _OPTIMIZER = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
 
 
+@functools.partial(jax.jit, static_argnames=("seed", "width"))  # one compile, not ~70
 def _make_state(seed: int = 0, width: int = 4) -> _State:
     k1, k2 = jax.random.split(jax.random.key(seed))
     params = {
@@ -98,6 +100,30 @@ def test_round_trip_restores_real_optax_types_and_both_key_kinds(tmp_path):
     # The restored keys keep drawing the same numbers.
     assert np.array_equal(jax.random.uniform(restored.key[1], (4,)),
                           jax.random.uniform(state.key[1], (4,)))
+
+
+def test_abstract_state_keeps_typed_keys_and_restores_them(tmp_path):
+    state = _make_state()
+    abstract = checkpoint.abstract_state(state)
+    assert abstract.key.dtype == state.key.dtype and abstract.key.shape == (2,)
+    assert abstract.raw_key.dtype == jnp.uint32
+    assert abstract.params["head"].dtype == jnp.bfloat16
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, state, force=True)
+        _, restored, _ = ckpt.restore_latest(abstract)
+    _assert_trees_bitwise_equal(restored, state)
+
+
+@pytest.mark.parametrize("saved_kind", ["typed", "raw"])
+def test_key_leaves_come_back_in_the_targets_kind(tmp_path, saved_kind):
+    typed = jax.random.key(42, impl="rbg")
+    raw = jax.random.key_data(typed)
+    saved, target = (typed, raw) if saved_kind == "typed" else (raw, typed)
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, {"key": saved}, force=True)
+        _, restored, _ = ckpt.restore_latest(checkpoint.abstract_state({"key": target}))
+    assert restored["key"].dtype == target.dtype
+    _assert_trees_bitwise_equal(restored, {"key": target})
 
 
 def test_restore_into_sharded_abstract_target(tmp_path):
