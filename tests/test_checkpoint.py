@@ -298,18 +298,26 @@ def test_bad_arguments_raise_clear_errors(tmp_path):
             ckpt.save(-1, {"x": jnp.zeros(2)}, force=True)
 
 
-def _run_program(workdir, final, *extra):
+def _run_program(workdir, final, *extra, cache_dir):
+    # A shared persistent compilation cache lets the resumed run skip compiling.
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
     return subprocess.Popen(
         [sys.executable, _PROGRAM, str(workdir), "--steps=12", "--save_every=4",
          f"--final={final}", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
 
 
 def test_sigkill_and_resume_is_bitwise_exact(tmp_path):
-    reference = _run_program(tmp_path / "reference", tmp_path / "reference.npz")
-    killed = _run_program(tmp_path / "resumed", tmp_path / "unused.npz", "--kill_after=6")
+    cache = tmp_path / "jax_cache"
+    reference = _run_program(tmp_path / "reference", tmp_path / "reference.npz", cache_dir=cache)
+    killed = _run_program(tmp_path / "resumed", tmp_path / "unused.npz", "--kill_after=6",
+                          cache_dir=cache)
     killed_output, _ = killed.communicate(timeout=300)
     reference_output, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, reference_output
@@ -318,7 +326,7 @@ def test_sigkill_and_resume_is_bitwise_exact(tmp_path):
     with checkpoint.Checkpointer(tmp_path / "resumed" / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [4]
 
-    resumed = _run_program(tmp_path / "resumed", tmp_path / "resumed.npz")
+    resumed = _run_program(tmp_path / "resumed", tmp_path / "resumed.npz", cache_dir=cache)
     resumed_output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, resumed_output
     assert "resumed from step 4" in resumed_output
