@@ -133,6 +133,8 @@ class MetricsWriter:
             record[str(name)] = _scalar_to_json(str(name), value)
         if not self._enabled:
             return record
+        if self._metrics_file is None:
+            raise RuntimeError("MetricsWriter.write called after close().")
         self._metrics_file.write(json.dumps(record, allow_nan=False) + "\n")
         if self._tensorboard is not None:
             for name, value in record.items():
@@ -161,9 +163,9 @@ class MetricsWriter:
         return path
 
     def flush(self) -> None:
+        """Hands buffered records to the OS, so they survive the process being killed."""
         if self._metrics_file is not None:
             self._metrics_file.flush()
-            os.fsync(self._metrics_file.fileno())
         if self._tensorboard is not None:
             self._tensorboard.flush()
 

@@ -259,3 +259,24 @@ def test_progress_bar_rejects_bad_arguments():
         writers.ProgressBar(5, initial=6)
     with pytest.raises(ValueError, match="log_every"):
         writers.ProgressBar(5, log_every=0)
+
+
+def test_resumed_tensorboard_writer_purges_steps_after_the_checkpoint(tmp_path):
+    with writers.MetricsWriter(tmp_path) as writer:
+        for step in range(1, 6):
+            writer.write(step, {"loss": float(step)})
+    with writers.MetricsWriter(tmp_path, resume_step=2) as writer:
+        writer.write(3, {"loss": 30.0})
+    events = _read_events(str(tmp_path / "tensorboard"))
+    purges = [e.step for e in events
+              if e.HasField("session_log") and e.session_log.status == e.session_log.START]
+    # TensorBoard drops earlier events with step >= 3 when it reads this marker.
+    assert purges == [3]
+    assert _scalars(events)["loss"][-1] == (3, 30.0)
+
+
+def test_write_after_close_raises(tmp_path):
+    writer = writers.MetricsWriter(tmp_path, tensorboard=False)
+    writer.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        writer.write(1, {"loss": 1.0})
