@@ -33,7 +33,7 @@ GAE_METHODS = ("auto", "scan", "associative")
 # where its log-depth parallelism pays off (not measured here).
 _AUTO_METHOD = {"cpu": "scan"}
 _AUTO_DEFAULT = "associative"
-_SCAN_UNROLL = 8
+_SCAN_UNROLL = 1
 
 
 def _resolve_method(method: str) -> str:
@@ -87,65 +87,87 @@ def _boundaries(dones, truncated, next_values, shape):
     return ends, boundary_value
 
 
-def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
-    """Reverse `lax.scan` over time; the carry is (value of next agent token, its A)."""
-    gamma_lam = gamma * lam
-    time_major = lambda x: jnp.swapaxes(x, 0, 1)
-    xs = (time_major(rewards), time_major(values), time_major(mask))
-    if boundaries is not None:
-        xs = xs + tuple(time_major(b) for b in boundaries)
+def _carry_recurrence(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
+    """Rewrites the two-carry recursion of `gae` as ONE linear recurrence.
 
-    def step(carry, x):
-        next_value, next_advantage = carry
-        if boundaries is None:
-            r, val, m = x
-        else:
-            r, val, m, end, boundary_value = x
-            next_value = jnp.where(end, boundary_value, next_value)
-            next_advantage = jnp.where(end, 0.0, next_advantage)
-        advantage = r + gamma * next_value - val + gamma_lam * next_advantage
-        carry = (jnp.where(m, val, next_value), jnp.where(m, advantage, next_advantage))
-        return carry, jnp.where(m, advantage, 0.0)
+    Let Y be what an agent token receives from the next agent token t' of its episode,
+    Y = gamma * V_t' + gamma * lam * A_t'. Then on an agent token
 
-    init = (bootstrap_value, jnp.zeros_like(bootstrap_value))
-    _, advantages = jax.lax.scan(step, init, xs, reverse=True, unroll=_SCAN_UNROLL)
-    return time_major(advantages)
+        A_t = (r_t - V_t) + Y_in,    Y_out = gamma * lam * Y_in + gamma * lam * (r_t - V_t)
+                                             + gamma * V_t,
 
+    and a non-agent token passes Y through. So Y follows y[t] = decay[t] * y[t+1] +
+    drive[t] (a scalar carry, like unmasked GAE) and the advantages follow from Y_in by
+    one vectorised pass. An episode end at t resets Y_in to gamma * boundary_value[t]
+    (next value from the boundary, no advantage carried over).
 
-def _reverse_linear_recurrence(a, b, final):
-    """c[t] = a[t] * c[t+1] + b[t] along axis 1, with c[T] = final [B]; returns c[:, :T].
-
-    Solved as an associative scan over affine maps (Blelloch 1990): depth O(log T).
+    Returns:
+        (decay, drive, finish) where `finish(y_in)` maps the incoming carry of every
+        token ([B, T]; y_in[t] = y[t + 1], y[T] = gamma * bootstrap) to advantages.
     """
+    gamma_lam = gamma * lam
+    td_part = jnp.where(mask, rewards - values, 0.0)
+    drive = jnp.where(mask, gamma_lam * td_part + gamma * values, 0.0)
+    decay = jnp.where(mask, gamma_lam, 1.0) * jnp.ones_like(drive)
+    if boundaries is not None:
+        ends, boundary_value = boundaries
+        reset = gamma * boundary_value
+        drive = jnp.where(ends, drive + jnp.where(mask, gamma_lam, 1.0) * reset, drive)
+        decay = jnp.where(ends, 0.0, decay)
 
-    def compose(inner, outer):
-        a_in, b_in = inner
-        a_out, b_out = outer
-        return a_out * a_in, a_out * b_in + b_out
+    def finish(carry_in):
+        if boundaries is not None:
+            carry_in = jnp.where(ends, reset, carry_in)
+        return jnp.where(mask, td_part + carry_in, 0.0)
 
-    a_cum, b_cum = jax.lax.associative_scan(compose, (a, b), reverse=True, axis=1)
-    return a_cum * final[:, None] + b_cum
+    return decay, drive, finish
+
+
+def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
+    """One reverse `lax.scan` over time with a scalar carry per row (as cheap as rlax)."""
+    decay, drive, finish = _carry_recurrence(rewards, values, mask, bootstrap_value,
+                                             boundaries, gamma, lam)
+    time_major = lambda x: jnp.swapaxes(x, 0, 1)
+    if boundaries is None:
+        # Streaming the 1-byte mask instead of a float decay saves memory traffic.
+        gamma_lam = gamma * lam
+
+        def step(carry, x):
+            drive_t, mask_t = x
+            return jnp.where(mask_t, drive_t + gamma_lam * carry, carry), carry
+
+        xs = (time_major(drive), time_major(mask))
+    else:
+
+        def step(carry, x):
+            decay_t, drive_t = x
+            return drive_t + decay_t * carry, carry
+
+        xs = (time_major(decay), time_major(drive))
+    _, carry_in = jax.lax.scan(step, gamma * bootstrap_value, xs, reverse=True,
+                               unroll=_SCAN_UNROLL)
+    return finish(time_major(carry_in))
 
 
 def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
-    """The same recursion as `_gae_scan`, written as two linear recurrences."""
-    if boundaries is None:
-        ends = jnp.zeros(mask.shape, bool)
-        boundary_value = jnp.zeros(mask.shape, jnp.float32)
-    else:
-        ends, boundary_value = boundaries
-    # Value carried out of token t (backwards): V_t on agent tokens, otherwise what came
-    # in (reset to the boundary value at an episode end).
-    carry_a = jnp.where(mask | ends, 0.0, 1.0)
-    carry_b = jnp.where(mask, values, jnp.where(ends, boundary_value, 0.0))
-    value_out = _reverse_linear_recurrence(carry_a, carry_b, bootstrap_value)
-    value_after = jnp.concatenate([value_out[:, 1:], bootstrap_value[:, None]], axis=1)
-    next_value = jnp.where(ends, boundary_value, value_after)
-    delta = jnp.where(mask, rewards + gamma * next_value - values, 0.0)
-    adv_a = jnp.where(ends, 0.0, jnp.where(mask, gamma * lam, 1.0))
-    advantage_out = _reverse_linear_recurrence(
-        adv_a, delta, jnp.zeros_like(bootstrap_value))
-    return jnp.where(mask, advantage_out, 0.0)
+    """The same linear recurrence solved by an associative scan (Blelloch 1990).
+
+    Composes the affine maps y -> drive[t] + decay[t] * y pairwise: O(log T) depth.
+    """
+    decay, drive, finish = _carry_recurrence(rewards, values, mask, bootstrap_value,
+                                             boundaries, gamma, lam)
+
+    def compose(inner, outer):
+        decay_in, drive_in = inner
+        decay_out, drive_out = outer
+        return decay_out * decay_in, decay_out * drive_in + drive_out
+
+    decay_cum, drive_cum = jax.lax.associative_scan(compose, (decay, drive), reverse=True,
+                                                    axis=1)
+    carry_out = decay_cum * (gamma * bootstrap_value)[:, None] + drive_cum
+    carry_in = jnp.concatenate([carry_out[:, 1:], (gamma * bootstrap_value)[:, None]],
+                               axis=1)
+    return finish(carry_in)
 
 
 def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, dones=None,
