@@ -6,6 +6,7 @@ import functools
 import glob
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,6 +256,23 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, caplog, corrupt, reason
     corrupt_warnings = [m for m in warnings if "Checkpoint step 6" in m and "corrupt" in m]
     assert len(corrupt_warnings) == 1, warnings
     assert reason in corrupt_warnings[0]
+
+
+def test_save_killed_midway_leaves_an_ignored_temporary_directory(tmp_path):
+    state = _make_state()
+    _save_steps(tmp_path, state, [6])
+    # What orbax leaves when killed before the atomic rename: a tmp dir, no marker.
+    partial = tmp_path / "9.orbax-checkpoint-tmp-1764400000"
+    shutil.copytree(tmp_path / "6", partial)
+    os.remove(partial / "commit_success.txt")
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        assert ckpt.all_steps() == [6]
+        step, _, _ = ckpt.restore_latest(checkpoint.abstract_state(state))
+        assert step == 6
+        # Orbax removes it in the background on start, at the latest before a save.
+        assert ckpt.save(9, state, force=True)
+        assert not partial.exists()
+        assert ckpt.all_steps() == [6, 9]
 
 
 @_IGNORE_CLOSED_LOOP
