@@ -111,6 +111,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.loss.sft_decay_steps = 100
     c.loss.sft_source = "demonstrator"
 
+    # Vector environments (algorithm "ppo_vector", e.g. env.name "gymnax:CartPole-v1").
+    c.vector = ml_collections.ConfigDict()
+    c.vector.num_envs = 4
+    c.vector.num_steps = 128
+    c.vector.hidden_sizes = (64, 64)
+    c.vector.activation = "tanh"
+
     c.filters = ml_collections.ConfigDict()
     c.filters.starpo_keep_fraction = 1.0  # < 1 keeps the top fraction of groups by std
     c.filters.dapo_zero_variance = False
@@ -187,7 +194,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "updates.epochs", 1, integer=True)
     _check_range(config, "updates.minibatches", 1, integer=True)
 
-    if config.algorithm != "ppo_vector":
+    if config.algorithm == "ppo_vector":
+        _validate_vector(config)
+    else:
         _validate_token_rollout(config, mesh)
     if workdir is not None:
         _validate_workdir(workdir)
@@ -229,6 +238,21 @@ def _validate_token_rollout(config, mesh) -> None:
               f"must divide model.num_heads={m.num_heads}")
     if config.env.name == "mixture" and len(config.env.members) < 1:
         _fail("env.members", config.env.members, "a mixture needs at least one member")
+
+
+def _validate_vector(config) -> None:
+    if not str(config.env.name).startswith("gymnax:"):
+        _fail("env.name", config.env.name,
+              "algorithm 'ppo_vector' needs a vector env such as 'gymnax:CartPole-v1'")
+    _check_range(config, "vector.num_envs", 1, integer=True)
+    _check_range(config, "vector.num_steps", 1, integer=True)
+    if config.vector.activation not in ("tanh", "relu", "gelu", "silu"):
+        _fail("vector.activation", config.vector.activation,
+              "allowed values are ('tanh', 'relu', 'gelu', 'silu')")
+    batch = config.vector.num_envs * config.vector.num_steps
+    if batch % config.updates.minibatches:
+        _fail("updates.minibatches", config.updates.minibatches,
+              f"must divide vector.num_envs*vector.num_steps={batch}")
 
 
 def _validate_workdir(workdir: str) -> None:

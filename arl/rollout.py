@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl.envs.base import TokenChunk
+from arl.envs.wrappers import Mixture, broadcast_params
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 
@@ -92,6 +93,15 @@ def task_keys(key, num_tasks: int, group_size: int):
     return jnp.repeat(keys, group_size, axis=0)
 
 
+def default_row_params(env, num_tasks: int, group_size: int):
+    """Default params for every row; a mixture gives task i to member i % num_envs."""
+    batch = num_tasks * group_size
+    if isinstance(env, Mixture):
+        member = jnp.arange(num_tasks, dtype=jnp.int32) % env.num_envs
+        return env.batch_params(jnp.repeat(member, group_size))
+    return broadcast_params(env.default_params(), batch)
+
+
 def rollout(
     env,
     key: jax.Array,
@@ -117,7 +127,8 @@ def rollout(
         without recompiling); rows still running after `horizon` turns are truncated.
       action_source: "model" samples from the policy; "oracle" / "demonstrator" use the
         environment's scripted policies (for SFT demonstrations and baselines).
-      env_params: environment params (default: `env.default_params()`), shared by rows.
+      env_params: per-row environment params with a leading batch axis
+        `[num_tasks * group_size]` (default: `default_row_params`).
     """
     if action_source not in ACTION_SOURCES:
         raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
@@ -125,17 +136,17 @@ def rollout(
         raise ValueError("action_source='model' needs both `model` and `params`.")
     if num_tasks < 1 or group_size < 1:
         raise ValueError(f"num_tasks={num_tasks} and group_size={group_size} must be >= 1.")
-    if env_params is None:
-        env_params = env.default_params()
-    codec = env.codec
     batch = num_tasks * group_size
+    if env_params is None:
+        env_params = default_row_params(env, num_tasks, group_size)
+    codec = env.codec
     width = context_length(env)
     max_turns = env.max_turns
     horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
 
     reset_key, turns_key = jax.random.split(key)
     reset_keys = task_keys(reset_key, num_tasks, group_size)
-    env_state, timestep = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
+    env_state, timestep = jax.vmap(env.reset)(reset_keys, env_params)
 
     tokens = jnp.full((batch, width), codec.pad_id, jnp.int32)
     tokens = tokens.at[:, 0].set(codec.bos_id)
@@ -190,14 +201,14 @@ def rollout(
             cache, last_logits = gen.cache, gen.last_logits
         else:
             policy = getattr(env, f"{action_source}_action")
-            action = jax.vmap(policy, in_axes=(0, 0, None))(
+            action = jax.vmap(policy)(
                 jax.random.split(act_key, batch), carry["env_state"], env_params)
             action = TokenChunk(
                 tokens=action.tokens, length=jnp.where(active, action.length, 0))
             action_logp = jnp.zeros(action.tokens.shape, jnp.float32)
             cache, last_logits = None, None
 
-        new_state, ts = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+        new_state, ts = jax.vmap(env.step)(
             jax.random.split(step_key, batch), carry["env_state"], action, env_params)
         env_state = _select_tree(active, new_state, carry["env_state"])
 

@@ -47,7 +47,7 @@ def make_env(env_config: ml_collections.ConfigDict):
         members = [
             envs_lib.make(m["name"], **dict(m.get("kwargs", {}))) for m in env_config.members
         ]
-        return envs_lib.make("mixture", envs=members)
+        return envs_lib.Mixture(members)
     return envs_lib.make(env_config.name, **dict(env_config.kwargs))
 
 

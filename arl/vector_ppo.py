@@ -1,0 +1,200 @@
+"""PPO for vector environments (gymnax adapter) as one compiled step, PureJaxRL-style.
+
+    train_step(state) -> (state, metrics)
+
+rollout: `lax.scan` over `num_steps` of a batch of `num_envs` auto-resetting environments
+with an MLP actor-critic; signals: masked GAE with episode boundaries (terminated cuts
+the trace, truncated bootstraps from the final observation's value); update: a scan over
+epochs x minibatches of the clipped PPO objective. Environment state lives in the train
+state, so consecutive steps continue the same episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+
+from arl import algorithms as alg
+from arl import config as config_lib
+from arl import envs as envs_lib
+from arl.models.mlp import ActorCritic
+
+
+@struct.dataclass
+class VectorTrainState:
+    params: Any
+    opt_state: Any
+    env_state: Any
+    observation: jax.Array  # [num_envs, ...]
+    running_return: jax.Array  # float32 [num_envs]: return of the current episodes
+    last_episode_return: jax.Array  # float32 []: mean return of the last finished episodes
+    step: jax.Array
+    key: jax.Array
+
+
+@struct.dataclass
+class Transition:
+    observation: jax.Array
+    action: jax.Array
+    logp: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    truncated: jax.Array
+    final_value: jax.Array  # V(final observation), used where truncated
+
+
+class VectorPPO:
+    """Static pieces and the jitted `train_step` of PPO on a (gymnax) vector env."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        config_lib.validate(config, num_devices=jax.device_count())
+        if config.algorithm != "ppo_vector":
+            raise ValueError(f"VectorPPO needs config.algorithm='ppo_vector', got "
+                             f"{config.algorithm!r}")
+        self.config = config
+        v = config.vector
+        self.env = envs_lib.AutoReset(envs_lib.make(config.env.name, **dict(config.env.kwargs)))
+        self.env_params = self.env.default_params()
+        space = self.env.action_space
+        if not isinstance(space, envs_lib.Discrete):
+            raise ValueError(f"config.env.name={config.env.name!r}: VectorPPO supports "
+                             f"discrete action spaces, got {space!r}")
+        self.model = ActorCritic(num_actions=space.n, hidden_sizes=tuple(v.hidden_sizes),
+                                 activation=v.activation)
+        num_updates = config.train_steps * config.updates.epochs * config.updates.minibatches
+        lr = config.optim.learning_rate
+        schedule = (optax.linear_schedule(lr, 0.0, num_updates)
+                    if config.optim.schedule == "linear" else optax.constant_schedule(lr))
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(config.optim.max_grad_norm),
+            optax.adam(schedule, eps=1e-5))
+        self.batch_size = v.num_envs * v.num_steps
+        self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
+
+    def init_state(self, seed: int | None = None) -> VectorTrainState:
+        seed = self.config.seed if seed is None else seed
+        n = self.config.vector.num_envs
+
+        @jax.jit
+        def init(key):
+            init_key, env_key, key = jax.random.split(key, 3)
+            env_state, ts = jax.vmap(self.env.reset, in_axes=(0, None))(
+                jax.random.split(env_key, n), self.env_params)
+            params = self.model.init(init_key, ts.observation[:1])["params"]
+            return VectorTrainState(
+                params=params, opt_state=self.optimizer.init(params), env_state=env_state,
+                observation=ts.observation, running_return=jnp.zeros((n,), jnp.float32),
+                last_episode_return=jnp.zeros((), jnp.float32),
+                step=jnp.zeros((), jnp.int32), key=key)
+
+        return init(jax.random.key(seed))
+
+    def _policy(self, params, observation):
+        return self.model.apply({"params": params}, observation)
+
+    def _train_step(self, state: VectorTrainState):
+        c = self.config
+        n = c.vector.num_envs
+        key, rollout_key, update_key = jax.random.split(state.key, 3)
+
+        def env_step(carry, key):
+            env_state, obs, running = carry
+            act_key, step_key = jax.random.split(key)
+            logits, value = self._policy(state.params, obs)
+            action = jax.random.categorical(act_key, logits)
+            logp = jnp.take_along_axis(
+                jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
+            env_state, ts = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(step_key, n), env_state, action, self.env_params)
+            _, final_value = self._policy(state.params, ts.info["final_observation"])
+            running = running + ts.reward
+            finished_return = jnp.where(ts.done, running, 0.0)
+            running = jnp.where(ts.done, 0.0, running)
+            transition = Transition(
+                observation=obs, action=action, logp=logp, value=value, reward=ts.reward,
+                done=ts.done, truncated=ts.truncated, final_value=final_value)
+            return (env_state, ts.observation, running), (transition, finished_return)
+
+        (env_state, obs, running), (traj, finished) = jax.lax.scan(
+            env_step, (state.env_state, state.observation, state.running_return),
+            jax.random.split(rollout_key, c.vector.num_steps))
+        _, last_value = self._policy(state.params, obs)
+
+        # GAE kernels are batch-major [B, T]; the scan produced time-major [T, B].
+        to_bt = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+        advantages, returns = alg.gae(
+            to_bt(traj.reward), to_bt(traj.value), jnp.ones((n, c.vector.num_steps), bool),
+            gamma=c.advantage.gamma, lam=c.advantage.lam, bootstrap_value=last_value,
+            dones=to_bt(traj.done), truncated=to_bt(traj.truncated),
+            next_values=to_bt(traj.final_value))
+        batch = dict(
+            observation=traj.observation.reshape((-1,) + traj.observation.shape[2:]),
+            action=traj.action.reshape(-1), logp=traj.logp.reshape(-1),
+            value=traj.value.reshape(-1), advantages=to_bt(advantages).reshape(-1),
+            returns=to_bt(returns).reshape(-1))
+
+        params, opt_state, metrics = self._update(state.params, state.opt_state, batch,
+                                                  update_key)
+        num_finished = jnp.sum(traj.done)
+        episode_return = jnp.where(num_finished > 0,
+                                   jnp.sum(finished) / jnp.maximum(num_finished, 1),
+                                   state.last_episode_return)
+        metrics.update(episode_return=episode_return,
+                       episodes_finished=num_finished.astype(jnp.float32),
+                       env_steps=(state.step + 1).astype(jnp.float32) * self.batch_size)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, env_state=env_state, observation=obs,
+            running_return=running, last_episode_return=episode_return,
+            step=state.step + 1, key=key)
+        return new_state, metrics
+
+    def _loss(self, params, mb):
+        c = self.config
+        logits, values = self._policy(params, mb["observation"])
+        logp = jnp.take_along_axis(
+            jax.nn.log_softmax(logits), mb["action"][:, None], axis=-1)[:, 0]
+        adv = mb["advantages"]
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        ones = jnp.ones((adv.shape[0], 1), jnp.float32)
+        pg, pg_metrics = alg.policy_loss(
+            logp[:, None], mb["logp"][:, None], adv[:, None], ones,
+            clip_low=c.loss.clip_low, clip_high=c.loss.clip_high)
+        vl, v_metrics = alg.value_loss(
+            values[:, None], mb["value"][:, None], mb["returns"][:, None], ones,
+            clip=c.loss.value_clip or None)
+        ent = jnp.mean(alg.entropy(logits))
+        total = pg + c.loss.value_coef * vl - c.loss.entropy_coef * ent
+        metrics = {"loss/policy": pg, "loss/value": vl, "entropy": ent, "loss/total": total}
+        metrics.update({f"policy/{k}": v for k, v in pg_metrics.items()})
+        metrics.update({f"value/{k}": v for k, v in v_metrics.items()})
+        return total, metrics
+
+    def _update(self, params, opt_state, batch, key):
+        c = self.config
+        num_mb = c.updates.minibatches
+        mb_size = self.batch_size // num_mb
+        grad_fn = jax.grad(self._loss, has_aux=True)
+
+        def epoch(carry, epoch_key):
+            perm = jax.random.permutation(epoch_key, self.batch_size)
+            shuffled = jax.tree.map(
+                lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), batch)
+
+            def minibatch(carry, mb):
+                params, opt_state = carry
+                grads, metrics = grad_fn(params, mb)
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                metrics["grad_norm"] = optax.global_norm(grads)
+                return (optax.apply_updates(params, updates), opt_state), metrics
+
+            return jax.lax.scan(minibatch, carry, shuffled)
+
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (params, opt_state), jax.random.split(key, c.updates.epochs))
+        return params, opt_state, jax.tree.map(jnp.mean, metrics)
