@@ -291,7 +291,7 @@ def test_all_checkpoints_corrupt_returns_none(tmp_path, caplog):
 
 def test_structure_mismatch_raises_and_keeps_checkpoints(tmp_path):
     _save_steps(tmp_path, _make_state(width=4), [1, 2])
-    wider = checkpoint.abstract_state(_make_state(width=5))
+    wider = jax.eval_shape(functools.partial(_make_state, width=5))
     with checkpoint.Checkpointer(tmp_path) as ckpt:
         with pytest.raises(checkpoint.CheckpointStructureError,
                            match=r"params\.dense\.kernel: target \(3, 5\) float32, "
