@@ -33,19 +33,22 @@ def _check_sizes(hidden_sizes, **positive_ints):
         raise ValueError(f"hidden_sizes must be positive ints, got {hidden_sizes!r}")
 
 
-def _dense(features: int, gain: float) -> nn.Dense:
+def _dense(features: int, gain: float, name: str) -> nn.Dense:
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(gain),
-                    bias_init=nn.initializers.zeros)
+                    bias_init=nn.initializers.zeros, name=name)
 
 
-def _torso(x, hidden_sizes, activation):
-    for size in hidden_sizes:
-        x = activation(_dense(size, math.sqrt(2.0))(x))
+def _torso(x, hidden_sizes, activation, prefix):
+    for i, size in enumerate(hidden_sizes):
+        x = activation(_dense(size, math.sqrt(2.0), f"{prefix}_hidden_{i}")(x))
     return x
 
 
 class ActorCritic(nn.Module):
-    """Discrete-action actor-critic: obs [..., D] -> (logits f32 [..., A], value f32 [...])."""
+    """Discrete-action actor-critic: obs [..., D] -> (logits f32 [..., A], value f32 [...]).
+
+    Parameters: actor_hidden_{i}, actor_head, critic_hidden_{i}, critic_head (nn.Dense).
+    """
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
@@ -56,8 +59,9 @@ class ActorCritic(nn.Module):
         _check_sizes(self.hidden_sizes, num_actions=self.num_actions)
         act = _activation(self.activation)
         x = obs.astype(jnp.float32)
-        logits = _dense(self.num_actions, 0.01)(_torso(x, self.hidden_sizes, act))
-        value = _dense(1, 1.0)(_torso(x, self.hidden_sizes, act))[..., 0]
+        logits = _dense(self.num_actions, 0.01, "actor_head")(
+            _torso(x, self.hidden_sizes, act, "actor"))
+        value = _dense(1, 1.0, "critic_head")(_torso(x, self.hidden_sizes, act, "critic"))[..., 0]
         return logits, value
 
 
@@ -78,7 +82,8 @@ class GaussianActorCritic(nn.Module):
         _check_sizes(self.hidden_sizes, action_dim=self.action_dim)
         act = _activation(self.activation)
         x = obs.astype(jnp.float32)
-        mean = _dense(self.action_dim, 0.01)(_torso(x, self.hidden_sizes, act))
+        mean = _dense(self.action_dim, 0.01, "actor_head")(
+            _torso(x, self.hidden_sizes, act, "actor"))
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-        value = _dense(1, 1.0)(_torso(x, self.hidden_sizes, act))[..., 0]
+        value = _dense(1, 1.0, "critic_head")(_torso(x, self.hidden_sizes, act, "critic"))[..., 0]
         return mean, jnp.broadcast_to(log_std, mean.shape), value

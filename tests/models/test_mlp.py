@@ -1,0 +1,60 @@
+"""MLP actor-critics: shapes, dtypes, PureJaxRL orthogonal initialisation, jit/vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from arl.models import ActorCritic, GaussianActorCritic
+
+
+def _gram(kernel):
+    kernel = np.asarray(kernel, np.float64)
+    return kernel.T @ kernel if kernel.shape[0] >= kernel.shape[1] else kernel @ kernel.T
+
+
+def test_actor_critic_shapes_and_orthogonal_init():
+    model = ActorCritic(num_actions=3)
+    obs = jnp.ones((5, 4))
+    params = model.init(jax.random.key(0), obs)["params"]
+    logits, value = jax.jit(model.apply)({"params": params}, obs)
+    assert logits.shape == (5, 3) and value.shape == (5,)
+    assert logits.dtype == jnp.float32 and value.dtype == jnp.float32
+    gains = {"actor_hidden_0": np.sqrt(2), "actor_hidden_1": np.sqrt(2), "actor_head": 0.01,
+             "critic_hidden_0": np.sqrt(2), "critic_hidden_1": np.sqrt(2), "critic_head": 1.0}
+    assert sorted(params) == sorted(gains)
+    for name, gain in gains.items():
+        k = params[name]["kernel"]
+        np.testing.assert_allclose(_gram(k), gain**2 * np.eye(min(k.shape)), atol=1e-5)
+        np.testing.assert_array_equal(params[name]["bias"], 0.0)
+    # A near-uniform initial policy.
+    assert np.abs(np.asarray(logits)).max() < 0.1
+
+
+def test_actor_critic_vmap_and_extra_batch_dims():
+    model = ActorCritic(num_actions=2, hidden_sizes=(16,), activation="relu")
+    obs = jax.random.normal(jax.random.key(1), (3, 7, 4))
+    params = model.init(jax.random.key(0), obs[0, 0])
+    logits, value = model.apply(params, obs)
+    v_logits, v_value = jax.vmap(lambda o: model.apply(params, o))(obs)
+    assert logits.shape == (3, 7, 2) and value.shape == (3, 7)
+    np.testing.assert_allclose(v_logits, logits, rtol=1e-6)
+    np.testing.assert_allclose(v_value, value, rtol=1e-6)
+
+
+def test_gaussian_actor_critic():
+    model = GaussianActorCritic(action_dim=2)
+    obs = jnp.ones((4, 3))
+    params = model.init(jax.random.key(0), obs)
+    mean, log_std, value = model.apply(params, obs)
+    assert mean.shape == log_std.shape == (4, 2) and value.shape == (4,)
+    np.testing.assert_array_equal(log_std, 0.0)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(num_actions=0), "num_actions"),
+    (dict(num_actions=2, activation="sigmoid"), "activation"),
+    (dict(num_actions=2, hidden_sizes=(0,)), "hidden_sizes")])
+def test_bad_arguments_raise(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        ActorCritic(**kwargs).init(jax.random.key(0), jnp.ones((1, 2)))
