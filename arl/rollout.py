@@ -293,3 +293,30 @@ def scripted_rollout(env, key, *, num_tasks, group_size, action_source="oracle")
     """A jitted rollout of the environment's scripted policy (oracle / demonstrator)."""
     return rollout(env, key, num_tasks=num_tasks, group_size=group_size,
                    action_source=action_source)
+
+
+def render_trajectory(env, traj: Trajectory, row: int = 0) -> str:
+    """Readable text of one row: the prompt, then alternating agent turns and replies."""
+    import numpy as np
+
+    tokens = np.asarray(traj.tokens[row])
+    agent = np.asarray(traj.agent_mask[row]) > 0
+    rewards = np.asarray(traj.rewards[row])
+    turn_end = np.asarray(traj.turn_end_mask[row]) > 0
+    length = int(traj.length[row])
+    lines, start = [], 1  # position 0 is <bos>
+    while start < length:
+        end = start
+        while end < length and agent[end] == agent[start]:
+            end += 1
+        text = env.codec.decode(tokens[start:end], stop_at_pad=False)
+        if agent[start]:
+            reward = rewards[start:end][turn_end[start:end]].sum()
+            lines.append(f"[agent] {text}    (reward {reward:+.3f})")
+        else:
+            lines.append(f"[env]   {text}")
+        start = end
+    status = "success" if bool(traj.success[row]) else "failure"
+    lines.append(f"-- {status}, {int(traj.num_turns[row])} turns, "
+                 f"return {float(traj.episode_return[row]):+.3f}")
+    return "\n".join(lines)
