@@ -123,6 +123,7 @@ def _carry_recurrence(rewards, values, mask, bootstrap_value, boundaries, gamma,
     return decay, drive, finish
 
 
+@jax.jit
 def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     """One reverse `lax.scan` over time with a scalar carry per row (as cheap as rlax)."""
     decay, drive, finish = _carry_recurrence(rewards, values, mask, bootstrap_value,
@@ -149,6 +150,7 @@ def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     return finish(time_major(carry_in))
 
 
+@jax.jit
 def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     """The same linear recurrence solved by an associative scan (Blelloch 1990).
 

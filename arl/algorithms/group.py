@@ -13,6 +13,7 @@ constant group into a tiny non-zero signal). Degenerate groups give advantage 0.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import flax.struct
@@ -58,6 +59,7 @@ def _valid_mask(fn, valid, shape):
     return valid
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def _segment_moments(scores, segment_ids, num_segments, valid):
     """(mean, Bessel std, count, all-equal-or-small) per segment; two-pass variance."""
     ids = jnp.where(valid, segment_ids, num_segments)  # out of range: dropped by segment ops

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -38,6 +40,11 @@ def whiten(x, mask, *, shift_mean: bool = True) -> jax.Array:
     x = v.floating(fn, "x", x)
     mask = v.boolean(fn, "mask", mask)
     v.same_shape(fn, "mask", mask, "x", x.shape)
+    return _whiten(x, mask, shift_mean)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _whiten(x, mask, shift_mean):
     x = jnp.where(mask, x, 0.0)
     count = jnp.sum(mask, dtype=x.dtype)
     mean = jnp.sum(x) / jnp.maximum(count, 1.0)

@@ -160,8 +160,8 @@ class GaeTest(chex.TestCase):
         rlax = pytest.importorskip("rlax")
         _, rewards, values, _ = random_batch(1, batch=3, length=11)
         bootstrap = np.array([0.3, -1.0, 2.0], np.float32)
-        want = jax.vmap(rlax.truncated_generalized_advantage_estimation,
-                        in_axes=(0, 0, None, 0))(
+        want = jax.jit(jax.vmap(rlax.truncated_generalized_advantage_estimation,
+                                in_axes=(0, 0, None, 0)))(
             rewards, np.full_like(rewards, 0.97), 0.9,
             np.concatenate([values, bootstrap[:, None]], axis=1))
         for method in METHODS:
