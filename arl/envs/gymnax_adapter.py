@@ -27,6 +27,12 @@ class GymnaxState:
     truncated: jax.Array
 
 
+def _strong(tree):
+    """Drop weak types (gymnax returns some python-scalar-derived leaves), so the
+    timesteps of reset and step have identical dtypes inside a `lax.scan` carry."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), tree)
+
+
 def _convert_space(space):
     kind = type(space).__name__
     if kind == "Discrete":
@@ -78,7 +84,7 @@ class GymnaxEnvironment(Environment):
         false = jnp.zeros((), bool)
         timestep = TimeStep(observation=observation, reward=jnp.zeros((), jnp.float32),
                             terminated=false, truncated=false, info=info)
-        return GymnaxState(env_state, false, false), timestep
+        return _strong((GymnaxState(env_state, false, false), timestep))
 
     def step(self, key, state: GymnaxState, action, params):
         key_step, _ = jax.random.split(key)
@@ -93,4 +99,4 @@ class GymnaxEnvironment(Environment):
         zeros = jax.tree.map(jnp.zeros_like, live)
         finished = zeros.replace(terminated=state.terminated, truncated=state.truncated)
         was_done = state.terminated | state.truncated
-        return tree_select(was_done, (state, finished), (live_state, live))
+        return _strong(tree_select(was_done, (state, finished), (live_state, live)))
