@@ -55,5 +55,6 @@ def entropy(logits) -> jax.Array:
     logits = logits.astype(jnp.float32)
     log_normaliser = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     probs = jnp.exp(logits - log_normaliser)
-    weighted = jnp.where(probs > 0, probs * logits, 0.0)
+    # Double where: a -inf logit must not turn 0 * -inf into NaN, forward or backward.
+    weighted = probs * jnp.where(probs > 0, logits, 0.0)
     return log_normaliser[..., 0] - jnp.sum(weighted, axis=-1)
