@@ -16,11 +16,14 @@ Static vs traced arguments of `sample_from_logits` / `generate`:
   * `temperature` and `top_p` may be Python floats or traced arrays of shape [] or [B]
     (per-row values); Python values are validated before tracing, and a Python
     `top_p >= 1` skips the sort entirely.
-  * `eot_id` and `pad_id` may be Python ints or traced int32 scalars.
+  * `eot_id` (one id or a list/array of stop ids), `pad_id` and `row_budget` may be
+    Python values or traced int32 arrays.
+  * A traced temperature must be > 0 (not checkable before tracing; 0 gives inf/NaN).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import numbers
 from typing import Any
 
@@ -153,7 +156,7 @@ class GenerateOutput:
 
 
 def _as_variables(params):
-    if isinstance(params, dict) and set(params) == {"params"}:
+    if isinstance(params, collections.abc.Mapping) and set(params) == {"params"}:
         return params
     return {"params": params}
 
@@ -161,14 +164,14 @@ def _as_variables(params):
 def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.Array,
              key: jax.Array, *, max_new_tokens: int, eot_id, pad_id, active=None,
              temperature=1.0, top_k: int = 0, top_p=1.0, greedy: bool = False,
-             stop_early: bool = False) -> GenerateOutput:
+             row_budget=None, stop_early: bool = False) -> GenerateOutput:
     """Sample up to `max_new_tokens` tokens per row with the KV cache, inside jit.
 
     Each step: sample from the current logits (`sample_from_logits`), record logp, feed
     the token through `model` with num_valid = 1 for rows still generating and 0 for
     finished / inactive rows (so their cache stays bit-for-bit unchanged). A row stops
-    after emitting `eot_id` or when the budget runs out; either way its cache ends up
-    holding the whole turn, eot included.
+    after emitting a stop id (`eot_id`) or when its budget runs out; either way its cache
+    ends up holding the whole turn, eot included.
 
     Args:
       model: a `Transformer`. params: its "params" collection (boxed or plain), or the
@@ -177,7 +180,10 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
         positions (writes past capacity are silently dropped).
       last_logits: [B, V] logits at each row's last valid position (`take_last_valid`).
       key: PRNG key (split once per step).
+      eot_id: the end-of-turn id, or a sequence / int array [K] of stop ids.
       active: bool [B]; inactive rows emit nothing (pad, length 0, cache unchanged).
+      row_budget: optional int32 [B] per-row token budgets (<= max_new_tokens); a row stops
+        after emitting row_budget[b] tokens. Default: max_new_tokens for every row.
       stop_early: use a `lax.while_loop` that exits once every row has stopped instead of
         a `lax.scan` over the whole budget; same results, less work for short turns (not
         reverse-differentiable, which generation never needs).
@@ -194,9 +200,14 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
                          f"(cache.length), got {last_logits.shape}")
     active = jnp.ones((batch,), bool) if active is None else jnp.asarray(active, bool)
     chex.assert_shape(active, (batch,))
+    if row_budget is not None:
+        row_budget = jnp.asarray(row_budget, jnp.int32)
+        chex.assert_shape(row_budget, (batch,))
+        active = active & (row_budget > 0)
     variables = _as_variables(params)
     has_values = model.config.value_head
-    eot_id = jnp.asarray(eot_id, jnp.int32)
+    stop_ids = jnp.atleast_1d(jnp.asarray(eot_id, jnp.int32))
+    chex.assert_rank(stop_ids, 1)
     pad_id = jnp.asarray(pad_id, jnp.int32)
 
     def step(carry, step_key):
@@ -210,8 +221,11 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
                           num_valid=emitting.astype(jnp.int32))
         logits = jnp.where(emitting[:, None], out.logits[:, 0], logits)
         value = jnp.where(emitting, out.values[:, 0], 0.0) if has_values else None
-        done = done | (emitting & (token == eot_id))
+        is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
         length = length + emitting.astype(jnp.int32)
+        done = done | (emitting & is_stop)
+        if row_budget is not None:
+            done = done | (length >= row_budget)
         return (out.cache, logits, done, length), (token, logp, value)
 
     carry = (cache, last_logits.astype(jnp.float32), ~active, jnp.zeros((batch,), jnp.int32))

@@ -16,7 +16,7 @@ def _gram(kernel):
 def test_actor_critic_shapes_and_orthogonal_init():
     model = ActorCritic(num_actions=3)
     obs = jnp.ones((5, 4))
-    params = model.init(jax.random.key(0), obs)["params"]
+    params = jax.jit(model.init)(jax.random.key(0), obs)["params"]
     logits, value = jax.jit(model.apply)({"params": params}, obs)
     assert logits.shape == (5, 3) and value.shape == (5,)
     assert logits.dtype == jnp.float32 and value.dtype == jnp.float32
@@ -34,9 +34,9 @@ def test_actor_critic_shapes_and_orthogonal_init():
 def test_actor_critic_vmap_and_extra_batch_dims():
     model = ActorCritic(num_actions=2, hidden_sizes=(16,), activation="relu")
     obs = jax.random.normal(jax.random.key(1), (3, 7, 4))
-    params = model.init(jax.random.key(0), obs[0, 0])
-    logits, value = model.apply(params, obs)
-    v_logits, v_value = jax.vmap(lambda o: model.apply(params, o))(obs)
+    params = jax.jit(model.init)(jax.random.key(0), obs[0, 0])
+    logits, value = jax.jit(model.apply)(params, obs)
+    v_logits, v_value = jax.jit(jax.vmap(model.apply, in_axes=(None, 0)))(params, obs)
     assert logits.shape == (3, 7, 2) and value.shape == (3, 7)
     np.testing.assert_allclose(v_logits, logits, rtol=1e-6)
     np.testing.assert_allclose(v_value, value, rtol=1e-6)
@@ -45,8 +45,8 @@ def test_actor_critic_vmap_and_extra_batch_dims():
 def test_gaussian_actor_critic():
     model = GaussianActorCritic(action_dim=2)
     obs = jnp.ones((4, 3))
-    params = model.init(jax.random.key(0), obs)
-    mean, log_std, value = model.apply(params, obs)
+    params = jax.jit(model.init)(jax.random.key(0), obs)
+    mean, log_std, value = jax.jit(model.apply)(params, obs)
     assert mean.shape == log_std.shape == (4, 2) and value.shape == (4,)
     np.testing.assert_array_equal(log_std, 0.0)
 

@@ -123,7 +123,8 @@ def test_bad_sampling_arguments_raise(kwargs, name):
 
 def test_degenerate_logits_give_no_nan():
     logits = jnp.array([[0.0, -jnp.inf, -jnp.inf, 5.0], [1.0, 1.0, 1.0, 1.0]])
-    tokens, logp = sample_from_logits(jax.random.key(0), logits, top_p=0.9, top_k=2)
+    tokens, logp = jax.jit(lambda k, z: sample_from_logits(k, z, top_p=0.9, top_k=2))(
+        jax.random.key(0), logits)
     assert np.isfinite(np.asarray(logp)).all()
     assert int(tokens[0]) in (0, 3)
 
@@ -149,29 +150,30 @@ CAPACITY = 16
 def _generate_fn(greedy=False, stop_early=False):
     model, _, _ = make(SMALL)
 
-    def run(params, key, eot_id, temperature):
+    def run(params, key, eot_ids, temperature, row_budget):
         cache = init_cache(SMALL, 4, CAPACITY)
         out = model.apply({"params": params}, jnp.asarray(PROMPTS), cache=cache,
                           num_valid=jnp.asarray(PROMPT_LEN))
         last = take_last_valid(out.logits, jnp.asarray(PROMPT_LEN))
         gen = generate(model, params, out.cache, last, key, max_new_tokens=BUDGET,
-                       eot_id=eot_id, pad_id=0, active=jnp.asarray(ACTIVE),
+                       eot_id=eot_ids, pad_id=0, active=jnp.asarray(ACTIVE),
                        temperature=temperature, greedy=greedy, top_k=0, top_p=0.95,
-                       stop_early=stop_early)
+                       row_budget=row_budget, stop_early=stop_early)
         return out.cache, gen
 
     return jax.jit(run)
 
 
-def _run(key=0, eot_id=-1, temperature=0.7, **kwargs):
+def _run(key=0, eot_ids=(-1, -1), temperature=0.7, row_budget=(BUDGET,) * 4, **kwargs):
     _, _, params = make(SMALL)
-    prefill_cache, gen = _generate_fn(**kwargs)(params, jax.random.key(key), jnp.int32(eot_id),
-                                                jnp.float32(temperature))
+    prefill_cache, gen = _generate_fn(**kwargs)(
+        params, jax.random.key(key), jnp.asarray(eot_ids, jnp.int32), jnp.float32(temperature),
+        jnp.asarray(row_budget, jnp.int32))
     return prefill_cache, jax.tree.map(np.asarray, gen)
 
 
 def test_generate_logp_values_and_cache_match_full_recomputation():
-    prefill_cache, gen = _run(eot_id=-1)  # no eot: every active row runs the whole budget
+    prefill_cache, gen = _run()  # no eot: every active row runs the whole budget
     np.testing.assert_array_equal(gen.length, np.where(ACTIVE, BUDGET, 0))
     # Concatenate prompt + generated tokens and recompute with one full forward pass.
     _, _, params = make(SMALL)
@@ -202,21 +204,31 @@ def test_generate_logp_values_and_cache_match_full_recomputation():
 
 
 def test_generate_stops_at_eot_and_pads_after():
-    _, free = _run(eot_id=-1, key=3)
+    _, free = _run(key=3)
     eot = int(free.tokens[0, 2])  # a token row 0 emits at step 2 (maybe earlier too)
-    _, gen = _run(eot_id=eot, key=3)
+    other_stop = int(free.tokens[3, 4])
+    _, gen = _run(eot_ids=(eot, other_stop), key=3)
     for b in np.flatnonzero(ACTIVE):
-        hits = np.flatnonzero(free.tokens[b] == eot)
+        hits = np.flatnonzero(np.isin(free.tokens[b], [eot, other_stop]))
         expected = hits[0] + 1 if hits.size else BUDGET
         assert gen.length[b] == expected
         np.testing.assert_array_equal(gen.tokens[b, :expected], free.tokens[b, :expected])
         np.testing.assert_allclose(gen.logp[b, :expected], free.logp[b, :expected], atol=1e-6)
         assert (gen.tokens[b, expected:] == 0).all() and (gen.logp[b, expected:] == 0).all()
-    assert gen.length[0] <= 3
+    assert gen.length[0] <= 3 and gen.length[3] <= 5
     # stop_early (while_loop) produces the same outputs.
-    _, early = _run(eot_id=eot, key=3, stop_early=True)
+    _, early = _run(eot_ids=(eot, other_stop), key=3, stop_early=True)
     for field in ("tokens", "length", "logp", "values", "last_logits"):
         np.testing.assert_allclose(getattr(early, field), getattr(gen, field), atol=1e-6)
+
+
+def test_generate_per_row_budget():
+    _, free = _run(key=4)
+    _, gen = _run(key=4, row_budget=(3, 0, 5, 7))
+    np.testing.assert_array_equal(gen.length, [3, 0, 0, 7])  # row 2 is inactive anyway
+    np.testing.assert_array_equal(gen.tokens[0, :3], free.tokens[0, :3])
+    assert (gen.tokens[0, 3:] == 0).all() and (gen.tokens[1] == 0).all()
+    np.testing.assert_array_equal(gen.cache.length, PROMPT_LEN + [3, 0, 0, 7])
 
 
 def test_generate_greedy_is_deterministic_across_keys():
