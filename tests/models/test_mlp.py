@@ -1,11 +1,19 @@
 """MLP actor-critics: shapes, dtypes, PureJaxRL orthogonal initialisation, jit/vmap."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from arl.models import ActorCritic, GaussianActorCritic
+
+
+@functools.lru_cache(maxsize=None)
+def _actor_critic_params():
+    """ActorCritic(3) on 4-dim observations, initialised once (QR compilation is slow)."""
+    return jax.jit(ActorCritic(num_actions=3).init)(jax.random.key(0), jnp.ones((1, 4)))
 
 
 def _gram(kernel):
@@ -16,7 +24,7 @@ def _gram(kernel):
 def test_actor_critic_shapes_and_orthogonal_init():
     model = ActorCritic(num_actions=3)
     obs = jnp.ones((5, 4))
-    params = jax.jit(model.init)(jax.random.key(0), obs)["params"]
+    params = _actor_critic_params()["params"]
     logits, value = jax.jit(model.apply)({"params": params}, obs)
     assert logits.shape == (5, 3) and value.shape == (5,)
     assert logits.dtype == jnp.float32 and value.dtype == jnp.float32
@@ -32,18 +40,21 @@ def test_actor_critic_shapes_and_orthogonal_init():
 
 
 def test_actor_critic_vmap_and_extra_batch_dims():
-    model = ActorCritic(num_actions=2, hidden_sizes=(16,), activation="relu")
+    # Same parameter tree as the tanh model; only the activation differs.
+    model = ActorCritic(num_actions=3, activation="relu")
     obs = jax.random.normal(jax.random.key(1), (3, 7, 4))
-    params = jax.jit(model.init)(jax.random.key(0), obs[0, 0])
+    params = _actor_critic_params()
     logits, value = jax.jit(model.apply)(params, obs)
     v_logits, v_value = jax.jit(jax.vmap(model.apply, in_axes=(None, 0)))(params, obs)
-    assert logits.shape == (3, 7, 2) and value.shape == (3, 7)
+    assert logits.shape == (3, 7, 3) and value.shape == (3, 7)
+    tanh_logits, _ = jax.jit(ActorCritic(num_actions=3).apply)(params, obs)
+    assert not np.allclose(tanh_logits, logits)
     np.testing.assert_allclose(v_logits, logits, rtol=1e-6)
     np.testing.assert_allclose(v_value, value, rtol=1e-6)
 
 
 def test_gaussian_actor_critic():
-    model = GaussianActorCritic(action_dim=2)
+    model = GaussianActorCritic(action_dim=2, hidden_sizes=(16,))
     obs = jnp.ones((4, 3))
     params = jax.jit(model.init)(jax.random.key(0), obs)
     mean, log_std, value = jax.jit(model.apply)(params, obs)
