@@ -454,6 +454,18 @@ class Transformer(nn.Module):
                            hidden=hidden if return_hidden else None)
 
 
+def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:
+    """The [d_model, vocab] output projection: logits = hidden @ W (f32 accumulation).
+
+    With `return_hidden=True, compute_logits=False` this lets callers compute log-probs
+    in chunks without materialising [B, T, V] logits. Accepts plain or boxed params.
+    """
+    params = nn.unbox(params)
+    if config.tie_embeddings:
+        return params["embed_tokens"]["embedding"].T
+    return params["lm_head"]
+
+
 def abstract_params(model: Transformer, batch_size: int = 1, seq_len: int = 1):
     """Boxed parameter shapes (`nn.LogicallyPartitioned` of ShapeDtypeStruct), no memory."""
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)

@@ -252,3 +252,25 @@ def test_generate_argument_errors():
     with pytest.raises(ValueError, match="temperature"):
         generate(model, params, cache, logits, jax.random.key(0), max_new_tokens=2, eot_id=1,
                  pad_id=0, temperature=-1.0)
+
+
+@pytest.mark.slow  # one extra sharded compilation of the whole prefill + generate program
+def test_generate_sharded_matches_unsharded():
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    from arl.models import LOGICAL_AXIS_RULES, param_shardings
+
+    _, boxed, params = make(SMALL)
+    _, ref = _run(key=5)
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                         axis_types=(AxisType.Auto,) * 3)
+    sharded = jax.device_put(params, param_shardings(boxed, mesh, LOGICAL_AXIS_RULES))
+    replicated = NamedSharding(mesh, P())
+    with jax.set_mesh(mesh):
+        _, gen = _generate_fn()(
+            sharded, jax.device_put(jax.random.key(5), replicated),
+            jnp.asarray((-1, -1), jnp.int32), jnp.float32(0.7),
+            jnp.asarray((BUDGET,) * 4, jnp.int32))
+    np.testing.assert_array_equal(gen.tokens, ref.tokens)
+    np.testing.assert_allclose(gen.logp, ref.logp, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gen.cache.keys, ref.cache.keys, rtol=1e-5, atol=1e-6)

@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from arl.models import (LOGICAL_AXIS_RULES, Transformer, TransformerConfig, abstract_params,
-                        init_cache, param_partition_specs, param_shardings)
+                        init_cache, param_partition_specs, param_shardings,
+                        unembedding_matrix)
 from tests.models.helpers import SMALL, jitted_forward, make
 
 # Multi-query attention, Qwen2-style QKV bias, tied embeddings, no value head.
@@ -97,6 +98,20 @@ def test_tied_embeddings_have_no_lm_head():
     assert out.values is None
     expected = out.hidden @ params["embed_tokens"]["embedding"].T
     np.testing.assert_allclose(out.logits, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(unembedding_matrix(params, MQA_TIED),
+                                  params["embed_tokens"]["embedding"].T)
+
+
+def test_hidden_only_output_and_unembedding_matrix():
+    model, boxed, params = make(SMALL)
+    tokens = jnp.array([[1, 2, 3]])
+    out = jax.jit(lambda p, t: model.apply({"params": p}, t, compute_logits=False,
+                                           return_hidden=True))(params, tokens)
+    assert out.logits is None and out.hidden.shape == (1, 3, 32)
+    ref = jitted_forward(SMALL)(params, tokens)
+    np.testing.assert_allclose(out.hidden @ unembedding_matrix(boxed, SMALL), ref.logits,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.values, ref.values, rtol=1e-6)
 
 
 def test_boxed_params_apply_like_plain_params():
