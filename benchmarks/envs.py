@@ -98,7 +98,7 @@ def machine_line() -> str:
     device = jax.devices()[0]
     return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores "
             f"(load average {load:.1f} at start), JAX {jax.__version__} on "
-            f"{device.platform} ({device.device_kind}), gymnax {version("gymnax")}, "
+            f"{device.platform} ({device.device_kind}), gymnax {version('gymnax')}, "
             f"Python {platform.python_version()}")
 
 
