@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from arl.algorithms import token_logprobs
 from arl.models import Transformer, TransformerConfig
 
 SMALL = TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -29,12 +30,6 @@ def jitted_forward(config: TransformerConfig):
 
 
 def log_softmax_at(logits, tokens, temperature=1.0):
-    """Trainer-side recomputation of behaviour log-probs (float32)."""
-    try:
-        from arl.algorithms import token_logprobs
-    except ImportError:
-        token_logprobs = None
-    scaled = logits.astype(jnp.float32) / temperature
-    if token_logprobs is not None:
-        return token_logprobs(scaled, tokens)
-    return jnp.take_along_axis(jax.nn.log_softmax(scaled, -1), tokens[..., None], -1)[..., 0]
+    """Trainer-side recomputation of behaviour log-probs: arl.algorithms.token_logprobs on
+    the temperature-scaled logits (float32)."""
+    return token_logprobs(logits.astype(jnp.float32) / temperature, tokens)

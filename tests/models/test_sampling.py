@@ -73,7 +73,9 @@ def _jitted_mask(top_k):
 
 
 @settings(max_examples=40, deadline=None)
-@given(logits=st.lists(st.floats(-5, 5, allow_nan=False, width=32), min_size=10, max_size=10),
+# No subnormals: XLA on CPU flushes them to zero, NumPy does not, which fakes tie mismatches.
+@given(logits=st.lists(st.floats(-5, 5, allow_nan=False, allow_subnormal=False, width=32),
+                      min_size=10, max_size=10),
        top_k=st.sampled_from([0, 1, 3, 10]), top_p=st.floats(0.05, 1.0))
 def test_truncation_mask_is_the_smallest_nucleus(logits, top_k, top_p):
     logits = np.asarray(logits, np.float32)[None]
