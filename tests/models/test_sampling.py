@@ -233,6 +233,18 @@ def test_generate_per_row_budget():
     np.testing.assert_array_equal(gen.cache.length, PROMPT_LEN + [3, 0, 0, 7])
 
 
+def test_generate_is_one_device_program():
+    """No host transfer inside prefill + generate (reuses the compiled program)."""
+    _, _, params = make(SMALL)
+    fn = _generate_fn()
+    args = (params, jax.random.key(0), jnp.asarray((-1, -1), jnp.int32), jnp.float32(0.7),
+            jnp.asarray((BUDGET,) * 4, jnp.int32))
+    jax.block_until_ready(fn(*args))  # compiled already by the other tests, or here
+    with jax.transfer_guard("disallow"):
+        out = jax.block_until_ready(fn(*args))
+    assert out[1].tokens.shape == (4, BUDGET)
+
+
 def test_generate_greedy_is_deterministic_across_keys():
     _, a = _run(key=1, greedy=True)
     _, b = _run(key=2, greedy=True)
