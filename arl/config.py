@@ -110,6 +110,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.loss.sft_coef_final = -1.0  # < 0: constant sft_coef; else linear decay to this value
     c.loss.sft_decay_steps = 100
     c.loss.sft_source = "demonstrator"
+    # Path of a demonstration set written by `arl.datasets.build_demonstrations`; empty
+    # means demonstrations are generated on the fly by `sft_source` inside the step.
+    c.loss.sft_dataset = ""
 
     # Vector environments (algorithm "ppo_vector", e.g. env.name "gymnax:CartPole-v1").
     c.vector = ml_collections.ConfigDict()
@@ -155,6 +158,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "checkpoint_every", 1, integer=True)
     _check_range(config, "keep_checkpoints", 1, integer=True)
     _check_range(config, "seed", 0, integer=True)
+    _check_range(config, "sample_every", 0, integer=True)
 
     mesh = tuple(config.mesh)
     if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
@@ -184,6 +188,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _check_range(config, f"loss.{field}", 0.0)
     if config.loss.sft_source not in SFT_SOURCES:
         _fail("loss.sft_source", config.loss.sft_source, f"allowed values are {SFT_SOURCES}")
+    sft_dataset = config.loss.get("sft_dataset", "")
+    if not isinstance(sft_dataset, str):
+        _fail("loss.sft_dataset", sft_dataset, "expected a path (str); empty = on the fly")
+    if sft_dataset and not os.path.isdir(sft_dataset):
+        _fail("loss.sft_dataset", sft_dataset,
+              "no such directory; write one with arl.datasets.build_demonstrations")
 
     _check_range(config, "advantage.gamma", 0.0, 1.0)
     _check_range(config, "advantage.lam", 0.0, 1.0)
@@ -236,8 +246,27 @@ def _validate_token_rollout(config, mesh) -> None:
     if m.num_heads % m.num_kv_heads:
         _fail("model.num_kv_heads", m.num_kv_heads,
               f"must divide model.num_heads={m.num_heads}")
-    if config.env.name == "mixture" and len(config.env.members) < 1:
-        _fail("env.members", config.env.members, "a mixture needs at least one member")
+    _validate_token_env(config)
+
+
+def _validate_token_env(config) -> None:
+    from arl import envs as envs_lib  # pylint: disable=g-import-not-at-top
+
+    known = envs_lib.registered_names()
+    name = config.env.name
+    if name == "mixture":
+        if len(config.env.members) < 1:
+            _fail("env.members", config.env.members, "a mixture needs at least one member")
+        for i, member in enumerate(config.env.members):
+            if not hasattr(member, "get") or member.get("name") not in known:
+                _fail(f"env.members[{i}].name",
+                      member.get("name") if hasattr(member, "get") else member,
+                      f"allowed values are {known}")
+    elif name not in known:
+        hint = (" (gymnax environments are vector envs: use algorithm='ppo_vector')"
+                if str(name).startswith("gymnax:") else "")
+        _fail("env.name", name, f"allowed values for token algorithms are {known + ['mixture']}"
+              f"{hint}")
 
 
 def _validate_vector(config) -> None:
