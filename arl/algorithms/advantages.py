@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
+from arl.algorithms._jit import compiled_when_eager
 
 GAE_METHODS = ("auto", "scan", "associative")
 
@@ -172,6 +173,7 @@ def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, 
     return finish(carry_in)
 
 
+@compiled_when_eager
 def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, dones=None,
         truncated=None, next_values=None, method: str = "auto"):
     """Generalised advantage estimation with an agent mask (Schulman et al. 2016).
@@ -225,6 +227,7 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, done
     return advantages, returns
 
 
+@compiled_when_eager
 def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=None,
                        truncated=None, next_values=None, method: str = "auto"):
     """Discounted reward-to-go over agent tokens (Monte-Carlo returns).
@@ -256,6 +259,7 @@ def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=
     return advantages
 
 
+@compiled_when_eager
 def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
                    gamma_turn=1.0, lam_turn=None, bootstrap_value=None,
                    method: str = "auto"):

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
+from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms.normalization import whiten
 
 
@@ -81,6 +82,7 @@ def _gather(per_group, ids, num_groups):
     return per_group[jnp.clip(ids, 0, num_groups - 1)]
 
 
+@compiled_when_eager
 def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> GroupStatistics:
     """Mean, Bessel-corrected std, count and degeneracy of each group's valid scores.
 
@@ -103,6 +105,7 @@ def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> Group
     return GroupStatistics(mean=mean, std=std, count=count, degenerate=degenerate)
 
 
+@compiled_when_eager
 def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool = True,
                      eps: float = 1e-6, valid=None) -> jax.Array:
     """GRPO group-relative advantages (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300).
@@ -135,6 +138,7 @@ def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool =
     return jnp.where(keep, advantages, 0.0)
 
 
+@compiled_when_eager
 def rloo_advantages(scores, group_ids, *, num_groups: int, valid=None) -> jax.Array:
     """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024).
 
@@ -162,6 +166,7 @@ def rloo_advantages(scores, group_ids, *, num_groups: int, valid=None) -> jax.Ar
     return jnp.where(valid & (n >= 2), advantages, 0.0)
 
 
+@compiled_when_eager
 def reinforce_pp_advantages(scores, group_ids=None, *, num_groups: Optional[int] = None,
                             valid=None) -> jax.Array:
     """REINFORCE++ advantages (Hu 2025, arXiv 2501.03262).
@@ -194,6 +199,7 @@ def reinforce_pp_advantages(scores, group_ids=None, *, num_groups: Optional[int]
     return whiten(scores - _gather(mean, group_ids, num_groups), valid)
 
 
+@compiled_when_eager
 def env_advantages(scores, group_ids, env_ids, *, num_groups: int, num_envs: int,
                    eps: float = 1e-6, valid=None, centre_on_env_mean: bool = False
                    ) -> jax.Array:

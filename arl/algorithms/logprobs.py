@@ -10,8 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
+from arl.algorithms._jit import compiled_when_eager
 
 
+@compiled_when_eager
 def token_logprobs(logits, tokens) -> jax.Array:
     """Log-probability of each token under its logits.
 
@@ -38,6 +40,7 @@ def token_logprobs(logits, tokens) -> jax.Array:
     return chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
+@compiled_when_eager
 def entropy(logits) -> jax.Array:
     """Entropy of the categorical distribution given by `logits`, in float32.
 
