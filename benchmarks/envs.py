@@ -2,7 +2,8 @@
 
 Each token environment runs `steps` turns in one `lax.scan` inside one `jax.jit`,
 vmapped over the batch, wrapped in `AutoReset` so every row stays live, with either
-uniformly random token actions or the oracle's actions (the oracle's own cost is then
+uniformly random token actions (drawn before the timed program: ids in the vocabulary,
+lengths in [0, action_len]) or the oracle's actions (the oracle's own cost is then
 included). Beside them, in the same run: gymnax CartPole-v1's raw auto-resetting
 `step` with random actions, the same way. Compile time is excluded (one warm-up call).
 
@@ -30,53 +31,62 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 
 
 def token_env_program(env, batch: int, steps: int, policy: str):
+    """A jitted program(key, random_actions) running `steps` batched turns. Random
+    actions are drawn BEFORE the program (passed in), so their RNG cost is not timed."""
     wrapped = E.AutoReset(env)
     params = env.default_params()
 
-    def run(key):
+    def run(key, random_actions):
         keys = jax.random.split(key, batch)
         state, _ = jax.vmap(wrapped.reset, in_axes=(0, None))(keys, params)
 
-        def body(carry, key):
+        def body(carry, xs):
             state, total = carry
-            k_act, k_len, k_step = jax.random.split(key, 3)
+            key, random_action = xs
+            k_act, k_step = jax.random.split(key)
             if policy == "oracle":
                 action = jax.vmap(env.oracle_action, in_axes=(0, 0, None))(
                     jax.random.split(k_act, batch), state, params)
             else:
-                action = TokenChunk(
-                    jax.random.randint(k_act, (batch, env.action_len), 0, env.codec.vocab_size),
-                    jax.random.randint(k_len, (batch,), 0, env.action_len + 1))
+                action = random_action
             state, ts = jax.vmap(wrapped.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(k_step, batch), state, action, params)
             return (state, total + ts.reward), None
 
-        (_, total), _ = jax.lax.scan(body, (state, jnp.zeros(batch)), jax.random.split(key, steps))
+        xs = (jax.random.split(key, steps), random_actions)
+        (_, total), _ = jax.lax.scan(body, (state, jnp.zeros(batch)), xs)
         return total
 
-    return jax.jit(run)
+    program = jax.jit(run)
+    k_tok, k_len = jax.random.split(jax.random.key(123))
+    random_actions = TokenChunk(
+        jax.random.randint(k_tok, (steps, batch, env.action_len), 0, env.codec.vocab_size),
+        jax.random.randint(k_len, (steps, batch), 0, env.action_len + 1))
+    return lambda key: program(key, random_actions)
 
 
 def cartpole_program(batch: int, steps: int):
     import gymnax
     env, params = gymnax.make("CartPole-v1")
 
-    def run(key):
+    def run(key, actions):
         keys = jax.random.split(key, batch)
         _, state = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
 
-        def body(carry, key):
+        def body(carry, xs):
             state, total = carry
-            k_act, k_step = jax.random.split(key)
-            action = jax.random.randint(k_act, (batch,), 0, 2)
+            key, action = xs
             _, state, reward, _, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(k_step, batch), state, action, params)
+                jax.random.split(key, batch), state, action, params)
             return (state, total + reward), None
 
-        (_, total), _ = jax.lax.scan(body, (state, jnp.zeros(batch)), jax.random.split(key, steps))
+        xs = (jax.random.split(key, steps), actions)
+        (_, total), _ = jax.lax.scan(body, (state, jnp.zeros(batch)), xs)
         return total
 
-    return jax.jit(run)
+    program = jax.jit(run)
+    actions = jax.random.randint(jax.random.key(123), (steps, batch), 0, 2)
+    return lambda key: program(key, actions)
 
 
 def time_program(program, batch: int, steps: int, repeats: int) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from arl.envs.codec import CHARACTERS, SPECIAL_TOKENS, CharCodec
 CODEC = CharCodec()
 SIZE = 16
 MINUS = CODEC.token_id("-")
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=80, deadline=None)
 
 text_of_chars = st.text(alphabet=CHARACTERS, max_size=SIZE)
 short_numberish = st.text(alphabet="0123456789-+*a", max_size=SIZE)

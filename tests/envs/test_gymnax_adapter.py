@@ -13,7 +13,8 @@ from arl.envs.gymnax_adapter import GymnaxEnvironment  # noqa: E402
 BATCH, STEPS = 16, 120
 
 
-@pytest.mark.parametrize("name", ["CartPole-v1", "Acrobot-v1"])
+@pytest.mark.parametrize("name", [
+    "CartPole-v1", pytest.param("Acrobot-v1", marks=pytest.mark.slow)])
 def test_auto_reset_adapter_matches_gymnax_step(name):
     """AutoReset(adapter) against gymnax's own auto-resetting step over
     random actions, with a short time limit so truncation happens too."""
