@@ -64,17 +64,21 @@ def _valid_mask(fn, valid, shape):
 def _segment_moments(scores, segment_ids, num_segments, valid):
     """(mean, Bessel std, count, all-equal-or-small) per segment; two-pass variance."""
     ids = jnp.where(valid, segment_ids, num_segments)  # out of range: dropped by segment ops
-    count = jax.ops.segment_sum(valid.astype(jnp.int32), ids, num_segments)
-    countf = count.astype(jnp.float32)
-    total = jax.ops.segment_sum(jnp.where(valid, scores, 0.0), ids, num_segments)
+    # Stacked columns: one scatter per pass instead of one per statistic.
+    sums = jax.ops.segment_sum(
+        jnp.stack([valid.astype(scores.dtype), jnp.where(valid, scores, 0.0)], axis=-1),
+        ids, num_segments)
+    countf, total = sums[:, 0], sums[:, 1]
+    count = countf.astype(jnp.int32)
     mean = total / jnp.maximum(countf, 1.0)
     centred = jnp.where(valid, scores - mean[jnp.clip(segment_ids, 0, num_segments - 1)],
                         0.0)
     sq = jax.ops.segment_sum(centred * centred, ids, num_segments)
     std = jnp.sqrt(sq / jnp.maximum(countf - 1.0, 1.0))
-    high = jax.ops.segment_max(jnp.where(valid, scores, -jnp.inf), ids, num_segments)
-    low = jax.ops.segment_min(jnp.where(valid, scores, jnp.inf), ids, num_segments)
-    degenerate = (count < 2) | (high <= low)
+    extremes = jax.ops.segment_max(
+        jnp.stack([jnp.where(valid, scores, -jnp.inf), jnp.where(valid, -scores, -jnp.inf)],
+                  axis=-1), ids, num_segments)
+    degenerate = (count < 2) | (extremes[:, 0] <= -extremes[:, 1])
     return mean, std, count, degenerate
 
 
