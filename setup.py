@@ -27,6 +27,7 @@ setuptools.setup(
         "matplotlib>=3.8",
         "grain>=0.2.10",
         "array-record>=0.7.0",
+        "importlib_resources>=6.0",  # tfds builders resolve their code path through it
         "tqdm>=4.66",
     ],
     extras_require={

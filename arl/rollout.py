@@ -114,6 +114,7 @@ def rollout(
     horizon: jax.Array | int | None = None,
     action_source: str = "model",
     env_params: Any = None,
+    reset_keys: jax.Array | None = None,
 ) -> Trajectory:
     """Plays `num_tasks * group_size` episodes of `env` and returns their trajectory.
 
@@ -129,6 +130,9 @@ def rollout(
         environment's scripted policies (for SFT demonstrations and baselines).
       env_params: per-row environment params with a leading batch axis
         `[num_tasks * group_size]` (default: `default_row_params`).
+      reset_keys: per-row reset keys `[num_tasks * group_size]` that fix the tasks (e.g.
+        a stored evaluation set, `arl.datasets`); default: drawn from `key`, shared by
+        the rows of a group.
     """
     if action_source not in ACTION_SOURCES:
         raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
@@ -145,7 +149,11 @@ def rollout(
     horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
 
     reset_key, turns_key = jax.random.split(key)
-    reset_keys = task_keys(reset_key, num_tasks, group_size)
+    if reset_keys is None:
+        reset_keys = task_keys(reset_key, num_tasks, group_size)
+    elif reset_keys.shape != (batch,):
+        raise ValueError(f"reset_keys must have shape ({batch},) (num_tasks * group_size), "
+                         f"got {reset_keys.shape}")
     env_state, timestep = jax.vmap(env.reset)(reset_keys, env_params)
 
     tokens = jnp.full((batch, width), codec.pad_id, jnp.int32)

@@ -26,6 +26,7 @@ from flax import struct
 
 from arl import algorithms as alg
 from arl import config as config_lib
+from arl import datasets as datasets_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
@@ -126,6 +127,13 @@ class Trainer:
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         self.uses_reference = config.loss.kl_coef > 0
+        # Demonstrations for the SFT term: loaded once into device arrays, or None to
+        # generate them on the fly with `loss.sft_source`.
+        self.demonstrations = None
+        if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
+            self.demonstrations = datasets_lib.load_demonstrations(
+                config.loss.sft_dataset, env_config=config.env,
+                context_length=self.context_length)
         self._state_shardings = None
         self.train_step = self._compile_train_step()
 
@@ -240,7 +248,12 @@ class Trainer:
         advantages = advantages * loss_mask
 
         demo = None
-        if c.loss.sft_coef > 0:
+        if c.loss.sft_coef > 0 and self.demonstrations is not None:
+            # A stored set (loss.sft_dataset): a minibatch drawn by index, on device.
+            demo = datasets_lib.sample_demonstrations(
+                self.demonstrations, demo_key, self.batch_size)
+            demo = jax.lax.with_sharding_constraint(demo, batch_axes)
+        elif c.loss.sft_coef > 0:
             demo = rollout_lib.rollout(
                 self.env, demo_key, num_tasks=c.rollout.num_tasks,
                 group_size=c.rollout.group_size, action_source=c.loss.sft_source)
