@@ -37,13 +37,14 @@ def median_times(fns, repeats):
     """Median wall time of each `fn()` (which must block), after one warm-up call each.
 
     The candidates run round-robin, so load from other processes on a shared machine
-    hits all of them alike and the ratios stay meaningful.
+    hits all of them alike and the ratios stay meaningful; each timed call follows an
+    untimed one of the same candidate, so a short kernel is not timed cold right after
+    a long Python loop (parked thread pool, evicted caches).
     """
-    for fn in fns.values():
-        fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            fn()
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
