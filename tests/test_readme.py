@@ -1,0 +1,37 @@
+"""The README's code examples run as written (composition example, custom environment)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+_README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "README.md")
+_TESTED_SECTIONS = ("## Compose `arl.algorithms` into your own train step",
+                    "## Add an environment")
+
+
+def _python_blocks(section_title):
+    text = open(_README, encoding="utf-8").read()
+    start = text.index(section_title)
+    end = text.find("\n## ", start + len(section_title))
+    section = text[start:end if end >= 0 else len(text)]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+
+
+@pytest.mark.parametrize("title", _TESTED_SECTIONS)
+def test_readme_example_runs(title, capsys):
+    blocks = _python_blocks(title)
+    assert len(blocks) == 1, title
+    from arl import envs
+
+    if title.startswith("## Add") and "parrot" in envs.registered_names():
+        pytest.skip("already registered in this process")
+    exec(compile(blocks[0], f"README.md:{title}", "exec"), {"__name__": "readme_example"})
+    out = capsys.readouterr().out
+    if title.startswith("## Compose"):
+        assert re.search(r"mean reward \d\.\d\d -> \d\.\d\d \(optimum 6\)", out), out
+    else:
+        assert "[env]   say" in out and "-- success" in out, out
