@@ -29,9 +29,10 @@ from arl.algorithms._jit import compiled_when_eager
 
 GAE_METHODS = ("auto", "scan", "associative")
 
-# Measured by benchmarks/kernels.py (see benchmarks/RESULTS.md): on CPU the sequential
-# scan wins at every benchmarked shape; the associative scan is kept for accelerators,
-# where its log-depth parallelism pays off (not measured here).
+# benchmarks/kernels.py (benchmarks/RESULTS.md): on CPU the sequential scan beats the
+# associative one 3-5x at every benchmarked shape. Other backends get the associative
+# scan for its O(log T) depth on parallel hardware -- an unmeasured choice (no
+# accelerator was available); pass `method=` explicitly to override.
 _AUTO_METHOD = {"cpu": "scan"}
 _AUTO_DEFAULT = "associative"
 _SCAN_UNROLL = 1
