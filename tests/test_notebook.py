@@ -1,0 +1,40 @@
+"""notebooks/quickstart.ipynb executes top to bottom (tiny size) with nbclient."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+_NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         "notebooks", "quickstart.ipynb")
+
+
+def _text(cell):
+    return "".join(out.get("text", "") for out in cell.get("outputs", []))
+
+
+def test_notebook_is_valid_and_has_an_install_cell():
+    notebook = nbformat.read(_NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    first_code = next(c for c in notebook.cells if c.cell_type == "code")
+    assert 'find_spec("arl") is None' in first_code.source and "pip" in first_code.source
+    assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")
+
+
+@pytest.mark.slow  # a fresh kernel compiles the train step and the evaluation: ~1-2 min
+def test_quickstart_notebook_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARL_NOTEBOOK_SIZE", "tiny")
+    monkeypatch.setenv("ARL_NOTEBOOK_WORKDIR", str(tmp_path / "run"))
+    notebook = nbformat.read(_NOTEBOOK, as_version=4)
+    NotebookClient(notebook, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": os.path.dirname(_NOTEBOOK)}}).execute()
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert "size: tiny" in _text(code[1])
+    assert "step 2: reward_mean=" in _text(code[2])
+    assert any("image/png" in out.get("data", {}) for out in code[3]["outputs"])
+    transcript = _text(code[4])
+    assert "step_000002.txt" in transcript and "[agent]" in transcript and "arms:" in transcript
+    assert (tmp_path / "run" / "checkpoints").is_dir()
