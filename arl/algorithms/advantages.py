@@ -262,7 +262,7 @@ def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=
 
 @compiled_when_eager
 def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
-                   gamma_turn=1.0, lam_turn=None, bootstrap_value=None,
+                   turn_gamma=1.0, turn_lam=None, bootstrap_value=None,
                    method: str = "auto"):
     """Bi-level (turn-level, then token-level) GAE for multi-turn agents.
 
@@ -270,7 +270,7 @@ def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
     hierarchical critic (Zhou et al. 2024, arXiv 2402.19446). Let e_1 < ... < e_K be the
     turn-end tokens of a row (`turn_end`, the last agent token of each turn).
 
-    1. Turn level: GAE over the turn ends only, with `gamma_turn` and `lam_turn`:
+    1. Turn level: GAE over the turn ends only, with `turn_gamma` and `turn_lam`:
 
        .. math::
            \\delta_k = r_{e_k} + \\gamma_{turn} V_{e_{k+1}} - V_{e_k}, \\quad
@@ -291,8 +291,8 @@ def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
         turn_end: [B, T] bool, true on the last agent token of each turn (tokens outside
             `mask` are ignored).
         gamma, lam: token-level discount and lambda.
-        gamma_turn: turn-level discount (per turn).
-        lam_turn: turn-level lambda; defaults to `lam`.
+        turn_gamma: turn-level discount (per turn).
+        turn_lam: turn-level lambda; defaults to `lam`.
         bootstrap_value: [B] value after the last turn; default 0.
         method: as in `gae`.
 
@@ -305,10 +305,10 @@ def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
     v.same_shape(fn, "mask", mask, "rewards", rewards.shape)
     turn_end = v.boolean(fn, "turn_end", turn_end, rank=2, layout="[B, T]")
     v.same_shape(fn, "turn_end", turn_end, "rewards", rewards.shape)
-    if lam_turn is None:
-        lam_turn = lam
+    if turn_lam is None:
+        turn_lam = lam
     turn_end = turn_end & mask
-    _, turn_returns = gae(rewards, values, turn_end, gamma=gamma_turn, lam=lam_turn,
+    _, turn_returns = gae(rewards, values, turn_end, gamma=turn_gamma, lam=turn_lam,
                           bootstrap_value=bootstrap_value, method=method)
     token_rewards = jnp.where(turn_end, turn_returns, jnp.where(mask, rewards, 0.0))
     return gae(token_rewards, values, mask, gamma=gamma, lam=lam, dones=turn_end,

@@ -53,8 +53,8 @@ def discounted_returns_reference(rewards, mask, gamma, bootstrap_value=None):
     return out
 
 
-def turn_level_gae_reference(rewards, values, mask, turn_end, gamma, lam, gamma_turn,
-                             lam_turn):
+def turn_level_gae_reference(rewards, values, mask, turn_end, gamma, lam, turn_gamma,
+                             turn_lam):
     """Bi-level GAE as in RAGEN: turn level over turn ends, then token level per turn."""
     batch, length = rewards.shape
     advantages = np.zeros((batch, length))
@@ -65,8 +65,8 @@ def turn_level_gae_reference(rewards, values, mask, turn_end, gamma, lam, gamma_
         turn_returns = {}
         for k in reversed(range(len(ends))):
             next_value = values[b, ends[k + 1]] if k + 1 < len(ends) else 0.0
-            delta = rewards[b, ends[k]] + gamma_turn * next_value - values[b, ends[k]]
-            last = delta + gamma_turn * lam_turn * last
+            delta = rewards[b, ends[k]] + turn_gamma * next_value - values[b, ends[k]]
+            last = delta + turn_gamma * turn_lam * last
             turn_returns[ends[k]] = last + values[b, ends[k]]
         for pos, ret in turn_returns.items():
             token_rewards[pos] = ret
@@ -264,7 +264,7 @@ class ReturnsTest(chex.TestCase):
         rng, rewards, values, mask = random_batch(5, batch=4, length=16, agent_fraction=0.7)
         turn_end = rng.random((4, 16)) < 0.25
         fn = self.variant(functools.partial(alg.turn_level_gae, gamma=0.97, lam=0.9,
-                                            gamma_turn=0.8, lam_turn=0.7, method=method))
+                                            turn_gamma=0.8, turn_lam=0.7, method=method))
         got = fn(rewards, values, mask, turn_end)
         want = turn_level_gae_reference(rewards, values, mask, turn_end, 0.97, 0.9, 0.8, 0.7)
         for g, w in zip(got, want):
@@ -277,7 +277,7 @@ class ReturnsTest(chex.TestCase):
         mask = np.array([[1, 1, 0, 1, 1]], bool)
         turn_end = np.array([[0, 1, 0, 0, 1]], bool)
         advantages, _ = alg.turn_level_gae(rewards, values, mask, turn_end, gamma=1.0,
-                                           lam=1.0, gamma_turn=0.5, lam_turn=1.0)
+                                           lam=1.0, turn_gamma=0.5, turn_lam=1.0)
         # Turn 2: A = 2 - 0.4 = 1.6, G = 2.0. Turn 1: A = 1 + 0.5*0.4 - 0.2 + 0.5*1.6 = 1.8,
         # G = 2.0. Inside turn 1: token 0 gets G_1 - V_0 = 1.9; inside turn 2 token 3
         # gets G_2 - V_3 = 1.7.

@@ -43,7 +43,7 @@ KERNELS = {
     "discounted_returns": lambda x: alg.discounted_returns(x["rewards"], x["mask"],
                                                            gamma=0.9),
     "turn_level_gae": lambda x: alg.turn_level_gae(x["rewards"], x["values"], x["mask"],
-                                                   x["turn_end"], gamma_turn=0.9),
+                                                   x["turn_end"], turn_gamma=0.9),
     "whiten": lambda x: alg.whiten(x["rewards"], x["mask"]),
     "token_logprobs": lambda x: alg.token_logprobs(x["logits"], x["tokens"]),
     "entropy": lambda x: alg.entropy(x["logits"]),
