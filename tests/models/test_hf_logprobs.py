@@ -1,0 +1,119 @@
+"""Chunked log-probs / entropy equal the naive full-logits computation, gradients included."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from arl.algorithms import entropy, token_logprobs
+from arl.models import Transformer, TransformerConfig, unembedding_matrix
+from arl.models.logprobs import chunked_token_logprobs, model_token_logprobs
+from tests.models.helpers import make
+
+
+def _naive(hidden, unembed, targets):
+    """Full [B, T, V] float32 logits, then log_softmax."""
+    logits = jnp.einsum("btd,dv->btv", hidden, unembed, preferred_element_type=jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return logp, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+
+def _numpy_reference(hidden, unembed, targets):
+    logits = np.asarray(hidden, np.float64) @ np.asarray(unembed, np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    logp = np.take_along_axis(log_probs, np.asarray(targets)[..., None], -1)[..., 0]
+    ent = -(np.exp(log_probs) * log_probs).sum(-1)
+    return logp, ent
+
+
+@pytest.mark.parametrize("length, chunk", [(13, 5), (7, 64)])
+def test_chunked_matches_numpy_and_naive(length, chunk):
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    hidden = jax.random.normal(k1, (3, length, 8))
+    unembed = 2.0 * jax.random.normal(k2, (8, 50))
+    targets = jax.random.randint(k3, (3, length), 0, 50)
+    logp, ent = jax.jit(chunked_token_logprobs, static_argnums=3)(hidden, unembed, targets, chunk)
+    ref_logp, ref_ent = _numpy_reference(hidden, unembed, targets)
+    assert logp.dtype == ent.dtype == jnp.float32 and logp.shape == (3, length)
+    np.testing.assert_allclose(logp, ref_logp, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    naive_logp, naive_ent = _naive(hidden, unembed, targets)
+    np.testing.assert_allclose(logp, naive_logp, atol=1e-5)
+    np.testing.assert_allclose(ent, naive_ent, atol=1e-5)
+    # arl.algorithms' kernels on the full logits agree too (their entropy uses
+    # lse - sum p z, which loses ~1e-5 to cancellation on peaked rows).
+    logits = jnp.einsum("btd,dv->btv", hidden, unembed)
+    np.testing.assert_allclose(logp, token_logprobs(logits, targets), atol=1e-5)
+    np.testing.assert_allclose(ent, entropy(logits), atol=1e-4)
+
+
+def test_chunked_gradients_equal_naive():
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(1), 4)
+    hidden = jax.random.normal(k1, (2, 11, 8))
+    unembed = jax.random.normal(k2, (8, 40))
+    targets = jax.random.randint(k3, (2, 11), 0, 40)
+    weights = jax.random.normal(k4, (2, 11))
+
+    def loss(fn):
+        def f(h, w):
+            logp, ent = fn(h, w)
+            return jnp.sum(weights * logp) + 0.3 * jnp.sum(weights * ent)
+        return jax.jit(jax.grad(f, argnums=(0, 1)))
+
+    chunked = loss(lambda h, w: chunked_token_logprobs(h, w, targets, 3))(hidden, unembed)
+    naive = loss(lambda h, w: _naive(h, w, targets))(hidden, unembed)
+    for got, want in zip(chunked, naive):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_vmap_over_an_extra_axis():
+    hidden = jax.random.normal(jax.random.key(2), (4, 2, 6, 8))
+    unembed = jax.random.normal(jax.random.key(3), (8, 20))
+    targets = jax.random.randint(jax.random.key(4), (4, 2, 6), 0, 20)
+    logp, _ = jax.vmap(lambda h, t: chunked_token_logprobs(h, unembed, t, 4))(hidden, targets)
+    ref, _ = _numpy_reference(hidden, unembed, targets)
+    np.testing.assert_allclose(logp, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_hidden_gives_float32_statistics():
+    hidden = jax.random.normal(jax.random.key(5), (2, 9, 16)).astype(jnp.bfloat16)
+    unembed = jax.random.normal(jax.random.key(6), (16, 30)).astype(jnp.bfloat16)
+    targets = jax.random.randint(jax.random.key(7), (2, 9), 0, 30)
+    logp, ent = chunked_token_logprobs(hidden, unembed, targets, 4)
+    assert logp.dtype == ent.dtype == jnp.float32
+    ref_logp, ref_ent = _numpy_reference(hidden.astype(jnp.float32), unembed.astype(jnp.float32),
+                                         targets)
+    # bf16 inputs are exact in f32; the only difference is f32 accumulation order.
+    np.testing.assert_allclose(logp, ref_logp, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(ent, ref_ent, atol=1e-4, rtol=1e-4)
+
+
+def test_model_token_logprobs_equals_full_logits_path():
+    config = TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4,
+                               num_kv_heads=2, mlp_dim=64, max_len=32)
+    model, _, params = make(config)
+    tokens = jax.random.randint(jax.random.key(8), (2, 10), 0, 64)
+    logp, ent = jax.jit(lambda p, t: model_token_logprobs(model, p, t, 4, temperature=0.7))(
+        params, tokens)
+    logits = model.apply({"params": params}, tokens).logits[:, :-1] / 0.7
+    np.testing.assert_allclose(logp[:, 1:], token_logprobs(logits, tokens[:, 1:]), atol=1e-5)
+    np.testing.assert_allclose(ent[:, 1:], entropy(logits), atol=1e-4)
+    np.testing.assert_array_equal(logp[:, 0], 0.0)
+    assert unembedding_matrix(params, config).shape == (32, 64)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(chunk_size=0), "chunk_size"),
+    (dict(hidden=np.zeros((2, 3))), "hidden"),
+    (dict(unembed=np.zeros((5, 7))), "unembed"),
+    (dict(targets=np.zeros((2, 4), np.int32)), "targets"),
+    (dict(targets=np.zeros((2, 3), np.float32)), "targets"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    args = dict(hidden=np.zeros((2, 3, 4), np.float32), unembed=np.zeros((4, 7), np.float32),
+                targets=np.zeros((2, 3), np.int32), chunk_size=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        chunked_token_logprobs(**args)
