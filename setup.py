@@ -29,6 +29,8 @@ setuptools.setup(
         "array-record>=0.7.0",
         "importlib_resources>=6.0",  # tfds builders resolve their code path through it
         "tqdm>=4.66",
+        "safetensors>=0.4.3",  # Hugging Face checkpoint import/export (numpy API, no torch)
+        "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
     ],
     extras_require={
         "test": [
@@ -38,6 +40,9 @@ setuptools.setup(
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",
+            # HF parity tests only (pytest.importorskip: they skip when absent).
+            "torch==2.13.0",
+            "transformers>=4.45",
         ],
     },
 )
