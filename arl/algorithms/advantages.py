@@ -19,7 +19,6 @@ users transpose to `[B, T]` first) are given per token:
 
 from __future__ import annotations
 
-from typing import Optional
 
 import jax
 import jax.numpy as jnp

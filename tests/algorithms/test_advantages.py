@@ -218,7 +218,7 @@ def test_gae_bad_input_raises(kwargs, match):
         alg.gae(rewards, values, mask, **args)
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(seed=st.integers(0, 2**31 - 1), agent_fraction=st.floats(0.0, 1.0))
 def test_gae_gamma_lambda_one_is_reward_to_go_minus_value(seed, agent_fraction):
     _, rewards, values, mask = random_batch(seed, batch=3, length=8,
