@@ -48,6 +48,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.env = ml_collections.ConfigDict()
     c.env.name = "guess_number"
     c.env.kwargs = ml_collections.ConfigDict()
+    # Overrides of the environment's default params (data, e.g. bandit high_prob); not
+    # for mixtures, whose members take constructor kwargs.
+    c.env.params = ml_collections.ConfigDict()
     # For name == "mixture": a list of {"name": ..., "kwargs": {...}} members.
     c.env.members = ()
 
@@ -181,6 +184,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _check_range(config, "loss.dual_clip", 1.0, low_open=True)
     if config.loss.agg not in AGGREGATIONS:
         _fail("loss.agg", config.loss.agg, f"allowed values are {AGGREGATIONS}")
+    if config.loss.norm and config.loss.agg != "seq-mean-token-sum-norm":
+        _fail("loss.norm", config.loss.norm,
+              "a constant normaliser only applies to loss.agg='seq-mean-token-sum-norm'")
     if config.loss.kl_kind not in KL_KINDS:
         _fail("loss.kl_kind", config.loss.kl_kind, f"allowed values are {KL_KINDS}")
     for field in ("value_coef", "value_clip", "entropy_coef", "kl_coef", "echo_coef",

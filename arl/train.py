@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -107,6 +108,7 @@ class Trainer:
         self.env_names = env_names(self.env)
         self.num_envs = len(self.env_names)
         self.context_length = rollout_lib.context_length(self.env)
+        self.row_params(1, 1)  # rejects unknown config.env.params fields before tracing
         m = config.model
         self.model = transformer_lib.Transformer(transformer_lib.TransformerConfig(
             vocab_size=self.env.codec.vocab_size,
@@ -136,6 +138,21 @@ class Trainer:
                 context_length=self.context_length)
         self._state_shardings = None
         self.train_step = self._compile_train_step()
+
+    def row_params(self, num_tasks: int, group_size: int):
+        """Per-row environment params: the defaults with `config.env.params` applied."""
+        params = rollout_lib.default_row_params(self.env, num_tasks, group_size)
+        overrides = dict(self.config.env.get("params", {}))
+        if not overrides:
+            return params
+        fields = {f.name for f in dataclasses.fields(params)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise config_lib.ConfigError(
+                f"config.env.params has unknown fields {unknown}; {type(params).__name__} "
+                f"fields are {sorted(fields)}")
+        return params.replace(**{
+            k: jnp.full_like(getattr(params, k), v) for k, v in overrides.items()})
 
     # ------------------------------------------------------------------ state
     def init_state(self, seed: int | None = None) -> TrainState:
@@ -225,7 +242,8 @@ class Trainer:
         traj = rollout_lib.rollout(
             self.env, rollout_key, num_tasks=c.rollout.num_tasks,
             group_size=c.rollout.group_size, model=self.model, params=state.params,
-            sampling=self.sampling, horizon=horizon)
+            sampling=self.sampling, horizon=horizon,
+            env_params=self.row_params(c.rollout.num_tasks, c.rollout.group_size))
         traj = jax.lax.with_sharding_constraint(traj, batch_axes)
         mask = traj.agent_mask
 
@@ -256,7 +274,8 @@ class Trainer:
         elif c.loss.sft_coef > 0:
             demo = rollout_lib.rollout(
                 self.env, demo_key, num_tasks=c.rollout.num_tasks,
-                group_size=c.rollout.group_size, action_source=c.loss.sft_source)
+                group_size=c.rollout.group_size, action_source=c.loss.sft_source,
+                env_params=self.row_params(c.rollout.num_tasks, c.rollout.group_size))
             demo = jax.lax.with_sharding_constraint(demo, batch_axes)
         batch = dict(
             tokens=traj.tokens, mask=loss_mask, old_logp=traj.behaviour_logp,
@@ -304,7 +323,7 @@ class Trainer:
         group_ids = traj.group_ids
         metrics = {}
         stats = alg.group_statistics(scores, group_ids, num_groups=num_groups)
-        metrics["degenerate_group_fraction"] = jnp.mean(stats.degenerate.astype(jnp.float32))
+        metrics["degenerate_group_fraction"] = stats.degenerate_fraction()
         metrics["within_group_reward_std"] = jnp.mean(stats.std)
 
         seq_valid = jnp.ones(scores.shape, jnp.float32)
@@ -356,9 +375,9 @@ class Trainer:
         c = self.config
         logp, ent, values = self._forward(params, mb["tokens"])
         mask = mb["mask"]
-        norm = c.loss.norm or None
-        if c.loss.agg == "seq-mean-token-sum-norm" and norm is None:
-            norm = float(self.context_length)
+        norm = None
+        if c.loss.agg == "seq-mean-token-sum-norm":
+            norm = c.loss.norm or float(self.context_length)
         pg, metrics = alg.policy_loss(
             logp, mb["old_logp"], mb["advantages"], mask, clip_low=c.loss.clip_low,
             clip_high=c.loss.clip_high, dual_clip=c.loss.dual_clip or None,
@@ -488,7 +507,8 @@ class Trainer:
             sampling = self.sampling.replace(greedy=greedy)
             traj = rollout_lib.rollout(
                 self.env, key, num_tasks=c.rollout.num_tasks * c.rollout.group_size,
-                group_size=1, model=self.model, params=params, sampling=sampling)
+                group_size=1, model=self.model, params=params, sampling=sampling,
+                env_params=self.row_params(c.rollout.num_tasks * c.rollout.group_size, 1))
             return self._rollout_metrics(traj), traj
 
         return jax.jit(evaluate, static_argnames=("greedy",))
