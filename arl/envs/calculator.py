@@ -80,15 +80,17 @@ class Calculator(TokenEnvironment):
         self.max_turns = int(max_turns)
         self.prompt_len = 2 * max_digits + 1
         self.result_digits = 10
-        self.obs_len = max(max(len(r) for r in REPLIES), self.result_digits + 1)
-        answer_width = 2 * max_digits + 1
-        self.action_len = max(
-            len("<answer>") + answer_width + len("</answer>"),
-            len("<calc>") + 2 * max_digits + 1 + len("</calc>"),
-        ) + 1
         enc = self.codec.encode
         self._calc_open, self._calc_close = enc("<calc>"), enc("</calc>")
         self._answer_open, self._answer_close = enc("<answer>"), enc("</answer>")
+        # Lengths in tokens of the codec (a subword codec may spell a reply or a tag in
+        # fewer ids than characters); numbers are one token per digit (Codec contract).
+        self.obs_len = max(max(len(enc(r)) for r in REPLIES), self.result_digits + 1)
+        answer_width = 2 * max_digits + 1
+        self.action_len = max(
+            len(self._answer_open) + answer_width + len(self._answer_close),
+            len(self._calc_open) + 2 * max_digits + 1 + len(self._calc_close),
+        ) + 1
         self._lt, self._gt = self.codec.token_id("<"), self.codec.token_id(">")
         self._operator_ids = [self.codec.token_id(c) for c in OPERATORS]
         self._minus_id = self.codec.token_id("-")

@@ -61,8 +61,11 @@ class GuessNumber(TokenEnvironment):
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = int(max_turns)
         self.num_digits = len(str(max_n - 1))
-        self.prompt_len = len("guess 0-") + self.num_digits
-        self.obs_len = max(len(r) for r in REPLIES)
+        # Lengths in tokens of the codec (not characters): a subword codec may spell
+        # "guess 0-" or "higher" in fewer ids. Digits are one token each (Codec contract).
+        self._prefix_len = len(self.codec.encode("guess 0-"))
+        self.prompt_len = self._prefix_len + self.num_digits
+        self.obs_len = max(len(self.codec.encode(r)) for r in REPLIES)
         self.action_len = self.num_digits + 1
         self._minus_id = self.codec.token_id("-")
 
@@ -92,7 +95,7 @@ class GuessNumber(TokenEnvironment):
             hidden=hidden, low=zero, high=num_values - 1, num_values=num_values,
         )
         prompt = chunks.concat_chunks(
-            chunks.constant_chunk(self.codec, "guess 0-", len("guess 0-")),
+            chunks.constant_chunk(self.codec, "guess 0-", self._prefix_len),
             chunks.int_chunk(self.codec, num_values - 1, max_digits=self.num_digits),
             self.prompt_len, self.codec.pad_id,
         )
