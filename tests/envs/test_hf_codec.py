@@ -1,0 +1,136 @@
+"""HFCodec over a BPE tokenizer trained on the fly: codec contract, chat formatting, and
+the calculator / guess_number environments running on its subword ids (oracle 100%)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+
+from arl.envs import calculator, guess_number  # noqa: E402
+from arl.envs.base import TokenChunk  # noqa: E402
+from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer  # noqa: E402
+
+BATCH = 64
+
+
+def env_corpus():
+    rng = np.random.default_rng(0)
+    lines = [f"guess 0-{n - 1}" for n in (8, 16, 100)] + list(guess_number.REPLIES)
+    lines += list(calculator.REPLIES)
+    for _ in range(200):
+        a, b = rng.integers(-99, 100, 2)
+        op = "+-*"[rng.integers(3)]
+        lines += [f"<calc>{a}{op}{b}</calc>", f"<answer>{a}</answer>", f"{a}{op}{b}"]
+    return lines
+
+
+TOKENIZER = train_bpe_tokenizer(env_corpus(), vocab_size=300)
+CODEC = HFCodec(TOKENIZER)
+
+
+def test_codec_contract_and_round_trip():
+    assert CODEC.vocab_size == 300 and CODEC.pad_id == 0
+    assert [CODEC.decode([i]) for i in CODEC.digit_ids] == list("0123456789")
+    assert CODEC.digit_value[CODEC.digit_ids].tolist() == list(range(10))
+    assert (CODEC.digit_value >= 0).sum() == 10
+    for text in ["<calc>47*86</calc>", "guess 0-15", "bad expression", "<answer>-12</answer>"]:
+        ids = CODEC.encode(text)
+        assert CODEC.decode(ids) == text
+    # Subword merges really happen (fewer ids than characters) ...
+    assert len(CODEC.encode("bad expression")) < len("bad expression")
+    # ... while tags keep one id per punctuation mark in any context.
+    tag = CODEC.encode("<calc>")
+    assert CODEC.encode("<calc>-5*7</calc>")[:len(tag)] == tag
+    ids, n = CODEC.encode_padded("7<eot>", 4)
+    assert ids.tolist() == [CODEC.digit_ids[7], CODEC.eot_id, 0, 0] and n == 2
+    assert CODEC.decode([CODEC.digit_ids[1], 0, CODEC.digit_ids[2]]) == "1"
+    assert CODEC.decode([CODEC.digit_ids[1], 0, CODEC.digit_ids[2]], stop_at_pad=False) == "12"
+    assert CODEC.decode([CODEC.eot_id, 999], show_special=False) == "<?>"
+
+
+def test_chat_formatting():
+    ids = CODEC.chat_ids([{"role": "system", "content": "be brief"},
+                          {"role": "user", "content": "2+2"}])
+    assert ids[0] == CODEC.bos_id and ids[-1] == CODEC.role_ids["assistant"]
+    assert CODEC.decode(ids) == "<bos><system>be brief<eot><user>2+2<eot><agent>"
+    assert CODEC.decode(ids, show_special=False) == "be brief2+2"
+    with pytest.raises(ValueError, match="role"):
+        CODEC.chat_ids([{"role": "tool", "content": "x"}])
+
+
+def test_codec_rejects_tokenizers_the_envs_cannot_parse(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    merged = Tokenizer(models.BPE())
+    merged.pre_tokenizer = pre_tokenizers.Whitespace()  # keeps "12" together
+    merged.train_from_iterator(["12 12 12 34 34 5 6 7 8 9 0 - + * < > /"] * 20,
+                               trainers.BpeTrainer(vocab_size=60, special_tokens=[
+                                   "<pad>", "<bos>", "<eot>", "<system>", "<user>", "<agent>"],
+                                   show_progress=False))
+    HFCodec(merged)  # every single digit is still one token
+    with pytest.raises(ValueError, match="pad_token"):
+        HFCodec(merged, pad_token="<nope>")
+    path = tmp_path / "tokenizer.json"
+    TOKENIZER.save(str(path))
+    assert HFCodec(str(path)).encode("<calc>1+2</calc>") == CODEC.encode("<calc>1+2</calc>")
+    with pytest.raises(TypeError, match="tokenizer"):
+        HFCodec(42)
+
+
+def _oracle_rollout(env, key):
+    params = env.default_params()
+    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    oracle = jax.jit(jax.vmap(env.oracle_action, in_axes=(0, 0, None)))
+    key, key_reset = jax.random.split(key)
+    state, first = reset(jax.random.split(key_reset, BATCH), params)
+    errors = []
+    for _ in range(env.max_turns):
+        key, key_act, key_step = jax.random.split(key, 3)
+        action = oracle(jax.random.split(key_act, BATCH), state, params)
+        state, ts = step(jax.random.split(key_step, BATCH), state, action, params)
+        errors.append(ts.info["format_error"])
+    return first, state, jnp.stack(errors)
+
+
+@pytest.mark.parametrize("make_env", [
+    lambda: guess_number.GuessNumber(CODEC, max_n=16),
+    lambda: calculator.Calculator(CODEC, max_digits=2),
+])
+def test_oracle_solves_env_on_bpe_ids(make_env):
+    env = make_env()
+    first, state, errors = _oracle_rollout(env, jax.random.key(3))
+    assert bool(jnp.all(state.success)) and not bool(jnp.any(errors))
+    prompt = CODEC.decode(first.observation.tokens[0])
+    if env.name == "guess_number":
+        assert prompt == "guess 0-15"
+        assert env.prompt_len == len(CODEC.encode("guess 0-")) + 2
+    else:
+        assert prompt.replace("-", "+").replace("*", "+").count("+") >= 1
+
+
+def test_calculator_parses_bpe_spelled_turns_inside_jit():
+    env = calculator.Calculator(CODEC, max_digits=2)
+    params = env.default_params()
+    state, _ = env.reset(jax.random.key(0), params)
+    state = state.replace(left=jnp.asarray(47), right=jnp.asarray(86), operator=jnp.asarray(2),
+                          answer=jnp.asarray(4042))
+    cases = [("<calc>47*86</calc><eot>", "4042", False),
+             ("<calc>-5-7</calc>", "-12", False),
+             ("<calc>4*</calc>", "bad expression", True),
+             ("<sum>4+5</sum>", "unknown tool", True),
+             ("4042", "invalid", True),
+             ("<answer>4041</answer>", "wrong", False),
+             ("<answer>4042</answer><eot>", "correct", False)]
+    rows = [CODEC.encode_padded(text, 24) for text, _, _ in cases]
+    actions = TokenChunk(jnp.asarray(np.stack([r[0] for r in rows])),
+                         jnp.asarray([r[1] for r in rows], jnp.int32))
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(cases),) + x.shape), state)
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    _, ts = step(jax.random.split(jax.random.key(1), len(cases)), states, actions, params)
+    for i, (text, reply, error) in enumerate(cases):
+        assert CODEC.decode(ts.observation.tokens[i]) == reply, text
+        assert bool(ts.info["format_error"][i]) == error, text
+    assert bool(ts.info["success"][-1])
