@@ -111,6 +111,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.loss.echo_coef = 0.0  # ECHO: cross-entropy on environment observation tokens
     c.loss.sft_coef = 0.0  # RL + alpha * SFT on demonstrations
     c.loss.sft_coef_final = -1.0  # < 0: constant sft_coef; else linear decay to this value
+    c.loss.sft_hold_steps = 0
     c.loss.sft_decay_steps = 100
     c.loss.sft_source = "demonstrator"
     # Path of a demonstration set written by `arl.datasets.build_demonstrations`; empty
@@ -201,6 +202,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _fail("loss.sft_dataset", sft_dataset,
               "no such directory; write one with arl.datasets.build_demonstrations")
 
+    _check_range(config, "loss.sft_hold_steps", 0, integer=True)
+    _check_range(config, "loss.sft_decay_steps", 1, integer=True)
     _check_range(config, "advantage.gamma", 0.0, 1.0)
     _check_range(config, "advantage.lam", 0.0, 1.0)
     _check_range(config, "advantage.turn_gamma", 0.0, 1.0)

@@ -83,11 +83,12 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 
 
 def sft_weight(config, step):
-    """alpha of RL + alpha*SFT: constant, or linear decay to `sft_coef_final`."""
+    """alpha of RL + alpha*SFT: constant, or held for `sft_hold_steps` and then decayed
+    linearly to `sft_coef_final` over `sft_decay_steps` (high early, lower later)."""
     c = config.loss
     if c.sft_coef_final < 0:
         return jnp.asarray(c.sft_coef, jnp.float32)
-    frac = jnp.clip(step / max(1, c.sft_decay_steps), 0.0, 1.0)
+    frac = jnp.clip((step - c.sft_hold_steps) / max(1, c.sft_decay_steps), 0.0, 1.0)
     return (c.sft_coef + frac * (c.sft_coef_final - c.sft_coef)).astype(jnp.float32)
 
 
@@ -253,8 +254,8 @@ class Trainer:
             ref_logp = jax.lax.stop_gradient(ref_logp)
         old_values = None
         if c.algorithm == "ppo":
-            _, _, old_values = self._forward(state.params, traj.tokens)
-            old_values = jax.lax.stop_gradient(old_values) * mask
+            # Recorded while sampling with the same parameters: no second forward pass.
+            old_values = _shift_right(traj.values[:, :-1]) * mask
 
         rewards = traj.rewards
         if self.uses_reference and c.loss.kl_in_reward:

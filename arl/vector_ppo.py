@@ -11,6 +11,7 @@ state, so consecutive steps continue the same episodes.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -201,3 +202,35 @@ class VectorPPO:
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (params, opt_state), jax.random.split(key, c.updates.epochs))
         return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+    def evaluate(self, params, key, *, num_envs: int = 32, max_steps: int = 500,
+                 greedy: bool = True) -> jax.Array:
+        """Mean undiscounted return of `num_envs` fresh episodes (at most `max_steps`)."""
+        return self._evaluate_fn(num_envs, max_steps, greedy)(params, key)
+
+    @functools.lru_cache(maxsize=None)
+    def _evaluate_fn(self, num_envs, max_steps, greedy):
+        env = self.env.env  # without auto-reset: finished episodes stay finished
+
+        @jax.jit
+        def evaluate(params, key):
+            reset_key, key = jax.random.split(key)
+            state, ts = jax.vmap(env.reset, in_axes=(0, None))(
+                jax.random.split(reset_key, num_envs), self.env_params)
+
+            def step(carry, key):
+                state, obs, total = carry
+                act_key, step_key = jax.random.split(key)
+                logits, _ = self._policy(params, obs)
+                action = (jnp.argmax(logits, -1) if greedy
+                          else jax.random.categorical(act_key, logits))
+                state, ts = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                    jax.random.split(step_key, num_envs), state, action, self.env_params)
+                return (state, ts.observation, total + ts.reward), None
+
+            (_, _, total), _ = jax.lax.scan(
+                step, (state, ts.observation, jnp.zeros((num_envs,), jnp.float32)),
+                jax.random.split(key, max_steps))
+            return jnp.mean(total)
+
+        return evaluate
