@@ -38,7 +38,14 @@ def registered_names() -> list[str]:
 
 
 def make(name: str, **kwargs) -> Environment:
-    """Build environment `name` (see `registered_names()`, or "gymnax:<gymnax id>")."""
+    """Build environment `name` (see `registered_names()`, or "gymnax:<gymnax id>").
+
+    A string `codec` kwarg is the path of a Hugging Face `tokenizer.json`, wrapped in
+    `arl.envs.hf_codec.HFCodec` (so a config can name a tokenizer as plain data).
+    """
+    if isinstance(kwargs.get("codec"), str):
+        from arl.envs.hf_codec import HFCodec
+        kwargs["codec"] = HFCodec(kwargs["codec"])
     if name.startswith("gymnax:"):
         from arl.envs.gymnax_adapter import GymnaxEnvironment
         return GymnaxEnvironment(name[len("gymnax:"):], **kwargs)
