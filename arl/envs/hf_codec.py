@@ -143,6 +143,21 @@ class HFCodec(Codec):
         return ids
 
 
+def env_corpus(num_expressions: int = 300, seed: int = 0) -> list[str]:
+    """Training text for a tokenizer of the built-in arithmetic / guessing environments:
+    their prompts, replies and tool-call turns (calculator and guess_number)."""
+    from arl.envs import calculator, guess_number
+
+    rng = np.random.default_rng(seed)
+    lines = [f"guess 0-{n - 1}" for n in (8, 16, 100, 1000)]
+    lines += list(guess_number.REPLIES) + list(calculator.REPLIES)
+    for _ in range(num_expressions):
+        a, b = rng.integers(-999, 1000, 2)
+        op = "+-*"[rng.integers(3)]
+        lines += [f"<calc>{a}{op}{b}</calc>", f"<answer>{a}</answer>", f"{a}{op}{b}"]
+    return lines
+
+
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
                         special_tokens: Sequence[str] = SPECIAL_TOKENS):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` that `HFCodec` accepts.

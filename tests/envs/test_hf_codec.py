@@ -134,3 +134,35 @@ def test_calculator_parses_bpe_spelled_turns_inside_jit():
         assert CODEC.decode(ts.observation.tokens[i]) == reply, text
         assert bool(ts.info["format_error"][i]) == error, text
     assert bool(ts.info["success"][-1])
+
+
+def test_llama_calculator_config_builds_an_hf_codec_env():
+    import importlib
+
+    from arl import config as config_lib
+    from arl.envs import make
+
+    config = importlib.import_module("configs.llama_calculator").get_config()
+    config_lib.validate(config, num_devices=1)
+    assert set(config.keys()) == set(config_lib.default_config().keys())
+    env = make(config.env.name, **dict(config.env.kwargs))
+    assert isinstance(env.codec, HFCodec) and env.codec.vocab_size == 320
+    first, state, errors = _oracle_rollout(env, jax.random.key(5))
+    assert bool(jnp.all(state.success)) and not bool(jnp.any(errors))
+
+
+@pytest.mark.slow
+def test_llama_calculator_trains_end_to_end(tmp_path):
+    """Two compiled GRPO + SFT steps of the shipped config on CPU: finite metrics."""
+    import importlib
+
+    from arl import experiment
+
+    config = importlib.import_module("configs.llama_calculator").get_config()
+    config.train_steps, config.log_every, config.sample_every = 2, 1, 2
+    config.checkpoint_every = 2
+    config.rollout.num_tasks, config.rollout.group_size = 4, 4
+    records = experiment.run(config, str(tmp_path))
+    assert [r["step"] for r in records][-1] == 2
+    assert all(np.isfinite(v) for r in records for v in r.values()
+               if isinstance(v, float))

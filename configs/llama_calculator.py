@@ -1,0 +1,65 @@
+r"""RL + alpha*SFT with GRPO on `calculator`, spoken in a freshly trained BPE tokenizer.
+
+The whole real-model path on CPU: a small Llama-architecture decoder (RoPE, RMSNorm,
+SwiGLU, grouped-query attention with 2 KV heads for 4 query heads) whose vocabulary is a
+byte-level BPE trained with `tokenizers` on the environment's own strings
+(`arl.envs.hf_codec.env_corpus`); the env gets it as `env.kwargs.codec`, the path of
+the `tokenizer.json`, which `arl.envs.make` wraps in an `HFCodec`. Prompts and replies
+are subword ids; the agent's turns are parsed from ids inside the compiled step.
+
+    python -m experiments.train --config=configs/llama_calculator.py --workdir=/tmp/llama_calc
+
+To start from a pretrained checkpoint instead, load it with
+`arl.models.hf_import.load_hf_checkpoint` and point `env.kwargs.codec` at the
+checkpoint's own `tokenizer.json` (its digits must be single tokens, as in Llama 2 and
+Qwen2; see `HFCodec`).
+"""
+
+import os
+import tempfile
+
+from arl import config as config_lib
+
+VOCAB_SIZE = 320
+
+
+def tokenizer_path(vocab_size: int = VOCAB_SIZE) -> str:
+    """Trains (once; the result is deterministic) and caches the BPE tokenizer.json."""
+    from arl.envs.hf_codec import env_corpus, train_bpe_tokenizer
+
+    directory = os.path.join(tempfile.gettempdir(), "arl_tokenizers")
+    path = os.path.join(directory, f"calculator_bpe_{vocab_size}.json")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        partial = f"{path}.{os.getpid()}.tmp"
+        train_bpe_tokenizer(env_corpus(), vocab_size=vocab_size).save(partial)
+        os.replace(partial, path)  # atomic: concurrent runs never read half a file
+    return path
+
+
+def get_config():
+    c = config_lib.default_config()
+    c.algorithm = "grpo"
+    c.env.name = "calculator"
+    c.env.kwargs.max_digits = 1
+    c.env.kwargs.max_turns = 3
+    c.env.kwargs.codec = tokenizer_path()
+    c.train_steps = 200
+    c.log_every = 5
+    c.sample_every = 25
+    c.checkpoint_every = 50
+    c.rollout.num_tasks = 16
+    c.rollout.group_size = 8
+    c.model.d_model = 64
+    c.model.num_layers = 2
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.mlp_dim = 192
+    c.model.rope_theta = 10000.0
+    c.optim.learning_rate = 1e-3
+    c.optim.warmup_steps = 5
+    c.loss.sft_coef = 0.5
+    c.loss.sft_coef_final = 0.05
+    c.loss.sft_decay_steps = 150
+    c.loss.sft_source = "demonstrator"
+    return c
