@@ -134,3 +134,58 @@ def test_sigkill_resume_token_env_is_bitwise_exact(tmp_path):
     assert "eval/success_rate" in records[2] and "eval/success_rate" in records[5]
     sample = (tmp_path / "resumed" / "samples" / "step_000006.txt").read_text()
     assert sample.count("[agent]") == 2 and "arms:" in sample
+
+
+def _tiny_vector_config():
+    from configs import ppo_cartpole
+
+    c = ppo_cartpole.get_config()
+    c.train_steps, c.log_every, c.checkpoint_every = 3, 1, 2
+    c.vector.num_envs, c.vector.num_steps, c.vector.hidden_sizes = 2, 8, (8, 8)
+    c.updates.epochs, c.updates.minibatches = 1, 2
+    c.optim.schedule = "constant"  # so that extending train_steps changes nothing else
+    return c
+
+
+@pytest.fixture
+def compilation_cache(tmp_path):
+    """A persistent compilation cache for this test only: the second `run` builds a new
+    VectorPPO whose (identical) program is then read back instead of compiled."""
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    saved = {name: getattr(jax.config, name) for name in names}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    yield
+    for name, value in saved.items():
+        jax.config.update(name, value)
+
+
+def test_run_in_process_writes_outputs_and_extends(tmp_path, compilation_cache):
+    from arl import checkpoint, experiment
+
+    del compilation_cache
+    config = _tiny_vector_config()
+    records = experiment.run(config, str(tmp_path))
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(np.isfinite(r["episode_return"]) for r in records)
+    for name in ("metrics.jsonl", "curves.png", "tensorboard"):
+        assert (tmp_path / name).exists(), name
+    with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
+        assert ckpt.all_steps() == [2, 3]  # every checkpoint_every steps and at the end
+
+    config.train_steps = 5  # a longer run in the same workdir continues from step 3
+    records = experiment.run(config, str(tmp_path))
+    assert [r["step"] for r in records] == [4, 5]
+    assert [r["step"] for r in writers.read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+    assert experiment.run(config, str(tmp_path)) == []  # already done: nothing to do
+
+
+def test_run_rejects_an_unwritable_workdir_before_compiling(tmp_path):
+    from arl import config as config_lib, experiment
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(config_lib.ConfigError, match="workdir"):
+        experiment.run(_tiny_vector_config(), str(blocker / "run"))
