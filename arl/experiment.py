@@ -61,13 +61,6 @@ def abstract_state(trainer) -> Any:
     return checkpoint_lib.abstract_state(jax.eval_shape(trainer.init_state))
 
 
-def config_from_metadata(metadata: dict[str, Any]) -> ml_collections.ConfigDict:
-    """The config a checkpoint was written with (stored as JSON in its metadata)."""
-    if "config" not in metadata:
-        raise ValueError(f"checkpoint metadata has no 'config' (keys: {sorted(metadata)}).")
-    return ml_collections.ConfigDict(metadata["config"])
-
-
 def _config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 
