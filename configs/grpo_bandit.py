@@ -2,8 +2,8 @@ r"""GRPO from scratch on the RAGEN two-armed bandit (single turn, symbolic arm n
 
 The smallest token experiment: one turn, an arm name as the action. A random policy
 almost never writes a valid arm name, so the curve shows format learning first, then the
-choice of the higher-expected-payoff arm ("phoenix": 0.15 for sure vs "dragon": 1.0 with
-probability 0.1, so success = choosing phoenix).
+choice of the higher-expected-payoff arm ("phoenix" pays 0.15 for sure, "dragon" pays
+1.0 with probability 0.25: success = choosing dragon, whose expected payoff is 0.25).
 
     python -m experiments.train --config=configs/grpo_bandit.py --workdir=/tmp/bandit
 
