@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The benchmark suite at accelerator sizes, for a machine with a GPU (or TPU) that already
+# has JAX with its accelerator plugin installed; installs nothing. Run from the repository
+# root:
+#
+#     bash benchmarks/accelerator.sh            # accelerator sizes, about 7 minutes
+#     bash benchmarks/accelerator.sh --tiny     # tiny sizes (CPU check of this script)
+#
+# Results (RESULTS.md, PNGs, accelerator.log) go to $OUT when set, else benchmarks/.
+# Every benchmark runs under its own `timeout`, so the whole suite stays within 8 minutes
+# even when one of them hangs; a failure is logged and the suite goes on.
+set -u
+
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ -z "${OUT:-}" ]; then
+  export OUT="$PWD/benchmarks"
+fi
+mkdir -p "$OUT"
+LOG="$OUT/accelerator.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Do not grab 75% of the accelerator's memory up front: the scripts report XLA's planned
+# memory per program, and several programs live in one process.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+TINY=0
+if [ "${1:-}" = "--tiny" ]; then
+  TINY=1
+fi
+
+SUITE_START=$(date +%s)
+FAILED=()
+
+run() {  # run NAME SECONDS COMMAND...
+  local name="$1" seconds="$2"
+  shift 2
+  local start
+  start=$(date +%s)
+  echo "== $name (limit ${seconds}s): $*" | tee -a "$LOG"
+  timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $(( $(date +%s) - start ))s" | tee -a "$LOG"
+  if [ "$rc" -ne 0 ]; then
+    FAILED+=("$name (exit $rc)")
+  fi
+}
+
+{
+  echo "# accelerator suite $(date -u '+%Y-%m-%d %H:%M UTC'), tiny=$TINY"
+  "$PYTHON" -c 'import jax; print("jax", jax.__version__, jax.devices())'
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
+} 2>&1 | tee -a "$LOG"
+
+if [ "$TINY" = 1 ]; then
+  run ppo_cartpole 900 "$PYTHON" benchmarks/ppo_cartpole.py --sizes 4:16 --repeats 1 \
+    --curve-updates 2 --seeds 1
+  run agentic_step 900 "$PYTHON" benchmarks/agentic_step.py --algorithms grpo \
+    --num-tasks 2 --group-size 2 --d-model 32 --layers 1 --repeats 1 --peak-size 256
+  run scaling 900 "$PYTHON" benchmarks/scaling.py --base 2,2,2,0 --batches 4 --extras 0 \
+    --turns 2 --groups 2 --d-model 32 --layers 1 --repeats 1
+  run sharding_overhead 900 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
+    --devices 2 --num-tasks 2 --group-size 2 --d-model 32 --layers 1 --repeats 1
+else
+  # PureJaxRL's 4 / 64 envs with 128 steps and 2048 envs with 128 steps; the 4-env
+  # learning curve for 400 updates (204,800 env steps) x 3 seeds.
+  run ppo_cartpole 150 "$PYTHON" benchmarks/ppo_cartpole.py \
+    --sizes 4:128,64:128,2048:128 --repeats 5 --curve-updates 400 --seeds 3
+  # A transformer big enough to occupy the chip: d_model 512, 4 layers, 512 rows.
+  run agentic_step 100 "$PYTHON" benchmarks/agentic_step.py --num-tasks 64 --group-size 8 \
+    --d-model 512 --layers 4 --repeats 5 --peak-size 8192
+  run scaling 150 "$PYTHON" benchmarks/scaling.py --base 32,8,4,0 \
+    --batches 64,256,1024,4096 --extras 0,32,128 --turns 2,4,8,16 --groups 2,8,32 \
+    --d-model 256 --layers 2 --repeats 5
+  # One accelerator: the 1 vs 8 device comparison runs on fake CPU devices of the host.
+  run sharding_overhead 60 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
+    --devices 8 --num-tasks 8 --group-size 4 --repeats 3
+fi
+
+echo "== suite finished in $(( $(date +%s) - SUITE_START ))s; results in $OUT" | tee -a "$LOG"
+if [ "${#FAILED[@]}" -ne 0 ]; then
+  echo "== failed: ${FAILED[*]}" | tee -a "$LOG"
+  exit 1
+fi

@@ -1,0 +1,166 @@
+"""Shared helpers of the benchmark scripts: timing, machine description, tables, RESULTS.md.
+
+`interleaved_median_times` is the timing discipline of `benchmarks/kernels.py` (candidates
+run round-robin, each timed call preceded by an untimed one), so that ratios measured in
+one run on a shared machine stay meaningful; `append_section` follows
+`benchmarks/envs.py`: re-read RESULTS.md right before appending, create the section
+heading once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from importlib import metadata
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def results_path() -> str:
+    """RESULTS.md under $OUT when set (accelerator runs), else benchmarks/RESULTS.md."""
+    out = os.environ.get("OUT")
+    return os.path.join(out, "RESULTS.md") if out else os.path.join(BENCH_DIR, "RESULTS.md")
+
+
+def output_dir() -> str:
+    """Where figures go: $OUT when set, else benchmarks/."""
+    return os.environ.get("OUT") or BENCH_DIR
+
+
+def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: int
+                             ) -> dict[str, float]:
+    """Median wall seconds of each blocking `fn()` over `repeats` round-robin rounds.
+
+    Round-robin spreads the load of other processes over every candidate alike; each timed
+    call follows an untimed call of the same candidate (warm caches and thread pool).
+    """
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            fn()
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    """(result of the blocking call, wall seconds)."""
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    return result, time.perf_counter() - start
+
+
+def compile_jitted(jitted, *args):
+    """(compiled executable, lower + compile seconds) of a `jax.jit` function."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def temp_bytes(compiled) -> int | None:
+    """Peak scratch memory XLA planned for the program (`memory_analysis` temp bytes)."""
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - some backends do not report it
+        return None
+
+
+def matmul_peak_flops(size: int, repeats: int = 5, dtype=jnp.float32) -> float:
+    """Measured matmul throughput (FLOP/s) of a square `size` jnp.dot on the default device:
+    the peak against which model FLOPs utilisation is reported."""
+    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+    b = jax.random.normal(jax.random.key(1), (size, size), dtype)
+    dot = jax.jit(jnp.dot)
+    jax.block_until_ready(dot(a, b))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(dot(a, b))
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best
+
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_line() -> str:
+    device = jax.devices()[0]
+    versions = []
+    for package in ("flax", "optax", "rlax", "gymnax"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores "
+            f"({cpu_name()}), load average {load_average():.1f}; JAX {jax.__version__} on "
+            f"{jax.device_count()} x {device.platform} ({device.device_kind}); "
+            f"{', '.join(versions)}; Python {platform.python_version()}")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]],
+                   align_right: bool = True) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if align_right and i else "---"
+                            for i in range(len(header))) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def append_section(section: str, text: str, path: str | None = None) -> str:
+    """Appends `text` at the end of RESULTS.md under a `## {section}` heading (repeated only
+    when another section was appended since).
+
+    Re-reads the file right before writing: other benchmarks may have appended meanwhile.
+    Returns the path written.
+    """
+    path = path or results_path()
+    existing = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            existing = f.read()
+    parts = []
+    if not existing:
+        parts.append("# Benchmark results\n")
+    headings = [line for line in existing.splitlines() if line.startswith("## ")]
+    if not headings or headings[-1].strip() != f"## {section}":
+        parts.append(f"\n## {section}\n")
+    parts.append(f"\n{text.rstrip()}\n")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(parts))
+    return path
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f}"
+
+
+def fmt_mib(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 2**20:.1f}"

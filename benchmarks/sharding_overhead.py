@@ -1,0 +1,106 @@
+"""Sharding overhead: the same GRPO train step on a (1, 1, 1) mesh vs an (8, 1, 1) mesh.
+
+The 8 devices are fake CPU devices (`--xla_force_host_platform_device_count=8`, set here
+before JAX is imported) sharing the same cores, so this measures what sharding costs
+(partitioned program, collectives, per-device launch overhead), not a speedup: the ratio
+t(8 devices) / t(1 device) is the overhead factor. The batch is split over the "data"
+axis; parameters are replicated (tensor = fsdp = 1). On a real multi-chip machine the
+same script with `--devices N` compares 1 vs N chips.
+
+    python benchmarks/sharding_overhead.py [--devices 8] [--num-tasks 8] [--group-size 4]
+                                           [--no-write]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _force_host_devices(argv) -> None:
+    count = 8
+    for i, arg in enumerate(argv):
+        if arg == "--devices" and i + 1 < len(argv):
+            count = int(argv[i + 1])
+        elif arg.startswith("--devices="):
+            count = int(arg.split("=", 1)[1])
+    flag = f"--xla_force_host_platform_device_count={count}"
+    if "jax" in sys.modules:
+        return  # too late to change the device count; use whatever exists
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
+if __name__ == "__main__":
+    _force_host_devices(sys.argv[1:])
+
+import argparse  # noqa: E402
+
+import jax  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import agentic_step  # noqa: E402
+import common  # noqa: E402  pylint: disable=wrong-import-position
+
+from arl import sharding as sharding_lib  # noqa: E402
+from arl.train import Trainer  # noqa: E402
+
+
+def sharded_trainer(devices: int, num_tasks, group_size, d_model, layers):
+    config = agentic_step.make_config("grpo", num_tasks, group_size, d_model, layers)
+    config.mesh = (devices, 1, 1)
+    trainer = Trainer(config, mesh=sharding_lib.make_mesh((devices, 1, 1)))
+    state = trainer.init_state()
+    compiled, compile_s = common.compile_jitted(trainer.train_step, state)
+    return trainer, state, compiled, compile_s
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--num-tasks", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    if jax.device_count() < args.devices:
+        raise SystemExit(f"--devices={args.devices} but only {jax.device_count()} devices "
+                         "exist (set XLA_FLAGS before JAX is imported)")
+
+    runs, compile_s = {}, {}
+    for n in (1, args.devices):
+        _, state, compiled, compile_s[n] = sharded_trainer(
+            n, args.num_tasks, args.group_size, args.d_model, args.layers)
+        box = {"state": state}
+
+        def run(box=box, compiled=compiled):
+            box["state"], _ = compiled(box["state"])
+            jax.block_until_ready(box["state"])
+
+        run()
+        runs[n] = run
+    t = common.interleaved_median_times({n: fn for n, fn in runs.items()}, args.repeats)
+    ratio = t[args.devices] / t[1]
+    device = jax.devices()[0]
+    table = common.markdown_table(
+        ["mesh (data, fsdp, tensor)", "devices", "step (ms)", "lower+compile (s)"],
+        [(f"({n}, 1, 1)", n, common.fmt_ms(t[n]), f"{compile_s[n]:.1f}") for n in t])
+    text = (f"### `benchmarks/sharding_overhead.py` — {common.utc_now()}\n\n"
+            f"Machine: {common.machine_line()}.\n\n"
+            f"GRPO on guess_number, {args.num_tasks} tasks x group {args.group_size} (batch "
+            f"{args.num_tasks * args.group_size} split over \"data\"), transformer d_model "
+            f"{args.d_model}, {args.layers} layers; median of {args.repeats} interleaved "
+            f"rounds. {jax.device_count()} {device.platform} devices"
+            f"{' (fake host devices sharing the same cores)' if device.platform == 'cpu' else ''}"
+            f".\n\n{table}\n\nOverhead ratio t({args.devices}) / t(1) = **{ratio:.2f}**.\n")
+    print(text)
+    if not args.no_write:
+        common.append_section("Sharding overhead", text)
+    return t, ratio
+
+
+if __name__ == "__main__":
+    main()
