@@ -61,6 +61,9 @@ class Trajectory:
     terminated: jax.Array  # bool [B]
     episode_return: jax.Array  # float32 [B]: sum of turn rewards
     format_errors: jax.Array  # int32 [B]: malformed turns in the episode
+    # float32 [B, S]: the value head's output at each position (value of the state after
+    # token t), recorded while sampling; None when the policy has no value head.
+    values: jax.Array | None = None
 
 
 def context_length(env) -> int:
@@ -164,6 +167,8 @@ def rollout(
     zeros = jnp.zeros((batch, width), jnp.float32)
 
     use_model = action_source == "model"
+    record_values = use_model and model.config.value_head
+    values = None
     if use_model:
         cache = transformer_lib.init_cache(model.config, batch, width)
         first = jnp.concatenate(
@@ -171,6 +176,8 @@ def rollout(
         out = model.apply({"params": params}, first, cache=cache, num_valid=offset)
         cache = out.cache
         last_logits = sampling_lib.take_last_valid(out.logits, offset)
+        if record_values:
+            values = _write_rows(zeros, out.values, jnp.zeros((batch,), jnp.int32), offset)
     else:
         cache, last_logits = None, None
 
@@ -192,6 +199,7 @@ def rollout(
         env_ids=_env_ids(timestep, batch),
         cache=cache,
         last_logits=last_logits,
+        values=values,
     )
 
     def turn(carry, xs):
@@ -226,6 +234,9 @@ def rollout(
         tokens = _write_rows(carry["tokens"], action.tokens, offset, n_act)
         agent_mask = _write_rows(carry["agent_mask"], ones, offset, n_act)
         logp = _write_rows(carry["logp"], action_logp, offset, n_act)
+        values = carry["values"]
+        if record_values:
+            values = _write_rows(values, gen.values, offset, n_act)
         reward = jnp.where(active, ts.reward, 0.0).astype(jnp.float32)
         has_turn = active & (n_act > 0)
         last = jnp.where(has_turn, offset + n_act - 1, width)[:, None]
@@ -241,6 +252,8 @@ def rollout(
         if use_model:
             out = model.apply({"params": params}, reply.tokens, cache=cache, num_valid=n_obs)
             cache = out.cache
+            if record_values:
+                values = _write_rows(values, out.values, offset, n_obs)
             last_logits = jnp.where(
                 (n_obs > 0)[:, None], sampling_lib.take_last_valid(out.logits, n_obs),
                 last_logits)
@@ -266,6 +279,7 @@ def rollout(
             env_ids=carry["env_ids"],
             cache=cache,
             last_logits=last_logits,
+            values=values,
         )
         return new_carry, None
 
@@ -286,6 +300,7 @@ def rollout(
         terminated=carry["terminated"],
         episode_return=carry["episode_return"],
         format_errors=carry["format_errors"],
+        values=carry["values"],
     )
 
 
