@@ -1,11 +1,23 @@
-r"""GRPO from scratch on the RAGEN two-armed bandit (single turn, symbolic arm names).
+r"""GRPO (RL + alpha*SFT) on the RAGEN two-armed bandit: the default experiment.
 
-The smallest token experiment: one turn, an arm name as the action. A random policy
-almost never writes a valid arm name, so the curve shows format learning first, then the
-choice of the higher-expected-payoff arm ("phoenix" pays 0.15 for sure, "dragon" pays
-1.0 with probability 0.25: success = choosing dragon, whose expected payoff is 0.25).
+One turn, an arm name as the action. The prompt lists two arms in random order: the
+low-risk "phoenix" pays 0.15 for sure; the high-risk "dragon" pays 1.0 with probability
+`high_prob` (0.5 here, expected payoff 0.5). Success = pulling the arm with the higher
+expected payoff.
 
-    python -m experiments.train --config=configs/grpo_bandit.py --workdir=/tmp/bandit
+A randomly initialised transformer never writes "dragon<eot>" by sampling, so the policy
+is warm-started with an SFT term on the environment's demonstrator, which pulls the
+worse arm half the time (success ~0.47). alpha starts at 1 and decays to 0.05 over 30
+steps; after that the curve is RL's: the trained policy pulls dragon ~95% of the time
+(greedy: 100%), i.e. it improves on its teacher. Measured on the 2-core CPU: ~100 steps,
+a few minutes.
+
+    python -m experiments.train --config=configs/grpo_bandit.py --workdir=runs/bandit
+
+Why high_prob 0.5 rather than RAGEN's 0.25: at 0.25 the gap in expected payoff (0.25 vs
+0.15) is small next to the dragon's payoff noise, and at this batch size GRPO drifts into
+the low-risk arm (RAGEN's "echo trap"); raise `rollout.group_size` and lower the learning
+rate before trying it (`--config.env.params.high_prob=0.25`).
 
 Scale up: more tasks per step (`rollout.num_tasks`) and a larger group
 (`rollout.group_size`) lower the variance of the group baseline; `env.kwargs.num_pulls`
@@ -19,10 +31,11 @@ def get_config():
     c = config_lib.default_config()
     c.algorithm = "grpo"
     c.env.name = "bandit"
-    c.train_steps = 60
+    c.env.params.high_prob = 0.5
+    c.train_steps = 100
     c.log_every = 5
-    c.sample_every = 20
-    c.checkpoint_every = 20
+    c.sample_every = 25
+    c.checkpoint_every = 25
     c.rollout.num_tasks = 16
     c.rollout.group_size = 8
     c.model.d_model = 64
@@ -30,6 +43,9 @@ def get_config():
     c.model.num_heads = 4
     c.model.num_kv_heads = 4
     c.model.mlp_dim = 256
-    c.optim.learning_rate = 1e-3
-    c.loss.entropy_coef = 0.0
+    c.optim.learning_rate = 2e-3
+    c.loss.sft_coef = 1.0
+    c.loss.sft_coef_final = 0.05
+    c.loss.sft_decay_steps = 30
+    c.loss.sft_source = "demonstrator"
     return c
