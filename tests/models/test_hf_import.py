@@ -14,6 +14,7 @@ from safetensors import safe_open
 from arl.models import Transformer
 from arl.models.hf_import import (config_from_hf, config_to_hf, hf_state_dict,
                                   load_hf_checkpoint, save_hf_checkpoint)
+from tests.models.helpers import jitted_forward
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -54,7 +55,7 @@ def _hf_logits(model, tokens):
 
 
 def _arl_logits(config, params, tokens):
-    return np.asarray(Transformer(config).apply({"params": params}, tokens).logits)
+    return np.asarray(jitted_forward(config)(params, tokens).logits)
 
 
 def _tensors(directory):

@@ -8,7 +8,7 @@ import pytest
 from arl.algorithms import entropy, token_logprobs
 from arl.models import Transformer, TransformerConfig, unembedding_matrix
 from arl.models.logprobs import chunked_token_logprobs, model_token_logprobs
-from tests.models.helpers import make
+from tests.models.helpers import jitted_forward, make
 
 
 def _naive(hidden, unembed, targets):
@@ -97,7 +97,7 @@ def test_model_token_logprobs_equals_full_logits_path():
     tokens = jax.random.randint(jax.random.key(8), (2, 10), 0, 64)
     logp, ent = jax.jit(lambda p, t: model_token_logprobs(model, p, t, 4, temperature=0.7))(
         params, tokens)
-    logits = model.apply({"params": params}, tokens).logits[:, :-1] / 0.7
+    logits = jitted_forward(config)(params, tokens).logits[:, :-1] / 0.7
     np.testing.assert_allclose(logp[:, 1:], token_logprobs(logits, tokens[:, 1:]), atol=1e-5)
     np.testing.assert_allclose(ent[:, 1:], entropy(logits), atol=1e-4)
     np.testing.assert_array_equal(logp[:, 0], 0.0)

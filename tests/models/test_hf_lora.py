@@ -13,7 +13,7 @@ from arl.models import Transformer, TransformerConfig
 from arl.models.lora import LoraConfig, init_lora, merge_lora, num_lora_params
 from tests.models.helpers import make
 
-CONFIG = TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4,
+CONFIG = TransformerConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=4,
                            num_kv_heads=2, mlp_dim=64, max_len=32)
 LORA_ALL = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
                                                    "gate_proj", "up_proj", "down_proj"))
@@ -28,7 +28,7 @@ def test_zero_init_is_the_base_and_merge_formula():
     # Counts: r * (d_in + d_out) per layer per target.
     d, h, kv, dh, f = 32, 4, 2, 8, 64
     per_layer = 4 * ((d + h * dh) + 2 * (d + kv * dh) + (h * dh + d) + 2 * (d + f) + (f + d))
-    assert num_lora_params(adapters) == 2 * per_layer
+    assert num_lora_params(adapters) == per_layer
 
     rng = np.random.default_rng(0)
     adapters = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32),
@@ -49,7 +49,7 @@ def test_training_adapters_moves_policy_not_reference():
     model, _, base = make(CONFIG)
     lora = LoraConfig(rank=2, alpha=4.0)  # q_proj, v_proj
     adapters = init_lora(jax.random.key(1), base, lora)
-    optimizer = optax.adam(3e-2)
+    optimizer = optax.adam(5e-2)
 
     def nll(adapters):
         logits = model.apply({"params": merge_lora(base, adapters, lora)}, TOKENS).logits
@@ -63,10 +63,10 @@ def test_training_adapters_moves_policy_not_reference():
             updates, opt_state = optimizer.update(grads, opt_state, adapters)
             return (optax.apply_updates(adapters, updates), opt_state), loss
         (adapters, _), losses = jax.lax.scan(body, (adapters, optimizer.init(adapters)),
-                                             None, length=30)
+                                             None, length=20)
         return adapters, losses
 
-    grads = jax.grad(nll)(adapters)
+    grads = jax.jit(jax.grad(nll))(adapters)
     # At init B = 0, so dL/dA = 0 and all signal goes to B (LoRA paper, section 4.1).
     np.testing.assert_array_equal(grads["q_proj"]["a"], 0.0)
     assert float(jnp.abs(grads["q_proj"]["b"]).max()) > 0
@@ -77,8 +77,9 @@ def test_training_adapters_moves_policy_not_reference():
     assert float(losses[-1]) < float(losses[0]) - 0.2
     jax.tree.map(np.testing.assert_array_equal, base, base_before)
     # The reference policy is the base: unchanged logits; the policy moved away from it.
-    ref_logits = model.apply({"params": base}, TOKENS).logits
-    policy_logits = model.apply({"params": merge_lora(base, trained, lora)}, TOKENS).logits
+    forward = jax.jit(lambda p: model.apply({"params": p}, TOKENS).logits)
+    ref_logits = forward(base)
+    policy_logits = forward(merge_lora(base, trained, lora))
     assert float(jnp.abs(policy_logits - ref_logits).max()) > 0.1
 
 
@@ -92,8 +93,8 @@ def test_bfloat16_base_float32_adapters():
     assert adapters["v_proj"]["a"].dtype == jnp.float32
     merged = merge_lora(base, adapters, lora)
     assert merged["layers"]["self_attn"]["q_proj"]["kernel"].dtype == jnp.bfloat16
-    grads = jax.grad(lambda ad: jnp.sum(model.apply(
-        {"params": merge_lora(base, ad, lora)}, TOKENS).logits))(adapters)
+    grads = jax.jit(jax.grad(lambda ad: jnp.sum(model.apply(
+        {"params": merge_lora(base, ad, lora)}, TOKENS).logits)))(adapters)
     assert grads["v_proj"]["b"].dtype == jnp.float32
     assert bool(jnp.all(jnp.isfinite(grads["v_proj"]["b"])))
 
