@@ -73,6 +73,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.mlp_dim = 256
     c.model.rope_theta = 10000.0
     c.model.tie_embeddings = False
+    # Activation dtype, "float32" or "bfloat16" (parameters, attention softmax, log-probs
+    # and losses stay float32).
+    c.model.dtype = "float32"
+    # > 0: training log-probs/entropies come from the final hidden states in chunks of
+    # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
+    c.model.logprob_chunk = 0
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3
@@ -255,6 +261,9 @@ def _validate_token_rollout(config, mesh) -> None:
     if m.num_heads % m.num_kv_heads:
         _fail("model.num_kv_heads", m.num_kv_heads,
               f"must divide model.num_heads={m.num_heads}")
+    if m.dtype not in ("float32", "bfloat16"):
+        _fail("model.dtype", m.dtype, "allowed values are ('float32', 'bfloat16')")
+    _check_range(config, "model.logprob_chunk", 0, integer=True)
     _validate_token_env(config)
 
 

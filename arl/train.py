@@ -122,6 +122,7 @@ class Trainer:
             rope_theta=m.rope_theta,
             tie_embeddings=m.tie_embeddings,
             value_head=config.algorithm == "ppo",
+            dtype=jnp.dtype(m.dtype),
         ))
         self.optimizer = make_optimizer(config)
         self.sampling = rollout_lib.SamplingConfig(
@@ -228,12 +229,28 @@ class Trainer:
 
     def _forward(self, params, tokens):
         """Per-token log-probs, entropies and values aligned to token index."""
+        if self.config.model.logprob_chunk:
+            return self._chunked_forward(params, tokens)
         out = self.model.apply({"params": params}, tokens)
         logits = out.logits[:, :-1] / jnp.maximum(self.config.rollout.temperature, 1e-6)
         logp = _shift_right(alg.token_logprobs(logits, tokens[:, 1:]))
         ent = _shift_right(alg.entropy(logits))
         values = None if out.values is None else _shift_right(out.values[:, :-1])
         return logp, ent, values
+
+    def _chunked_forward(self, params, tokens):
+        """`_forward` without [B, T, V] logits: log-probs and entropies from the hidden
+        states, `model.logprob_chunk` positions at a time (arl.models.logprobs)."""
+        from arl.models.logprobs import chunked_token_logprobs
+        out = self.model.apply({"params": params}, tokens, return_hidden=True,
+                               compute_logits=False)
+        # (h W) / tau == h (W / tau): scale the [D, V] matrix, not the logits.
+        unembed = transformer_lib.unembedding_matrix(params, self.model.config).astype(
+            jnp.float32) / jnp.maximum(self.config.rollout.temperature, 1e-6)
+        logp, ent = chunked_token_logprobs(out.hidden[:, :-1], unembed, tokens[:, 1:],
+                                           self.config.model.logprob_chunk)
+        values = None if out.values is None else _shift_right(out.values[:, :-1])
+        return _shift_right(logp), _shift_right(ent), values
 
     def _train_step(self, state: TrainState):
         c = self.config
