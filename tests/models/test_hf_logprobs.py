@@ -1,5 +1,6 @@
 """Chunked log-probs / entropy equal the naive full-logits computation, gradients included."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,3 +118,42 @@ def test_bad_arguments_are_named(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         chunked_token_logprobs(**args)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_trainer_forward_with_logprob_chunk_equals_full_logits(algorithm):
+    """config.model.logprob_chunk > 0 switches the train step's log-prob/entropy/value
+    forward to the chunked path; same numbers as the full-logits path."""
+    from arl import config as config_lib
+    from arl.train import Trainer
+
+    def trainer(chunk):
+        c = config_lib.default_config()
+        c.algorithm, c.env.name, c.env.kwargs = algorithm, "guess_number", {"max_n": 8}
+        c.rollout.num_tasks, c.rollout.group_size, c.rollout.temperature = 2, 2, 0.8
+        c.model.d_model, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim = 32, 4, 2, 64
+        c.model.num_layers, c.model.logprob_chunk = 1, chunk
+        return Trainer(c)
+
+    full, chunked = trainer(0), trainer(5)
+    tokens = jax.random.randint(jax.random.key(3), (2, 17), 0, full.model.config.vocab_size)
+    params = jax.jit(full.model.init)(jax.random.key(0), tokens)["params"]
+    params = nn.unbox(params)
+    got = jax.jit(chunked._forward)(params, tokens)
+    want = jax.jit(full._forward)(params, tokens)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], atol=1e-4)
+    if algorithm == "ppo":
+        np.testing.assert_allclose(got[2], want[2], atol=1e-6)
+    else:
+        assert got[2] is None and want[2] is None
+
+
+@pytest.mark.parametrize("field, value", [("dtype", "float16"), ("logprob_chunk", -1)])
+def test_config_rejects_bad_model_dtype_and_chunk(field, value):
+    from arl import config as config_lib
+
+    c = config_lib.default_config()
+    c.model[field] = value
+    with pytest.raises(config_lib.ConfigError, match=f"model.{field}"):
+        config_lib.validate(c, num_devices=1)
