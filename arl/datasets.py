@@ -12,7 +12,7 @@ prepares and reads those without TensorFlow) and read back through
   tasks, so checkpoints and methods are compared on the same questions.
 * `build_demonstrations(data_dir, env_config, num_episodes=..., action_source=...)`: one
   record per episode played by the environment's scripted policy (`"oracle"`: the
-  optimum; `"demonstrator"`: the weaker teacher) via `arl.rollout.scripted_rollout` —
+  optimum; `"demonstrator"`: the weaker teacher), played by `arl.rollout.rollout` —
   tokens, agent mask, length, success, return, env id.
 * `load_demonstrations(path)` puts a demonstration set on the device once;
   `sample_demonstrations(demos, key, batch_size)` is jittable and draws a minibatch by
@@ -53,7 +53,19 @@ def _env_config_dict(env_config) -> dict[str, Any]:
     members = [{"name": m["name"], "kwargs": dict(m.get("kwargs", {}))}
                for m in env_config.get("members", ()) or ()]
     return {"name": env_config["name"], "kwargs": dict(env_config.get("kwargs", {}) or {}),
-            "members": members}
+            "members": members, "params": dict(env_config.get("params", {}) or {})}
+
+
+def _row_params(env, env_config_dict, num_rows):
+    """Default per-row params with `config.env.params` overrides (as `Trainer.row_params`)."""
+    from arl import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
+
+    params = rollout_lib.default_row_params(env, num_rows, 1)
+    overrides = env_config_dict.get("params", {})
+    if overrides:
+        params = params.replace(**{k: jnp.full_like(getattr(params, k), v)
+                                   for k, v in overrides.items()})
+    return params
 
 
 def _make_env(env_config_dict: Mapping[str, Any]):
@@ -174,14 +186,22 @@ class TaskSet:
     reset_keys: jax.Array
     env_ids: jax.Array
     prompts: jax.Array  # int32 [N, prompt_len], for inspection
+    # config.env.params the set was built with, as sorted (field, value) pairs.
+    param_overrides: tuple = struct.field(pytree_node=False, default=())
 
     def env_params(self, env):
-        """Per-row params running each task in its environment (mixture member)."""
+        """Per-row params running each task in its environment (mixture member), with
+        the set's `config.env.params` overrides."""
         from arl.envs.wrappers import Mixture, broadcast_params  # pylint: disable=g-import-not-at-top
 
         if isinstance(env, Mixture):
-            return env.batch_params(self.env_ids)
-        return broadcast_params(env.default_params(), self.env_ids.shape[0])
+            params = env.batch_params(self.env_ids)
+        else:
+            params = broadcast_params(env.default_params(), self.env_ids.shape[0])
+        if self.param_overrides:
+            params = params.replace(**{k: jnp.full_like(getattr(params, k), v)
+                                       for k, v in self.param_overrides})
+        return params
 
 
 def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> str:
@@ -195,7 +215,7 @@ def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> st
     env_config = _env_config_dict(env_config)
     env = _make_env(env_config)
     keys = jax.random.split(jax.random.key(seed), num_tasks)
-    params = rollout_lib.default_row_params(env, num_tasks, 1)
+    params = _row_params(env, env_config, num_tasks)
     _, timestep = jax.jit(jax.vmap(env.reset))(keys, params)
     key_data = np.asarray(jax.random.key_data(keys))
     env_ids = np.asarray(rollout_lib._env_ids(timestep, num_tasks))  # pylint: disable=protected-access
@@ -217,9 +237,11 @@ def load_task_set(path: str, *, env_config=None) -> TaskSet:
     """Reads a task set; with `env_config`, checks it was built for that environment."""
     arrays, metadata = _read_all(path)
     _check_env_config(path, metadata, env_config)
+    overrides = (metadata.get("env_config") or {}).get("params", {}) or {}
     return TaskSet(reset_keys=jax.random.wrap_key_data(jnp.asarray(arrays["reset_key"])),
                    env_ids=jnp.asarray(arrays["env_id"], jnp.int32),
-                   prompts=jnp.asarray(arrays["prompt"], jnp.int32))
+                   prompts=jnp.asarray(arrays["prompt"], jnp.int32),
+                   param_overrides=tuple(sorted(overrides.items())))
 
 
 def _check_env_config(path, metadata, env_config):
@@ -260,13 +282,15 @@ def build_demonstrations(data_dir, env_config, *, num_episodes: int, seed: int =
     env = _make_env(env_config)
     chunk_size = min(chunk_size, num_episodes)
     base_key = jax.random.key(seed)
+    play = jax.jit(lambda key, env_params: rollout_lib.rollout(
+        env, key, num_tasks=chunk_size, group_size=1, action_source=action_source,
+        env_params=env_params))
+    env_params = _row_params(env, env_config, chunk_size)
 
     def generate():
         index = 0
         for chunk in range(-(-num_episodes // chunk_size)):
-            traj = jax.device_get(rollout_lib.scripted_rollout(
-                env, jax.random.fold_in(base_key, chunk), num_tasks=chunk_size, group_size=1,
-                action_source=action_source))
+            traj = jax.device_get(play(jax.random.fold_in(base_key, chunk), env_params))
             for row in range(min(chunk_size, num_episodes - index)):
                 yield index, {
                     "index": index,

@@ -57,9 +57,15 @@ def restore_params(trainer, workdir: str) -> tuple[int, Any]:
 
 
 @functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))
-def _rollout(env, model, params, key, *, num_tasks, sampling):
+def _rollout(env, model, params, key, env_params, *, num_tasks, sampling):
     return rollout_lib.rollout(env, key, num_tasks=num_tasks, group_size=1, model=model,
-                               params=params, sampling=sampling)
+                               params=params, sampling=sampling, env_params=env_params)
+
+
+@functools.partial(jax.jit, static_argnames=("env", "num_tasks", "action_source"))
+def _scripted_rollout(env, key, env_params, *, num_tasks, action_source):
+    return rollout_lib.rollout(env, key, num_tasks=num_tasks, group_size=1,
+                               action_source=action_source, env_params=env_params)
 
 
 def evaluate_policy(trainer, params, key: jax.Array, *, num_tasks: int, greedy: bool,
@@ -70,13 +76,15 @@ def evaluate_policy(trainer, params, key: jax.Array, *, num_tasks: int, greedy: 
     instead (the baselines of the table)."""
     if not isinstance(num_tasks, int) or num_tasks < 1:
         raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
+    # The run's environment params (config.env.params applied), one row per task.
+    env_params = trainer.row_params(num_tasks, 1)
     if action_source == "model":
         sampling = trainer.sampling.replace(greedy=bool(greedy))
-        traj = _rollout(trainer.env, trainer.model, params, key, num_tasks=num_tasks,
-                        sampling=sampling)
+        traj = _rollout(trainer.env, trainer.model, params, key, env_params,
+                        num_tasks=num_tasks, sampling=sampling)
     else:
-        traj = rollout_lib.scripted_rollout(trainer.env, key, num_tasks=num_tasks,
-                                            group_size=1, action_source=action_source)
+        traj = _scripted_rollout(trainer.env, key, env_params, num_tasks=num_tasks,
+                                 action_source=action_source)
     return jax.device_get(traj)
 
 

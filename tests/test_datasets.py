@@ -48,6 +48,23 @@ def test_demonstrations_equal_the_scripted_rollouts(demo_path):
     assert demos.agent_mask.dtype == np.float32 and float(demos.agent_mask.sum()) > 0
 
 
+def test_env_params_overrides_reach_the_demonstrations(tmp_path):
+    # By default (high_prob 0.25) the best arm is dragon; under 0.1 it is phoenix.
+    for high_prob, best in [(0.1, "phoenix")]:
+        env_config = {"name": "bandit", "params": {"high_prob": high_prob}}
+        path = datasets.build_demonstrations(tmp_path / str(high_prob), env_config,
+                                             num_episodes=4, action_source="oracle")
+        demos = datasets.load_demonstrations(path, env_config=env_config)
+        env = make_env(config_lib.default_config().env.__class__(_BANDIT))
+        for row in range(4):
+            agent_tokens = np.asarray(demos.tokens[row])[np.asarray(demos.agent_mask[row]) > 0]
+            assert env.codec.decode(agent_tokens) == f"{best}<eot>"
+        tasks = datasets.load_task_set(
+            datasets.build_task_set(tmp_path / f"t{high_prob}", env_config, num_tasks=2),
+            env_config=env_config)
+        np.testing.assert_allclose(tasks.env_params(env).high_prob, [high_prob] * 2)
+
+
 def test_sample_demonstrations_is_jittable_and_draws_stored_rows(demo_path):
     demos = datasets.load_demonstrations(demo_path)
     sample = jax.jit(datasets.sample_demonstrations, static_argnums=2)(
