@@ -5,7 +5,9 @@ SwiGLU, grouped-query attention with 2 KV heads for 4 query heads) whose vocabul
 byte-level BPE trained with `tokenizers` on the environment's own strings
 (`arl.envs.hf_codec.env_corpus`); the env gets it as `env.kwargs.codec`, the path of
 the `tokenizer.json`, which `arl.envs.make` wraps in an `HFCodec`. Prompts and replies
-are subword ids; the agent's turns are parsed from ids inside the compiled step.
+are subword ids; the agent's turns are parsed from ids inside the compiled step, and
+the training log-probs are computed in chunks from the hidden states
+(`model.logprob_chunk`).
 
     python -m experiments.train --config=configs/llama_calculator.py --workdir=/tmp/llama_calc
 
@@ -56,6 +58,7 @@ def get_config():
     c.model.num_kv_heads = 2
     c.model.mlp_dim = 192
     c.model.rope_theta = 10000.0
+    c.model.logprob_chunk = 32  # training log-probs from hidden states, 32 positions at a time
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 5
     c.loss.sft_coef = 0.5
