@@ -92,6 +92,20 @@ def sft_weight(config, step):
     return (c.sft_coef + frac * (c.sft_coef_final - c.sft_coef)).astype(jnp.float32)
 
 
+def _override_params(params, overrides: dict, field: str):
+    """`params` with some fields replaced; unknown fields are a ConfigError."""
+    if not overrides:
+        return params
+    fields = {f.name for f in dataclasses.fields(params)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise config_lib.ConfigError(
+            f"config.{field} has unknown fields {unknown}; {type(params).__name__} fields "
+            f"are {sorted(fields)}")
+    return params.replace(**{k: jnp.full_like(getattr(params, k), v)
+                             for k, v in overrides.items()})
+
+
 def _shift_right(x):
     """Pads a [B, S-1] per-prediction array to [B, S] so index t belongs to token t."""
     return jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
@@ -142,19 +156,18 @@ class Trainer:
         self.train_step = self._compile_train_step()
 
     def row_params(self, num_tasks: int, group_size: int):
-        """Per-row environment params: the defaults with `config.env.params` applied."""
-        params = rollout_lib.default_row_params(self.env, num_tasks, group_size)
-        overrides = dict(self.config.env.get("params", {}))
-        if not overrides:
-            return params
-        fields = {f.name for f in dataclasses.fields(params)}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise config_lib.ConfigError(
-                f"config.env.params has unknown fields {unknown}; {type(params).__name__} "
-                f"fields are {sorted(fields)}")
-        return params.replace(**{
-            k: jnp.full_like(getattr(params, k), v) for k, v in overrides.items()})
+        """Per-row environment params: defaults with the config's overrides applied
+        (`env.params`, or `env.members[i].params` for a mixture's member i)."""
+        if isinstance(self.env, envs_lib.Mixture):
+            members = tuple(
+                _override_params(env.default_params(), dict(m.get("params", {})),
+                                 f"env.members[{i}].params")
+                for i, (env, m) in enumerate(zip(self.env.envs, self.config.env.members)))
+            member = jnp.arange(num_tasks, dtype=jnp.int32) % self.env.num_envs
+            return self.env.batch_params(jnp.repeat(member, group_size), members)
+        params = _override_params(self.env.default_params(),
+                                  dict(self.config.env.get("params", {})), "env.params")
+        return envs_lib.broadcast_params(params, num_tasks * group_size)
 
     # ------------------------------------------------------------------ state
     def init_state(self, seed: int | None = None) -> TrainState:
