@@ -36,6 +36,7 @@ setuptools.setup(
         "test": [
             "pytest>=8.0",
             "hypothesis>=6.100",
+            "pytest-xdist>=3.5",
             "rlax>=0.1.6",
             "nbclient>=0.10",
             "nbformat>=5.9",
