@@ -1,6 +1,8 @@
 """HFCodec over a BPE tokenizer trained on the fly: codec contract, chat formatting, and
 the calculator / guess_number environments running on its subword ids (oracle 100%)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,11 +81,21 @@ def test_codec_rejects_tokenizers_the_envs_cannot_parse(tmp_path):
         HFCodec(42)
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(env):
+    """Jitted, vmapped reset / step / oracle of `env` (one compile per env per module)."""
+    return (jax.jit(jax.vmap(env.reset, in_axes=(0, None))),
+            jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None))),
+            jax.jit(jax.vmap(env.oracle_action, in_axes=(0, 0, None))))
+
+
+GUESS = guess_number.GuessNumber(CODEC, max_n=16)
+CALC = calculator.Calculator(CODEC, max_digits=2)
+
+
 def _oracle_rollout(env, key):
+    reset, step, oracle = _compiled(env)
     params = env.default_params()
-    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
-    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
-    oracle = jax.jit(jax.vmap(env.oracle_action, in_axes=(0, 0, None)))
     key, key_reset = jax.random.split(key)
     state, first = reset(jax.random.split(key_reset, BATCH), params)
     errors = []
@@ -95,12 +107,8 @@ def _oracle_rollout(env, key):
     return first, state, jnp.stack(errors)
 
 
-@pytest.mark.parametrize("make_env", [
-    lambda: guess_number.GuessNumber(CODEC, max_n=16),
-    lambda: calculator.Calculator(CODEC, max_digits=2),
-])
-def test_oracle_solves_env_on_bpe_ids(make_env):
-    env = make_env()
+@pytest.mark.parametrize("env", [GUESS, CALC], ids=["guess_number", "calculator"])
+def test_oracle_solves_env_on_bpe_ids(env):
     first, state, errors = _oracle_rollout(env, jax.random.key(3))
     assert bool(jnp.all(state.success)) and not bool(jnp.any(errors))
     prompt = CODEC.decode(first.observation.tokens[0])
@@ -112,7 +120,7 @@ def test_oracle_solves_env_on_bpe_ids(make_env):
 
 
 def test_calculator_parses_bpe_spelled_turns_inside_jit():
-    env = calculator.Calculator(CODEC, max_digits=2)
+    env = CALC
     params = env.default_params()
     state, _ = env.reset(jax.random.key(0), params)
     state = state.replace(left=jnp.asarray(47), right=jnp.asarray(86), operator=jnp.asarray(2),
@@ -120,20 +128,22 @@ def test_calculator_parses_bpe_spelled_turns_inside_jit():
     cases = [("<calc>47*86</calc><eot>", "4042", False),
              ("<calc>-5-7</calc>", "-12", False),
              ("<calc>4*</calc>", "bad expression", True),
-             ("<sum>4+5</sum>", "unknown tool", True),
+             ("<x>4+5</x>", "unknown tool", True),
              ("4042", "invalid", True),
              ("<answer>4041</answer>", "wrong", False),
              ("<answer>4042</answer><eot>", "correct", False)]
-    rows = [CODEC.encode_padded(text, 24) for text, _, _ in cases]
+    # Padded to the oracle's batch and action width so the compiled step is reused.
+    rows = [CODEC.encode_padded(text, env.action_len) for text, _, _ in cases]
+    rows += [rows[-1]] * (BATCH - len(rows))
     actions = TokenChunk(jnp.asarray(np.stack([r[0] for r in rows])),
                          jnp.asarray([r[1] for r in rows], jnp.int32))
-    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(cases),) + x.shape), state)
-    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
-    _, ts = step(jax.random.split(jax.random.key(1), len(cases)), states, actions, params)
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (BATCH,) + x.shape), state)
+    _, step, _ = _compiled(env)
+    _, ts = step(jax.random.split(jax.random.key(1), BATCH), states, actions, params)
     for i, (text, reply, error) in enumerate(cases):
         assert CODEC.decode(ts.observation.tokens[i]) == reply, text
         assert bool(ts.info["format_error"][i]) == error, text
-    assert bool(ts.info["success"][-1])
+    assert bool(ts.info["success"][len(cases) - 1])
 
 
 def test_llama_calculator_config_builds_an_hf_codec_env():
@@ -147,8 +157,10 @@ def test_llama_calculator_config_builds_an_hf_codec_env():
     assert set(config.keys()) == set(config_lib.default_config().keys())
     env = make(config.env.name, **dict(config.env.kwargs))
     assert isinstance(env.codec, HFCodec) and env.codec.vocab_size == 320
-    first, state, errors = _oracle_rollout(env, jax.random.key(5))
-    assert bool(jnp.all(state.success)) and not bool(jnp.any(errors))
+    assert env.codec.decode(env.codec.encode("<calc>3*4</calc>")) == "<calc>3*4</calc>"
+    # Budgets are counted in BPE ids: "answer" is one id, so fewer than the 21 characters
+    # of "<answer>-81</answer><eot>"-sized turns.
+    assert env.action_len < len("<answer>") + 3 + len("</answer>") + 1
 
 
 @pytest.mark.slow

@@ -69,6 +69,7 @@ def test_chunked_gradients_equal_naive():
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_vmap_over_an_extra_axis():
     hidden = jax.random.normal(jax.random.key(2), (4, 2, 6, 8))
     unembed = jax.random.normal(jax.random.key(3), (8, 20))
@@ -120,7 +121,7 @@ def test_bad_arguments_are_named(kwargs, match):
         chunked_token_logprobs(**args)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", [pytest.param("grpo", marks=pytest.mark.slow), "ppo"])
 def test_trainer_forward_with_logprob_chunk_equals_full_logits(algorithm):
     """config.model.logprob_chunk > 0 switches the train step's log-prob/entropy/value
     forward to the chunked path; same numbers as the full-logits path."""
