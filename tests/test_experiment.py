@@ -36,8 +36,8 @@ _TOKEN_FLAGS = (
     "--config.rollout.num_tasks=4", "--config.rollout.group_size=2",
     "--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.num_heads=2",
     "--config.model.num_kv_heads=2", "--config.model.mlp_dim=64",
-    # A random policy never names an arm, so every group is degenerate and GRPO skips
-    # the update; the ECHO term keeps the parameters moving so the comparison bites.
+    # Auxiliary terms keep the parameters moving even when every GRPO group is degenerate
+    # (a random policy never names an arm), so the bitwise comparison bites.
     "--config.loss.echo_coef=0.1",
 )
 
