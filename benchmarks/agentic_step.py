@@ -39,7 +39,9 @@ from arl.train import Trainer  # noqa: E402
 
 
 def make_config(algorithm, num_tasks, group_size, d_model, layers, max_turns=None,
-                mlp_ratio=4):
+                mlp_ratio=4, heads=0):
+    """GRPO / PPO on guess_number with a d_model x layers transformer (heads = 0:
+    d_model // 16, i.e. head dim 16)."""
     c = config_lib.default_config()
     c.algorithm = algorithm
     c.env.name = "guess_number"
@@ -49,7 +51,7 @@ def make_config(algorithm, num_tasks, group_size, d_model, layers, max_turns=Non
     c.rollout.group_size = group_size
     c.model.d_model = d_model
     c.model.num_layers = layers
-    c.model.num_heads = max(1, d_model // 16)
+    c.model.num_heads = heads or max(1, d_model // 16)
     c.model.num_kv_heads = c.model.num_heads
     c.model.mlp_dim = mlp_ratio * d_model
     c.filters.skip_zero_advantage = False  # always time a real update
@@ -133,6 +135,7 @@ def main(argv=None):
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=0, help="0: d_model // 16")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--peak-size", type=int, default=1024,
                         help="side of the square float32 matmul that measures the peak")
@@ -145,7 +148,7 @@ def main(argv=None):
     rows = []
     for algorithm in args.algorithms.split(","):
         config = make_config(algorithm, args.num_tasks, args.group_size, args.d_model,
-                             args.layers)
+                             args.layers, heads=args.heads)
         r = measure(config, args.repeats, peak)
         rows.append(r)
         print(f"{algorithm}: step {common.fmt_ms(r['step_s'])} ms, rollout "
@@ -165,7 +168,7 @@ def main(argv=None):
     text = (f"### `benchmarks/agentic_step.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
             f"guess_number (max_n 16, 6 turns), transformer d_model {args.d_model}, "
-            f"{args.layers} layers, {max(1, args.d_model // 16)} heads, MLP {4 * args.d_model}; "
+            f"{args.layers} layers, {args.heads or max(1, args.d_model // 16)} heads, MLP {4 * args.d_model}; "
             f"{args.num_tasks} tasks x group {args.group_size}; 1 epoch x 1 minibatch; median "
             f"of {args.repeats} interleaved rounds. Measured float32 matmul peak "
             f"({args.peak_size}^2 `jnp.dot`): {peak / 1e9:.1f} GFLOP/s before, "

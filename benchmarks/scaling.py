@@ -16,8 +16,8 @@ the donated state). One axis moves at a time from a shared base point:
 Also reported: lower + compile seconds for max_turns 2 vs 16, which must be nearly equal
 because turns are a `lax.scan`, not an unrolled Python loop. Writes a log-log PNG.
 
-    python benchmarks/scaling.py [--batches 16,32,64] [--extras 0,32] [--turns 2,4,16]
-                                 [--groups 2,4,8] [--no-write]
+    python benchmarks/scaling.py [--base 8,4,2,0] [--batches 32,64] [--extras 0,32]
+                                 [--turns 2,16] [--groups 4,8] [--no-write]
 """
 
 from __future__ import annotations
@@ -118,12 +118,12 @@ def plot(axes_rows, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", default="8,4,4,0",
+    parser.add_argument("--base", default="8,4,2,0",
                         help="num_tasks,group_size,max_turns,extra of the shared base point")
-    parser.add_argument("--batches", default="16,32,64", help="B values (group size fixed)")
+    parser.add_argument("--batches", default="32,64", help="B values (group size fixed)")
     parser.add_argument("--extras", default="0,32", help="reply padding (context length)")
-    parser.add_argument("--turns", default="2,4,16")
-    parser.add_argument("--groups", default="2,4,8", help="group sizes at the base batch")
+    parser.add_argument("--turns", default="2,16")
+    parser.add_argument("--groups", default="4,8", help="group sizes at the base batch")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)

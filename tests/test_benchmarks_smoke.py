@@ -1,0 +1,63 @@
+"""Smoke test of the benchmark scripts: they import, their helpers work, and the smallest
+size of the PPO CartPole baseline runs one update (the full suite is not a test)."""
+
+import importlib
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhead")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, BENCH)
+    try:
+        yield {name: importlib.import_module(name) for name in SCRIPTS}
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_append_section_writes_each_heading_once_per_run_of_sections(bench, tmp_path):
+    common = bench["common"]
+    path = str(tmp_path / "RESULTS.md")
+    common.append_section("A", "first", path)
+    common.append_section("A", "second", path)
+    common.append_section("B", common.markdown_table(["x", "y"], [(1, 2)]), path)
+    text = open(path, encoding="utf-8").read()
+    assert text.startswith("# Benchmark results\n")
+    assert text.count("## A\n") == 1 and text.count("## B\n") == 1
+    assert text.index("first") < text.index("second") < text.index("## B")
+    assert "| x | y |\n|---|---:|\n| 1 | 2 |" in text
+
+
+def test_padded_replies_lengthen_the_buffer_not_the_reply(bench):
+    scaling = bench["scaling"]
+    from arl import rollout as rollout_lib
+    from arl.envs import GuessNumber
+    base = GuessNumber(max_turns=3)
+    padded = scaling.PaddedReplies(extra=5, max_turns=3)
+    assert rollout_lib.context_length(padded) == rollout_lib.context_length(base) + 3 * 5
+    params = padded.default_params()
+    state, _ = padded.reset(jax.random.key(0), params)
+    action = padded.oracle_action(jax.random.key(1), state, params)
+    _, ts = padded.step(jax.random.key(2), state, action, params)
+    _, ts_base = base.step(jax.random.key(2), state, action, params)
+    assert ts.observation.tokens.shape == (base.obs_len + 5,)
+    assert int(ts.observation.length) == int(ts_base.observation.length)
+    np.testing.assert_array_equal(ts.observation.tokens[:base.obs_len],
+                                  ts_base.observation.tokens)
+
+
+def test_smallest_purejaxrl_baseline_update_runs(bench):
+    init, update = bench["ppo_cartpole"].make_baseline(num_envs=2, num_steps=8, num_updates=1)
+    runner = jax.jit(init)(jax.random.key(0))
+    new, episode_return = jax.jit(update)(runner)
+    assert new.obs.shape == (2, 4) and np.isfinite(float(episode_return))
+    changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params, runner.params)
+    assert any(jax.tree.leaves(changed))
