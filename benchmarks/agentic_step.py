@@ -14,8 +14,8 @@ FLOP count (static shapes: every row runs every position of the [B, S] buffer):
   (P_matmul: parameters used in matmuls, i.e. all but the embedding table; attention
   scores and mixing over the S_attended key slots); the rollout runs one forward per
   position (prefill and KV-cached decoding, keys = the cache's S slots); the update runs
-  forward + backward = 3 forwards per position per epoch, PPO adds a forward for the old
-  values (plus the reference forward when a KL term is on).
+  forward + backward = 3 forwards per position per epoch (plus the reference forward when
+  a KL term is on; PPO's old values come from the rollout).
 
     python benchmarks/agentic_step.py [--num-tasks 8] [--group-size 4] [--d-model 64]
                                       [--layers 2] [--peak-size 1024] [--no-write]
@@ -74,8 +74,8 @@ def step_flops(trainer: Trainer, params) -> dict:
     b = trainer.batch_size
     per_position = 2 * matmul_params(params) + 4 * c.model.num_layers * s * c.model.d_model
     rollout = per_position * b * s
-    update_forwards = 3 * c.updates.epochs + (1 if c.algorithm == "ppo" else 0)
-    update_forwards += 1 if trainer.uses_reference else 0
+    # PPO's old values are recorded by the rollout (no extra forward since ea77b44).
+    update_forwards = 3 * c.updates.epochs + (1 if trainer.uses_reference else 0)
     update = per_position * b * s * update_forwards
     return dict(rollout=rollout, update=update, total=rollout + update)
 
