@@ -29,7 +29,8 @@ def _numpy_reference(hidden, unembed, targets):
     return logp, ent
 
 
-@pytest.mark.parametrize("length, chunk", [(13, 5), (7, 64)])
+@pytest.mark.parametrize("length, chunk", [(13, 5),
+                                           pytest.param(7, 64, marks=pytest.mark.slow)])
 def test_chunked_matches_numpy_and_naive(length, chunk):
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     hidden = jax.random.normal(k1, (3, length, 8))
@@ -92,6 +93,7 @@ def test_bfloat16_hidden_gives_float32_statistics():
     np.testing.assert_allclose(ent, ref_ent, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_model_token_logprobs_equals_full_logits_path():
     config = TransformerConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4,
                                num_kv_heads=2, mlp_dim=64, max_len=32)
