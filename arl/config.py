@@ -79,6 +79,11 @@ def default_config() -> ml_collections.ConfigDict:
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
     # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
     c.model.logprob_chunk = 0
+    # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json + safetensors)
+    # to start from; its config.json then replaces the architecture fields above (d_model,
+    # num_layers, num_heads, num_kv_heads, mlp_dim, rope_theta, tie_embeddings). "" = a
+    # randomly initialised model. Its vocabulary must cover the env codec's ids.
+    c.model.hf_checkpoint = ""
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3
@@ -264,6 +269,10 @@ def _validate_token_rollout(config, mesh) -> None:
     if m.dtype not in ("float32", "bfloat16"):
         _fail("model.dtype", m.dtype, "allowed values are ('float32', 'bfloat16')")
     _check_range(config, "model.logprob_chunk", 0, integer=True)
+    if m.get("hf_checkpoint", "") and not os.path.isfile(
+            os.path.join(m.hf_checkpoint, "config.json")):
+        _fail("model.hf_checkpoint", m.hf_checkpoint,
+              "must be a directory holding a Hugging Face config.json and safetensors")
     _validate_token_env(config)
 
 

@@ -125,19 +125,10 @@ class Trainer:
         self.context_length = rollout_lib.context_length(self.env)
         self.row_params(1, 1)  # rejects unknown config.env.params fields before tracing
         m = config.model
-        self.model = transformer_lib.Transformer(transformer_lib.TransformerConfig(
-            vocab_size=self.env.codec.vocab_size,
-            d_model=m.d_model,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            num_kv_heads=m.num_kv_heads,
-            mlp_dim=m.mlp_dim,
-            max_len=self.context_length,
-            rope_theta=m.rope_theta,
-            tie_embeddings=m.tie_embeddings,
-            value_head=config.algorithm == "ppo",
-            dtype=jnp.dtype(m.dtype),
-        ))
+        if m.get("hf_checkpoint", ""):
+            self.model = self._pretrained_model(config)
+        else:
+            self.model = self._fresh_model(config)
         self.optimizer = make_optimizer(config)
         self.sampling = rollout_lib.SamplingConfig(
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
@@ -154,6 +145,37 @@ class Trainer:
                 context_length=self.context_length)
         self._state_shardings = None
         self.train_step = self._compile_train_step()
+
+    def _fresh_model(self, config):
+        m = config.model
+        return transformer_lib.Transformer(transformer_lib.TransformerConfig(
+            vocab_size=self.env.codec.vocab_size,
+            d_model=m.d_model,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            mlp_dim=m.mlp_dim,
+            max_len=self.context_length,
+            rope_theta=m.rope_theta,
+            tie_embeddings=m.tie_embeddings,
+            value_head=config.algorithm == "ppo",
+            dtype=jnp.dtype(m.dtype),
+        ))
+
+    def _pretrained_model(self, config):
+        """The architecture of `model.hf_checkpoint` (float32 master weights, activations in
+        `model.dtype`); its weights are loaded by `init_state`."""
+        from arl.models import hf_import
+        m = config.model
+        model_config = hf_import.load_hf_config(
+            m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=jnp.float32,
+            max_len=self.context_length, value_head=config.algorithm == "ppo")
+        if model_config.vocab_size < self.env.codec.vocab_size:
+            raise config_lib.ConfigError(
+                f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
+                f"{model_config.vocab_size} < the env codec's {self.env.codec.vocab_size}: "
+                f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
+        return transformer_lib.Transformer(model_config)
 
     def row_params(self, num_tasks: int, group_size: int):
         """Per-row environment params: defaults with the config's overrides applied
@@ -175,9 +197,17 @@ class Trainer:
         key = jax.random.key(seed)
         init_key, key = jax.random.split(key)
 
-        def init(init_key, key):
+        pretrained = None
+        if self.config.model.get("hf_checkpoint", ""):
+            from arl.models import hf_import
+            _, pretrained = hf_import.load_hf_checkpoint(
+                self.config.model.hf_checkpoint, config=self.model.config, mesh=self.mesh)
+
+        def init(init_key, key, pretrained):
             dummy = jnp.zeros((1, self.context_length), jnp.int32)
             params = nn.unbox(self.model.init(init_key, dummy)["params"])
+            if pretrained is not None:  # the checkpoint's weights; a value head stays fresh
+                params = {**params, **pretrained}
             return TrainState(
                 params=params,
                 opt_state=self.optimizer.init(params),
@@ -187,7 +217,7 @@ class Trainer:
             )
 
         shardings = self.state_shardings()
-        return jax.jit(init, out_shardings=shardings)(init_key, key)
+        return jax.jit(init, out_shardings=shardings)(init_key, key, pretrained)
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (orbax restore target)."""
