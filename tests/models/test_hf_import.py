@@ -169,3 +169,28 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
         load_hf_checkpoint(str(tmp_path), config=config)
     assert "model.norm.weight" in hf_state_dict(load_hf_checkpoint(str(tmp_path))[1],
                                                 config_from_hf(hf))
+
+
+def test_trainer_starts_from_an_hf_checkpoint(tmp_path):
+    """config.model.hf_checkpoint: the train state holds the checkpoint's weights (the
+    config's own architecture fields are ignored) in float32, sharded on the mesh."""
+    from arl import config as config_lib
+    from arl.models import TransformerConfig
+    from arl.train import Trainer
+
+    hf_model = _llama()
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    c = config_lib.default_config()
+    c.env.name, c.env.kwargs = "guess_number", {"max_n": 8}
+    c.rollout.num_tasks, c.rollout.group_size = 2, 2
+    c.model.hf_checkpoint = str(tmp_path)
+    trainer = Trainer(c)
+    assert isinstance(trainer.model.config, TransformerConfig)
+    assert (trainer.model.config.d_model, trainer.model.config.num_kv_heads) == (32, 2)
+    state = trainer.init_state()
+    _, loaded = load_hf_checkpoint(str(tmp_path))
+    jax.tree.map(np.testing.assert_array_equal, state.params, loaded)
+
+    c.model.hf_checkpoint = str(tmp_path / "missing")
+    with pytest.raises(config_lib.ConfigError, match="model.hf_checkpoint"):
+        Trainer(c)
