@@ -74,7 +74,8 @@ def point_config(num_tasks, group_size, max_turns, extra, d_model, layers):
     return c
 
 
-def measure_point(config, repeats):
+def compile_point(config):
+    """Compiles one point; its step time is measured later, interleaved with the others."""
     trainer = Trainer(config)
     state = trainer.init_state()
     compiled, compile_s = common.compile_jitted(trainer.train_step, state)
@@ -85,10 +86,9 @@ def measure_point(config, repeats):
         jax.block_until_ready(box["state"])
 
     run()
-    step_s = common.interleaved_median_times({"step": run}, repeats)["step"]
     return dict(batch=trainer.batch_size, context=trainer.context_length,
                 turns=config.env.kwargs.max_turns, group=config.rollout.group_size,
-                step_s=step_s, temp=common.temp_bytes(compiled), compile_s=compile_s)
+                temp=common.temp_bytes(compiled), compile_s=compile_s, run=run)
 
 
 def ints(text):
@@ -138,12 +138,12 @@ def main(argv=None):
     def point(num_tasks, group, turns, extra):
         key = (num_tasks, group, turns, extra)
         if key not in cache:
-            cache[key] = measure_point(point_config(num_tasks, group, turns, extra,
-                                                    args.d_model, args.layers), args.repeats)
+            cache[key] = compile_point(point_config(num_tasks, group, turns, extra,
+                                                    args.d_model, args.layers))
             r = cache[key]
             print(f"B={r['batch']:4d} S={r['context']:4d} turns={turns:2d} G={group:2d}: "
-                  f"{common.fmt_ms(r['step_s'])} ms, temp {common.fmt_mib(r['temp'])} MiB, "
-                  f"compile {r['compile_s']:.1f}s", flush=True)
+                  f"temp {common.fmt_mib(r['temp'])} MiB, compile {r['compile_s']:.1f}s",
+                  flush=True)
         return cache[key]
 
     axes_rows = [
@@ -155,6 +155,12 @@ def main(argv=None):
         ("group size G", "group", [point(batch0 // g, g, turns0, extra0)
                                    for g in ints(args.groups)]),
     ]
+    # Every point timed round-robin in the same rounds, so load from other processes hits
+    # all points alike (points compiled minutes apart would otherwise be incomparable).
+    times = common.interleaved_median_times({k: r["run"] for k, r in cache.items()},
+                                            args.repeats)
+    for k, r in cache.items():
+        r["step_s"] = times[k]
     png = os.path.join(common.output_dir(), "scaling.png")
     plot(axes_rows, png)
 
@@ -177,8 +183,8 @@ def main(argv=None):
             f"Machine: {common.machine_line()}.\n\n"
             f"GRPO on guess_number (max_n 16), transformer d_model {args.d_model}, "
             f"{args.layers} layers; base point num_tasks {tasks0}, group {group0}, "
-            f"{turns0} turns, reply padding {extra0}; median of {args.repeats} steps. "
-            f"Plot: `{os.path.basename(png)}`.\n\n{table}\n{compile_line}")
+            f"{turns0} turns, reply padding {extra0}; median of {args.repeats} rounds, all "
+            f"points interleaved. Plot: `{os.path.basename(png)}`.\n\n{table}\n{compile_line}")
     print(text)
     if not args.no_write:
         common.append_section("Scaling of the token train step", text)
