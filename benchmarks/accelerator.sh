@@ -63,13 +63,14 @@ if [ "$TINY" = 1 ]; then
 else
   # PureJaxRL's 4 / 64 envs with 128 steps and 2048 envs with 128 steps; the 4-env
   # learning curve for 400 updates (204,800 env steps) x 2 seeds.
-  run ppo_cartpole 170 "$PYTHON" benchmarks/ppo_cartpole.py \
+  run ppo_cartpole 160 "$PYTHON" benchmarks/ppo_cartpole.py \
     --sizes 4:128,64:128,2048:128 --repeats 5 --curve-updates 400 --seeds 2
   # A transformer big enough to occupy the chip: d_model 512, 4 layers, 512 rows.
   run agentic_step 90 "$PYTHON" benchmarks/agentic_step.py --num-tasks 64 --group-size 8 \
     --d-model 512 --layers 4 --heads 8 --repeats 5 --peak-size 8192
-  run scaling 160 "$PYTHON" benchmarks/scaling.py --base 32,8,4,0 \
-    --batches 64,256,1024 --extras 0,64 --turns 2,4,16 --groups 2,8,32 \
+  # Six compiled points (base B 256, S 51): B 1024, S +64 per reply, 2 / 16 turns, G 32.
+  run scaling 170 "$PYTHON" benchmarks/scaling.py --base 32,8,4,0 \
+    --batches 256,1024 --extras 0,64 --turns 2,4,16 --groups 8,32 \
     --d-model 256 --layers 2 --repeats 5
   # One accelerator: the 1 vs 8 device comparison runs on fake CPU devices of the host.
   run sharding_overhead 50 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
