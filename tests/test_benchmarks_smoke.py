@@ -44,10 +44,14 @@ def test_padded_replies_lengthen_the_buffer_not_the_reply(bench):
     padded = scaling.PaddedReplies(extra=5, max_turns=3)
     assert rollout_lib.context_length(padded) == rollout_lib.context_length(base) + 3 * 5
     params = padded.default_params()
-    state, _ = padded.reset(jax.random.key(0), params)
-    action = padded.oracle_action(jax.random.key(1), state, params)
-    _, ts = padded.step(jax.random.key(2), state, action, params)
-    _, ts_base = base.step(jax.random.key(2), state, action, params)
+
+    @jax.jit
+    def both_steps(key):  # one compiled program (eager op-by-op dispatch is slow)
+        state, _ = padded.reset(key, params)
+        action = padded.oracle_action(key, state, params)
+        return padded.step(key, state, action, params)[1], base.step(key, state, action, params)[1]
+
+    ts, ts_base = both_steps(jax.random.key(0))
     assert ts.observation.tokens.shape == (base.obs_len + 5,)
     assert int(ts.observation.length) == int(ts_base.observation.length)
     np.testing.assert_array_equal(ts.observation.tokens[:base.obs_len],
