@@ -88,3 +88,23 @@ def test_ppo_solves_cartpole_within_500k_steps():
         state, _ = trainer.train_step(state)
     trained = float(trainer.evaluate(state.params, jax.random.key(1), greedy=True))
     assert trained >= 475, trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["erpo", "grpo"])
+def test_erpo_and_grpo_learn_both_members_of_a_mixture(algorithm):
+    # Measured (seed 0, 120 steps): greedy success ERPO bandit 1.0 / guess_number 0.75,
+    # GRPO 1.0 / 1.0; sampled at step 120: ERPO 0.875 / 0.69, GRPO 0.84 / 0.77.
+    config = bandit_config(algorithm)
+    config.env.name = "mixture"
+    config.env.params = {}
+    config.env.members = [
+        dict(name="bandit", kwargs={}, params={"high_prob": 0.5}),
+        dict(name="guess_number", kwargs={"max_n": 4}, params={}),
+    ]
+    config.train_steps = 120
+    trainer = Trainer(config)
+    state, _ = _train(trainer, config.train_steps)
+    metrics, _ = trainer.evaluate(state.params, jax.random.key(1), greedy=True)
+    assert float(metrics["success_rate/0_bandit"]) >= 0.9
+    assert float(metrics["success_rate/1_guess_number"]) >= 0.6
