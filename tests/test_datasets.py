@@ -116,6 +116,7 @@ def test_task_set_replays_the_same_tasks(tmp_path):
     assert any(p.startswith("guess 0-7") for p in prompts)
 
 
+@pytest.mark.slow  # a full train-step compile; default suite budget
 def test_sft_term_consumes_a_stored_set(demo_path):
     c = config_lib.default_config()
     c.env.name = "bandit"

@@ -97,7 +97,10 @@ def _run_steps(config, mesh_shape, steps=2):
     return jax.device_get(state.params), history
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (1, 4, 2)])
+@pytest.mark.parametrize("mesh_shape", [
+    (8, 1, 1), (2, 2, 2),
+    pytest.param((1, 4, 2), marks=pytest.mark.slow),  # default suite budget
+])
 def test_sharded_step_equals_single_device(mesh_shape):
     c = tiny_config("grpo", env="bandit")
     c.rollout.num_tasks = 8
