@@ -58,7 +58,7 @@ def test_padded_replies_lengthen_the_buffer_not_the_reply(bench):
                                   ts_base.observation.tokens)
 
 
-@pytest.mark.slow  # a full train-step compile; default suite budget
+@pytest.mark.slow  # compiles the whole PPO baseline; default suite budget
 def test_smallest_purejaxrl_baseline_update_runs(bench):
     init, update = bench["ppo_cartpole"].make_baseline(num_envs=2, num_steps=8, num_updates=1)
     runner = jax.jit(init)(jax.random.key(0))
