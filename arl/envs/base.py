@@ -17,6 +17,13 @@ Token environments (`TokenEnvironment`): the action is one agent turn as a padde
 (the reset observation is the prompt). The TASK is sampled in `reset` from the reset
 key, so the G members of a GRPO group given the SAME reset key get the same task;
 their step keys may differ (they only drive env stochasticity such as slippery ice).
+
+Process rewards: every token env also reports `info["process_reward"]` (float32 []), a
+per-turn measure of progress toward the goal (e.g. information gained, distance closed)
+computed by the `TokenEnvironment.process_reward` hook on the live transition. It is
+kept apart from the outcome reward: it is NOT included in `TimeStep.reward`; trainers
+decide whether and how to combine the two. It is 0 on reset, on the no-op steps of a
+finished episode, and for envs that do not define one.
 """
 
 from __future__ import annotations
@@ -47,8 +54,10 @@ class TimeStep:
     observation: TokenChunk for token envs; an array for vector envs.
     reward: float32 []; terminated, truncated: bool [].
     info: dict of fixed structure per env. Token envs always include `success` (bool []),
-    `turn` (int32 [], turns taken so far) and `format_error` (bool [], this step's
-    action was malformed).
+    `turn` (int32 [], turns taken so far), `format_error` (bool [], this step's
+    action was malformed) and `process_reward` (float32 [], this turn's progress toward
+    the goal as the env measures it; NOT included in `reward`, trainers combine the two;
+    0 on reset, on a finished episode's no-op steps and where the env defines none).
     """
 
     observation: Any
@@ -187,9 +196,15 @@ class TokenEnvironment(Environment):
     Subclasses implement `_reset(key, params) -> (state, prompt_chunk)`,
     `_transition(key, state, content, params) -> (state, obs_chunk, reward, format_error)`
     on a live episode, `_info(state, format_error)`, `oracle_action` and
-    `reward_bounds(params)`. This base class does the shared bookkeeping: sanitising
-    the action, cutting it at the first end-of-turn token, counting turns, truncating
-    at `max_turns`, and keeping finished episodes finished.
+    `reward_bounds(params)`, and optionally `process_reward(old_state, new_state,
+    params)`. This base class does the shared bookkeeping: sanitising the action, cutting
+    it at the first end-of-turn token, counting turns, truncating at `max_turns`,
+    keeping finished episodes finished, and adding `info["process_reward"]` (the hook's
+    value on a live transition, 0 on reset and on a finished episode's no-op steps).
+
+    Process reward vs reward: `TimeStep.reward` is the outcome reward (success, turn
+    cost, format penalty); `info["process_reward"]` is a separate per-turn progress
+    signal and is never added into `reward` by the env. Trainers combine them.
     """
 
     codec: Codec
@@ -222,6 +237,21 @@ class TokenEnvironment(Environment):
             "format_error": jnp.asarray(format_error, bool),
         }
 
+    def process_reward(self, old_state, new_state, params) -> jax.Array:
+        """float32 []: progress toward the goal made by one live transition
+        `old_state -> new_state` (new_state already has the turn counted and any
+        truncation applied). Default 0: the env defines no process reward. `step`
+        traces it on every call but uses its value only when the episode was live
+        (a finished episode's no-op step reports 0). Malformed turns should give 0
+        (they leave the task state unchanged in the built-in envs, so a measure of the
+        state difference gives 0)."""
+        del old_state, new_state, params
+        return jnp.zeros((), jnp.float32)
+
+    @staticmethod
+    def _with_process_reward(info: dict, value) -> dict:
+        return {**info, "process_reward": jnp.asarray(value, jnp.float32).reshape(())}
+
     # -- the contract
     def reset(self, key: jax.Array, params) -> tuple[Any, TimeStep]:
         state, prompt = self._reset(key, params)
@@ -230,7 +260,7 @@ class TokenEnvironment(Environment):
             reward=jnp.zeros((), jnp.float32),
             terminated=jnp.zeros((), bool),
             truncated=jnp.zeros((), bool),
-            info=self._info(state, jnp.zeros((), bool)),
+            info=self._with_process_reward(self._info(state, jnp.zeros((), bool)), 0.0),
         )
         return state, timestep
 
@@ -249,19 +279,20 @@ class TokenEnvironment(Environment):
         turn = state.turn + 1
         truncated = jnp.logical_and(~live_state.terminated, turn >= self.max_turns)
         live_state = live_state.replace(turn=turn, truncated=truncated)
+        process = self.process_reward(state, live_state, params)
         live = TimeStep(
             observation=observation,
             reward=jnp.asarray(reward, jnp.float32),
             terminated=live_state.terminated,
             truncated=truncated,
-            info=self._info(live_state, format_error),
+            info=self._with_process_reward(self._info(live_state, format_error), process),
         )
         finished = TimeStep(
             observation=self.empty_observation(),
             reward=jnp.zeros((), jnp.float32),
             terminated=state.terminated,
             truncated=state.truncated,
-            info=self._info(state, jnp.zeros((), bool)),
+            info=self._with_process_reward(self._info(state, jnp.zeros((), bool)), 0.0),
         )
         was_done = jnp.logical_or(state.terminated, state.truncated)
         return tree_select(was_done, (state, finished), (live_state, live))

@@ -13,6 +13,14 @@ unparsable expression), "overflow" (a tool result with |value| >= 2e9), "bad ans
 Reward per step: success_reward·[correct answer] − turn_cost − format_penalty·[malformed],
 in [−(turn_cost + format_penalty), success_reward − turn_cost]. A wrong answer ends the
 episode with −turn_cost.
+
+Process reward (`info["process_reward"]`, not part of the reward): 1 on the turn the
+task's answer first appears in the conversation — a tool call whose result equals the
+answer (e.g. "<calc>47*86</calc>", or any expression with the same value), or a correct
+answer given without one — and 0 on every other turn (malformed turns included). So a
+successful episode collects exactly 1; one that never gets the answer collects 0; a
+correct tool call followed by a wrong answer still collects 1 (the progress was made,
+the outcome reward says it was thrown away).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class CalculatorState(TokenEnvState):
     operator: jax.Array  # int32 index into "+-*"
     answer: jax.Array  # int32
     tool_calls: jax.Array  # int32
+    answer_seen: jax.Array  # bool: a tool result or an answer equal to `answer` so far
 
 
 def apply_operator(left: jax.Array, operator: jax.Array, right: jax.Array):
@@ -130,6 +139,7 @@ class Calculator(TokenEnvironment):
         state = CalculatorState(
             turn=zero, terminated=false, truncated=false, success=false,
             left=left, right=right, operator=operator, answer=answer, tool_calls=zero,
+            answer_seen=false,
         )
         return state, self._expression_chunk(left, operator, right, self.prompt_len)
 
@@ -201,10 +211,17 @@ class Calculator(TokenEnvironment):
         new_state = state.replace(
             terminated=answer_ok, success=correct,
             tool_calls=state.tool_calls + calc_ok.astype(jnp.int32),
+            answer_seen=state.answer_seen | (calc_ok & (result == state.answer)) | correct,
         )
         reward = (params.success_reward * correct - params.turn_cost
                   - params.format_penalty * format_error)
         return new_state, observation, reward, format_error
+
+    def process_reward(self, old_state: CalculatorState, new_state: CalculatorState,
+                       params) -> jax.Array:
+        """1 on the turn the answer first appears (tool result or correct answer)."""
+        del params
+        return (new_state.answer_seen & ~old_state.answer_seen).astype(jnp.float32)
 
     # -- teachers
     def _wrap(self, open_ids, body: TokenChunk, close_ids) -> TokenChunk:

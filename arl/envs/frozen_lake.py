@@ -16,6 +16,20 @@ holes are dropped), so every map is solvable.
 
 Reward per step: success_reward·[goal] − turn_cost − format_penalty·[malformed],
 in [−(turn_cost + format_penalty), success_reward − turn_cost].
+
+Process reward (`info["process_reward"]`, not part of the reward): the realised progress
+of the move toward the goal,
+
+    (d(before) − d(after)) / d(start),
+
+where d is the true shortest-path distance to the goal avoiding holes (BFS distances,
+computed once per map in `reset` and kept in the state as `distance`; d(start) ≥ 1 is
+kept as `start_distance`). It is measured on where the player actually ended up, so a
+slipped move scores its real effect (−1/d(start) when it went the wrong way). Bumping
+into a wall and malformed turns give 0; stepping into a hole gives 0 (the distance from a
+hole is undefined; the failure is the outcome reward's business). Reaching the goal
+collects exactly d(start)/d(start) = 1 in total over the episode, whatever the path (a
+direct path is d(start) steps of 1/d(start)).
 """
 
 from __future__ import annotations
@@ -51,6 +65,10 @@ class FrozenLakeParams:
 class FrozenLakeState(TokenEnvState):
     cells: jax.Array  # int32 [size*size]: FROZEN / HOLE / GOAL
     position: jax.Array  # int32, flat index of the player
+    # int32 [size*size]: distance_to_goal(cells), fixed per map (recompute it when
+    # editing `cells` by hand); used by the process reward.
+    distance: jax.Array
+    start_distance: jax.Array  # int32, distance[start] (>= 1): the process-reward scale
 
 
 def _neighbours(flags: jax.Array) -> jax.Array:
@@ -165,13 +183,24 @@ class FrozenLake(TokenEnvironment):
         tokens = rows.reshape(-1)[: self.grid_len]
         return TokenChunk(tokens=tokens.astype(jnp.int32), length=jnp.asarray(self.grid_len, jnp.int32))
 
+    def place(self, state: FrozenLakeState, cells, position) -> FrozenLakeState:
+        """`state` on the map `cells` (int32 [size*size]) with the player at `position`
+        (also its start): the distances are recomputed (for hand-made maps in tests)."""
+        cells = jnp.asarray(cells, jnp.int32)
+        position = jnp.asarray(position, jnp.int32)
+        distance = distance_to_goal(cells, self.size).astype(jnp.int32)
+        return state.replace(cells=cells, position=position, distance=distance,
+                             start_distance=jnp.maximum(distance[position], 1).astype(jnp.int32))
+
     # -- dynamics
     def _reset(self, key, params):
         cells, start = self.sample_map(key, params)
+        distance = distance_to_goal(cells, self.size).astype(jnp.int32)
         false = jnp.zeros((), bool)
         state = FrozenLakeState(
             turn=jnp.zeros((), jnp.int32), terminated=false, truncated=false, success=false,
-            cells=cells, position=start,
+            cells=cells, position=start, distance=distance,
+            start_distance=jnp.maximum(distance[start], 1).astype(jnp.int32),
         )
         return state, self.grid_chunk(cells, start)
 
@@ -210,6 +239,18 @@ class FrozenLake(TokenEnvironment):
         plain = chunks.pad_chunk(grid, self.obs_len, self.codec.pad_id)
         observation = jax.tree.map(lambda a, b: jnp.where(valid, a, b), plain, with_prefix)
         return new_state, observation, reward, ~valid
+
+    def process_reward(self, old_state: FrozenLakeState, new_state: FrozenLakeState,
+                       params) -> jax.Array:
+        """(d(before) − d(after)) / d(start) on shortest-path distances; 0 on a hole."""
+        del params
+        before = old_state.distance[old_state.position]
+        after = new_state.distance[new_state.position]
+        in_hole = new_state.cells[new_state.position] == HOLE
+        progress = jnp.where(in_hole | (after >= UNREACHABLE) | (before >= UNREACHABLE),
+                             0, before - after)
+        scale = jnp.maximum(old_state.start_distance, 1).astype(jnp.float32)
+        return (progress.astype(jnp.float32) / scale).astype(jnp.float32)
 
     # -- teachers
     def _direction_chunk(self, direction: jax.Array) -> TokenChunk:

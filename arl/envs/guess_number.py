@@ -7,6 +7,18 @@ Prompt: "guess 0-{N-1}". Each turn the agent writes just the number then end-of-
 Reward per step: success_reward·[correct] − turn_cost − format_penalty·[malformed],
 so a step's reward lies in [−(turn_cost + format_penalty), success_reward − turn_cost].
 
+Process reward (`info["process_reward"]`, not part of the reward): the information the
+guess gained, as a fraction of the information needed at the start,
+
+    (log(size_before) − log(size_after)) / log(N),   size = high − low + 1,
+
+where [low, high] is the interval of values consistent with the replies so far and a
+correct guess collapses it to size 1. It telescopes: an episode that finds the number
+collects exactly log(N)/log(N) = 1 in total (up to float32 rounding), whatever the
+guesses; a truncated one collects log(N / size_left) / log(N) < 1. Malformed,
+out-of-range and uninformative guesses (outside the consistent interval) give 0.
+E.g. N = 16, hidden 11: "7" -> [8, 15], log(16/8)/log(16) = 0.25.
+
 Partially observable; bisection is optimal and needs at most ceil(log2(N + 1)) guesses
 (k guesses with three-way replies separate at most 2^k − 1 values).
 """
@@ -122,6 +134,18 @@ class GuessNumber(TokenEnvironment):
         )
         observation = chunks.select_text(self.codec, reply, REPLIES, self.obs_len)
         return new_state, observation, reward, ~valid
+
+    def process_reward(self, old_state: GuessNumberState, new_state: GuessNumberState,
+                       params) -> jax.Array:
+        """Information gained: (log|I_before| − log|I_after|) / log N, with |I| = 1 once
+        the number is found (see the module docstring)."""
+        del params
+        size_before = (old_state.high - old_state.low + 1).astype(jnp.float32)
+        size_after = jnp.where(new_state.success, 1,
+                               new_state.high - new_state.low + 1).astype(jnp.float32)
+        total = jnp.log(jnp.maximum(new_state.num_values, 2).astype(jnp.float32))
+        gained = jnp.log(jnp.maximum(size_before, 1.0)) - jnp.log(jnp.maximum(size_after, 1.0))
+        return (gained / total).astype(jnp.float32)
 
     def _guess_chunk(self, guess: jax.Array) -> TokenChunk:
         eot = TokenChunk(jnp.asarray([self.codec.eot_id], jnp.int32), jnp.asarray(1, jnp.int32))

@@ -95,7 +95,8 @@ def broadcast_params(params, batch_size: int):
 class AutoReset(Wrapper):
     """Resets a row as soon as its episode ends (terminated or truncated).
 
-    The returned timestep keeps the finishing step's reward and flags; its observation
+    The returned timestep keeps the finishing step's reward, flags and info (so
+    `info["process_reward"]` is the finishing step's); its observation
     is the NEW episode's first observation and `info["final_observation"]` is the last
     observation of the finished episode (bootstrap from it when truncated). The reset
     key is `split(key)[1]`. Token observations are padded to max(prompt_len, obs_len),
@@ -150,7 +151,8 @@ class TurnHorizonState:
 class TurnHorizon(Wrapper):
     """Truncates an episode once turn >= h, with h DATA in the params (per row), so a
     curriculum (ScalingInter-RL) can raise h without recompiling. The inner env's own
-    limits still apply; a finished episode stays finished."""
+    limits still apply; a finished episode stays finished (reward 0, and the last info
+    again with `format_error` and `process_reward` zeroed)."""
 
     def __init__(self, env: Environment, default_horizon: int | None = None):
         super().__init__(env)
@@ -179,8 +181,9 @@ class TurnHorizon(Wrapper):
         live_ts = timestep.replace(truncated=truncated)
         live = TurnHorizonState(env_state, turns, timestep.terminated, truncated, timestep.info)
         frozen_info = dict(state.info)
-        if "format_error" in frozen_info:
-            frozen_info["format_error"] = jnp.zeros_like(frozen_info["format_error"])
+        for key in ("format_error", "process_reward"):  # per-step values: none while finished
+            if key in frozen_info:
+                frozen_info[key] = jnp.zeros_like(frozen_info[key])
         pad_id = self.env.codec.pad_id if hasattr(self.env, "codec") else 0
         finished_ts = TimeStep(
             observation=finished_observation(timestep.observation, pad_id),
@@ -216,8 +219,10 @@ class Mixture(TokenEnvironment):
     union pytree holding one state per member (zeros for the members the row does not
     run). Static shapes are the max over the members: prompt_len, obs_len, action_len,
     max_turns; observations are padded, actions are passed through (members accept any
-    action length). info = {"success", "turn", "format_error", "env_id"}: the ids
-    ERPO needs to pool statistics per environment.
+    action length). info = {"success", "turn", "format_error", "process_reward",
+    "env_id"} (a fixed structure whatever the members add): the ids ERPO needs to pool
+    statistics per environment, and each member's own process reward (float32; 0 for a
+    member that defines none).
     """
 
     name = "mixture"
@@ -270,8 +275,23 @@ class Mixture(TokenEnvironment):
         return tuple(out)
 
     def _common_info(self, info, env_id):
+        process = info.get("process_reward", jnp.zeros((), jnp.float32))
         return {"success": info["success"], "turn": info["turn"],
-                "format_error": info["format_error"], "env_id": env_id}
+                "format_error": info["format_error"],
+                "process_reward": jnp.asarray(process, jnp.float32), "env_id": env_id}
+
+    def process_reward(self, old_state: MixtureState, new_state: MixtureState,
+                       params: MixtureParams):
+        """The running member's process reward (dispatched on the row's env_id).
+        `step` does not need it (members report theirs in their info)."""
+        def branch(i):
+            def run():
+                value = self.envs[i].process_reward(old_state.member_states[i],
+                                                    new_state.member_states[i],
+                                                    params.member_params[i])
+                return jnp.asarray(value, jnp.float32).reshape(())
+            return run
+        return jax.lax.switch(old_state.env_id, [branch(i) for i in range(self.num_envs)])
 
     def reset(self, key, params: MixtureParams):
         templates = self._templates(key, params.member_params)
