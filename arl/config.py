@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-TOKEN_ALGORITHMS = ("ppo", "grpo", "drgrpo", "rloo", "reinforce_pp", "erpo")
+TOKEN_ALGORITHMS = ("ppo", "grpo", "drgrpo", "rloo", "reinforce_pp", "erpo", "vineppo")
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "rloo", "erpo")
 AGGREGATIONS = (
     "token-mean",
@@ -26,6 +26,7 @@ AGGREGATIONS = (
 KL_KINDS = ("k1", "abs", "k2", "k3", "k1+", "k2+", "k3+", "abs+")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 SFT_SOURCES = ("demonstrator", "oracle")
+MC_ESTIMATES = ("mean_return", "soft", "hard")
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
@@ -136,6 +137,29 @@ def default_config() -> ml_collections.ConfigDict:
     c.vector.hidden_sizes = (64, 64)
     c.vector.activation = "tanh"
 
+    # Credit assignment inside an episode (arl.algorithms.process, arl.branching).
+    c.process = ml_collections.ConfigDict()
+    c.process.outcome_weight = 1.0  # weight of the environment's reward
+    c.process.reward_weight = 0.0  # weight of the env's per-turn `info["process_reward"]`
+    c.process.turn_gamma = 1.0  # per-turn discount of process returns and MC values
+    # Monte Carlo values by forking the env state (algorithm "vineppo", and the labels of
+    # the process reward model): continuations per branch point, the turns to branch
+    # before (() = every turn 1 .. max_turns-1; turn 0's value is the group's
+    # leave-one-out mean return when group_size >= 2) and the estimate.
+    c.process.mc_samples = 0
+    c.process.branch_turns = ()
+    c.process.mc_estimate = "mean_return"
+    # A learned process reward model (PRM): a value-head transformer trained by binary
+    # cross-entropy on the Monte Carlo success fractions (needs mc_samples >= 1); with
+    # prm_weight > 0 its score differences phi(s_k+1) - phi(s_k) are a dense turn reward.
+    c.process.train_prm = False
+    c.process.prm_weight = 0.0
+    c.process.prm_learning_rate = 1e-3
+    # PRIME implicit process rewards r_t = beta * log(pi_phi / pi_ref) per token, from an
+    # implicit PRM pi_phi trained on the outcome (success) with cross-entropy; 0 = off.
+    c.process.implicit_coef = 0.0
+    c.process.implicit_weight = 1.0
+
     c.filters = ml_collections.ConfigDict()
     c.filters.starpo_keep_fraction = 1.0  # < 1 keeps the top fraction of groups by std
     c.filters.dapo_zero_variance = False
@@ -228,6 +252,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _validate_vector(config)
     else:
         _validate_token_rollout(config, mesh)
+        _validate_process(config)
     if workdir is not None:
         _validate_workdir(workdir)
 
@@ -274,6 +299,40 @@ def _validate_token_rollout(config, mesh) -> None:
         _fail("model.hf_checkpoint", m.hf_checkpoint,
               "must be a directory holding a Hugging Face config.json and safetensors")
     _validate_token_env(config)
+
+
+def _validate_process(config) -> None:
+    p = config.get("process")
+    if p is None:
+        return
+    for field in ("outcome_weight", "reward_weight", "prm_weight", "implicit_coef",
+                  "implicit_weight"):
+        _check_range(config, f"process.{field}", 0.0)
+    _check_range(config, "process.turn_gamma", 0.0, 1.0)
+    _check_range(config, "process.mc_samples", 0, integer=True)
+    _check_range(config, "process.prm_learning_rate", 0.0, low_open=True)
+    if p.mc_estimate not in MC_ESTIMATES:
+        _fail("process.mc_estimate", p.mc_estimate, f"allowed values are {MC_ESTIMATES}")
+    if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in p.branch_turns):
+        _fail("process.branch_turns", p.branch_turns, "expected distinct turn indices >= 0")
+    if config.algorithm == "vineppo":
+        if p.mc_samples < 1:
+            _fail("process.mc_samples", p.mc_samples,
+                  "algorithm 'vineppo' estimates values by Monte Carlo: need >= 1")
+        if p.reward_weight or p.prm_weight or p.implicit_coef or config.loss.kl_in_reward:
+            _fail("algorithm", config.algorithm,
+                  "'vineppo' values estimate the environment reward only: set "
+                  "process.reward_weight, process.prm_weight, process.implicit_coef to 0 "
+                  "and loss.kl_in_reward to False")
+    if p.train_prm and p.mc_samples < 1:
+        _fail("process.train_prm", p.train_prm,
+              "the PRM learns from Monte Carlo labels: set process.mc_samples >= 1")
+    if p.prm_weight > 0 and not p.train_prm:
+        _fail("process.prm_weight", p.prm_weight,
+              "a PRM reward needs a trained PRM: set process.train_prm=True")
+    if p.mc_samples and p.mc_estimate != "mean_return" and config.algorithm == "vineppo":
+        _fail("process.mc_estimate", p.mc_estimate,
+              "'vineppo' baselines returns: use 'mean_return'")
 
 
 def _validate_token_env(config) -> None:

@@ -16,6 +16,7 @@ Groups: the `group_size` rows of a task share the reset key, so they see the sam
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -64,6 +65,17 @@ class Trajectory:
     # float32 [B, S]: the value head's output at each position (value of the state after
     # token t), recorded while sampling; None when the policy has no value head.
     values: jax.Array | None = None
+    # float32 [B, S]: each turn's process reward (progress, `info["process_reward"]`) on its
+    # last agent token, kept apart from `rewards`; zero for envs that emit none.
+    process_rewards: jax.Array | None = None
+    # Per-turn arrays [B, max_turns]: the turn's reward, the context offset where its
+    # agent tokens begin, whether it was played; and, with `record_turn_states`, the
+    # environment state before the turn (a pytree with leading [B, max_turns] axes) from
+    # which Monte Carlo branching (`arl.branching`) forks continuations.
+    turn_rewards: jax.Array | None = None
+    turn_starts: jax.Array | None = None
+    turn_active: jax.Array | None = None
+    turn_states: Any = None
 
 
 def context_length(env) -> int:
@@ -118,6 +130,7 @@ def rollout(
     action_source: str = "model",
     env_params: Any = None,
     reset_keys: jax.Array | None = None,
+    record_turn_states: bool = False,
 ) -> Trajectory:
     """Plays `num_tasks * group_size` episodes of `env` and returns their trajectory.
 
@@ -136,6 +149,8 @@ def rollout(
       reset_keys: per-row reset keys `[num_tasks * group_size]` that fix the tasks (e.g.
         a stored evaluation set, `arl.datasets`); default: drawn from `key`, shared by
         the rows of a group.
+      record_turn_states: also return the environment state before every turn
+        (`Trajectory.turn_states`), for Monte Carlo branching.
     """
     if action_source not in ACTION_SOURCES:
         raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
@@ -181,31 +196,100 @@ def rollout(
     else:
         cache, last_logits = None, None
 
-    carry = dict(
+    carry = initial_carry(env_state, tokens, offset, _env_ids(timestep, batch), cache,
+                          last_logits, values, done=jnp.zeros((batch,), bool))
+    player = TurnPlayer(env, model, params, sampling, action_source, env_params, horizon)
+    carry, per_turn = player.play(carry, jnp.zeros((batch,), jnp.int32), max_turns, turns_key,
+                                  record_states=record_turn_states)
+    return Trajectory(
+        tokens=carry["tokens"],
+        agent_mask=carry["agent_mask"],
+        observation_mask=carry["observation_mask"],
+        behaviour_logp=carry["logp"],
+        rewards=carry["rewards"],
+        turn_end_mask=carry["turn_end"],
+        length=carry["offset"],
+        group_ids=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size),
+        env_ids=carry["env_ids"],
+        num_turns=carry["num_turns"],
+        success=carry["success"],
+        terminated=carry["terminated"],
+        episode_return=carry["episode_return"],
+        format_errors=carry["format_errors"],
+        values=carry["values"],
+        process_rewards=carry["process_rewards"],
+        turn_rewards=per_turn["reward"],
+        turn_starts=per_turn["start"],
+        turn_active=per_turn["active"],
+        turn_states=per_turn.get("state"),
+    )
+
+
+def initial_carry(env_state, tokens, offset, env_ids, cache, last_logits, values, *, done):
+    """The loop state of `TurnPlayer.play` before the first turn it plays: the context
+    `tokens` holds `offset` valid tokens per row; rows with `done` set play nothing."""
+    batch, width = tokens.shape
+    zeros = jnp.zeros((batch, width), jnp.float32)
+    return dict(
         env_state=env_state,
         tokens=tokens,
         agent_mask=zeros,
         observation_mask=zeros,
         logp=zeros,
         rewards=zeros,
+        process_rewards=zeros,
         turn_end=zeros,
         offset=offset,
-        done=jnp.zeros((batch,), bool),
+        done=done,
         success=jnp.zeros((batch,), bool),
         terminated=jnp.zeros((batch,), bool),
         num_turns=jnp.zeros((batch,), jnp.int32),
         episode_return=jnp.zeros((batch,), jnp.float32),
         format_errors=jnp.zeros((batch,), jnp.int32),
-        env_ids=_env_ids(timestep, batch),
+        env_ids=env_ids,
         cache=cache,
         last_logits=last_logits,
         values=values,
     )
 
-    def turn(carry, xs):
-        turn_index, key = xs
+
+@dataclasses.dataclass(frozen=True)
+class TurnPlayer:
+    """Plays turns of a batch of episodes: the policy writes a turn (KV-cached decoding or
+    a scripted policy), the environment steps on it, its reply is appended to the
+    context. Shared by `rollout` (from the first turn) and Monte Carlo branching
+    (`arl.branching`, from a forked mid-episode state)."""
+
+    env: Any
+    model: Any
+    params: Any
+    sampling: SamplingConfig
+    action_source: str
+    env_params: Any
+    horizon: jax.Array
+
+    def play(self, carry, first_turn, num_turns: int, key, *, record_states: bool = False):
+        """Runs `num_turns` turns (a `lax.scan`); row b's i-th turn is turn
+        `first_turn[b] + i` of its episode, played while the row is not done and below
+        the horizon. Returns the final carry and per-turn arrays `[B, num_turns]`:
+        reward, process_reward, start (context offset where the turn begins), active,
+        and with `record_states` the environment state before the turn."""
+        def scan_turn(carry, xs):
+            i, turn_key = xs
+            return self._turn(carry, first_turn + i, turn_key, record_states)
+
+        keys = jax.random.split(key, num_turns)
+        carry, per_turn = jax.lax.scan(scan_turn, carry, (jnp.arange(num_turns), keys))
+        return carry, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), per_turn)
+
+    def _turn(self, carry, turn_index, key, record_states):
+        env, model, params, sampling = self.env, self.model, self.params, self.sampling
+        codec = env.codec
+        batch, width = carry["tokens"].shape
+        use_model = self.action_source == "model"
+        record_values = carry["values"] is not None
         act_key, step_key = jax.random.split(key)
-        active = (~carry["done"]) & (turn_index < horizon)
+        active = (~carry["done"]) & (turn_index < self.horizon)
         if use_model:
             gen = sampling_lib.generate(
                 model, params, carry["cache"], carry["last_logits"], act_key,
@@ -216,16 +300,16 @@ def rollout(
             action_logp = gen.logp
             cache, last_logits = gen.cache, gen.last_logits
         else:
-            policy = getattr(env, f"{action_source}_action")
+            policy = getattr(env, f"{self.action_source}_action")
             action = jax.vmap(policy)(
-                jax.random.split(act_key, batch), carry["env_state"], env_params)
+                jax.random.split(act_key, batch), carry["env_state"], self.env_params)
             action = TokenChunk(
                 tokens=action.tokens, length=jnp.where(active, action.length, 0))
             action_logp = jnp.zeros(action.tokens.shape, jnp.float32)
             cache, last_logits = None, None
 
         new_state, ts = jax.vmap(env.step)(
-            jax.random.split(step_key, batch), carry["env_state"], action, env_params)
+            jax.random.split(step_key, batch), carry["env_state"], action, self.env_params)
         env_state = _select_tree(active, new_state, carry["env_state"])
 
         offset = carry["offset"]
@@ -237,11 +321,17 @@ def rollout(
         values = carry["values"]
         if record_values:
             values = _write_rows(values, gen.values, offset, n_act)
+        info = ts.info
         reward = jnp.where(active, ts.reward, 0.0).astype(jnp.float32)
+        process_reward = jnp.where(
+            active, info.get("process_reward", jnp.zeros((batch,))), 0.0).astype(jnp.float32)
         has_turn = active & (n_act > 0)
-        last = jnp.where(has_turn, offset + n_act - 1, width)[:, None]
-        rewards = _write_rows(carry["rewards"], reward[:, None], last[:, 0], has_turn)
-        turn_end = _write_rows(carry["turn_end"], jnp.ones((batch, 1)), last[:, 0], has_turn)
+        last = jnp.where(has_turn, offset + n_act - 1, width)
+        rewards = _write_rows(carry["rewards"], reward[:, None], last, has_turn)
+        process_rewards = _write_rows(carry["process_rewards"], process_reward[:, None], last,
+                                      has_turn)
+        turn_end = _write_rows(carry["turn_end"], jnp.ones((batch, 1)), last, has_turn)
+        turn_start = offset
         offset = offset + n_act
 
         reply = ts.observation
@@ -259,7 +349,6 @@ def rollout(
                 last_logits)
         offset = offset + n_obs
 
-        info = ts.info
         new_carry = dict(
             env_state=env_state,
             tokens=tokens,
@@ -267,6 +356,7 @@ def rollout(
             observation_mask=observation_mask,
             logp=logp,
             rewards=rewards,
+            process_rewards=process_rewards,
             turn_end=turn_end,
             offset=offset,
             done=carry["done"] | (active & ts.done),
@@ -281,27 +371,11 @@ def rollout(
             last_logits=last_logits,
             values=values,
         )
-        return new_carry, None
-
-    turn_keys = jax.random.split(turns_key, max_turns)
-    carry, _ = jax.lax.scan(turn, carry, (jnp.arange(max_turns), turn_keys))
-    return Trajectory(
-        tokens=carry["tokens"],
-        agent_mask=carry["agent_mask"],
-        observation_mask=carry["observation_mask"],
-        behaviour_logp=carry["logp"],
-        rewards=carry["rewards"],
-        turn_end_mask=carry["turn_end"],
-        length=carry["offset"],
-        group_ids=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size),
-        env_ids=carry["env_ids"],
-        num_turns=carry["num_turns"],
-        success=carry["success"],
-        terminated=carry["terminated"],
-        episode_return=carry["episode_return"],
-        format_errors=carry["format_errors"],
-        values=carry["values"],
-    )
+        per_turn = dict(reward=reward, process_reward=process_reward, start=turn_start,
+                        active=active)
+        if record_states:
+            per_turn["state"] = carry["env_state"]
+        return new_carry, per_turn
 
 
 def _env_ids(timestep, batch):

@@ -26,7 +26,9 @@ import optax
 from flax import struct
 
 from arl import algorithms as alg
+from arl import branching as branching_lib
 from arl import config as config_lib
+from arl import credit as credit_lib
 from arl import datasets as datasets_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
@@ -41,6 +43,12 @@ class TrainState:
     ref_params: Any  # None unless a KL term needs the reference policy
     step: jax.Array  # int32 []
     key: jax.Array
+    # The learned process reward model and its optimizer state (process.train_prm), and
+    # PRIME's implicit PRM (process.implicit_coef > 0); None when unused.
+    prm_params: Any = None
+    prm_opt_state: Any = None
+    implicit_params: Any = None
+    implicit_opt_state: Any = None
 
 
 def make_env(env_config: ml_collections.ConfigDict):
@@ -135,7 +143,19 @@ class Trainer:
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
-        self.uses_reference = config.loss.kl_coef > 0
+        p = config.process
+        self.uses_implicit_prm = p.implicit_coef > 0
+        self.uses_reference = config.loss.kl_coef > 0 or self.uses_implicit_prm
+        self.branch_turns = self._branch_turns()
+        self.prm_model = None
+        self.prm_optimizer = None
+        if p.train_prm or self.uses_implicit_prm:
+            self.prm_optimizer = optax.chain(
+                optax.clip_by_global_norm(config.optim.max_grad_norm or 1e9),
+                optax.adam(p.prm_learning_rate))
+        if p.train_prm:
+            self.prm_model = transformer_lib.Transformer(
+                dataclasses.replace(self.model.config, value_head=True))
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
@@ -177,6 +197,25 @@ class Trainer:
                 f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
         return transformer_lib.Transformer(model_config)
 
+    def _branch_turns(self) -> tuple[int, ...]:
+        """Turns to fork before for Monte Carlo values (process.branch_turns, validated
+        against the env's max_turns); turn 0 too when groups cannot supply its value."""
+        p = self.config.process
+        if p.mc_samples < 1:
+            return ()
+        max_turns = self.env.max_turns
+        turns = tuple(p.branch_turns) or tuple(range(1, max_turns))
+        bad = [t for t in turns if not 0 <= t < max_turns]
+        if bad or len(set(turns)) != len(turns):
+            raise config_lib.ConfigError(
+                f"config.process.branch_turns={tuple(p.branch_turns)} must be distinct turns "
+                f"in [0, max_turns={max_turns}) of env {self.config.env.name!r}")
+        if self.config.rollout.group_size < 2 and 0 not in turns:
+            turns = (0,) + turns
+        if not turns:  # max_turns == 1 with groups: the group mean is the only value
+            turns = (0,)
+        return tuple(sorted(turns))
+
     def row_params(self, num_tasks: int, group_size: int):
         """Per-row environment params: defaults with the config's overrides applied
         (`env.params`, or `env.members[i].params` for a mixture's member i)."""
@@ -194,64 +233,78 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def init_state(self, seed: int | None = None) -> TrainState:
         seed = self.config.seed if seed is None else seed
-        key = jax.random.key(seed)
-        init_key, key = jax.random.split(key)
-
+        init_key, key = jax.random.split(jax.random.key(seed))
         pretrained = None
         if self.config.model.get("hf_checkpoint", ""):
             from arl.models import hf_import
             _, pretrained = hf_import.load_hf_checkpoint(
                 self.config.model.hf_checkpoint, config=self.model.config, mesh=self.mesh)
+        return jax.jit(self._initial_state, out_shardings=self.state_shardings())(
+            init_key, key, pretrained)
 
-        def init(init_key, key, pretrained):
-            dummy = jnp.zeros((1, self.context_length), jnp.int32)
-            params = nn.unbox(self.model.init(init_key, dummy)["params"])
-            if pretrained is not None:  # the checkpoint's weights; a value head stays fresh
-                params = {**params, **pretrained}
-            return TrainState(
-                params=params,
-                opt_state=self.optimizer.init(params),
-                ref_params=params if self.uses_reference else None,
-                step=jnp.zeros((), jnp.int32),
-                key=key,
-            )
-
-        shardings = self.state_shardings()
-        return jax.jit(init, out_shardings=shardings)(init_key, key, pretrained)
+    def _initial_state(self, init_key, key, pretrained=None) -> TrainState:
+        dummy = jnp.zeros((1, self.context_length), jnp.int32)
+        policy_key, prm_key = jax.random.split(init_key)
+        params = nn.unbox(self.model.init(policy_key, dummy)["params"])
+        if pretrained is not None:  # the checkpoint's weights; a value head stays fresh
+            params = {**params, **pretrained}
+        state = TrainState(
+            params=params,
+            opt_state=self.optimizer.init(params),
+            ref_params=params if self.uses_reference else None,
+            step=jnp.zeros((), jnp.int32),
+            key=key,
+        )
+        if self.prm_model is not None:
+            prm_params = nn.unbox(self.prm_model.init(prm_key, dummy)["params"])
+            state = state.replace(prm_params=prm_params,
+                                  prm_opt_state=self.prm_optimizer.init(prm_params))
+        if self.uses_implicit_prm:  # PRIME: the implicit PRM starts as the reference
+            state = state.replace(implicit_params=params,
+                                  implicit_opt_state=self.prm_optimizer.init(params))
+        return state
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (orbax restore target)."""
-        abstract = jax.eval_shape(lambda: self.init_state_unsharded_shape())
+        abstract = jax.eval_shape(self.init_state_unsharded_shape)
         return jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract, self.state_shardings())
 
     def init_state_unsharded_shape(self):
-        dummy = jnp.zeros((1, self.context_length), jnp.int32)
-        params = nn.unbox(self.model.init(jax.random.key(0), dummy)["params"])
-        return TrainState(
-            params=params,
-            opt_state=self.optimizer.init(params),
-            ref_params=params if self.uses_reference else None,
-            step=jnp.zeros((), jnp.int32),
-            key=jax.random.key(0),
-        )
+        return self._initial_state(jax.random.key(0), jax.random.key(0))
 
     def state_shardings(self):
         if self._state_shardings is None:
-            boxed = transformer_lib.abstract_params(self.model)
-            param_shardings = transformer_lib.param_shardings(boxed, self.mesh)
+            param_shardings = transformer_lib.param_shardings(
+                transformer_lib.abstract_params(self.model), self.mesh)
             abstract = jax.eval_shape(self.init_state_unsharded_shape)
             replicated = sharding_lib.replicated(self.mesh)
-            opt_shardings = sharding_lib.opt_state_shardings(
-                self.optimizer, abstract.opt_state, param_shardings, replicated)
-            self._state_shardings = TrainState(
+
+            def opt_shardings(optimizer, opt_state, param_shardings):
+                return sharding_lib.opt_state_shardings(
+                    optimizer, opt_state, param_shardings, replicated)
+
+            shardings = TrainState(
                 params=param_shardings,
-                opt_state=opt_shardings,
+                opt_state=opt_shardings(self.optimizer, abstract.opt_state, param_shardings),
                 ref_params=param_shardings if self.uses_reference else None,
                 step=replicated,
                 key=replicated,
             )
+            if self.prm_model is not None:
+                prm_shardings = transformer_lib.param_shardings(
+                    transformer_lib.abstract_params(self.prm_model), self.mesh)
+                shardings = shardings.replace(
+                    prm_params=prm_shardings,
+                    prm_opt_state=opt_shardings(self.prm_optimizer, abstract.prm_opt_state,
+                                                prm_shardings))
+            if self.uses_implicit_prm:
+                shardings = shardings.replace(
+                    implicit_params=param_shardings,
+                    implicit_opt_state=opt_shardings(
+                        self.prm_optimizer, abstract.implicit_opt_state, param_shardings))
+            self._state_shardings = shardings
         return self._state_shardings
 
     # ------------------------------------------------------------------ step
@@ -297,16 +350,20 @@ class Trainer:
 
     def _train_step(self, state: TrainState):
         c = self.config
+        p = c.process
         key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
+        key, branch_key = jax.random.split(key)
         horizon = self.horizon(state.step)
         batch_axes = sharding_lib.batch_sharding(self.mesh)
+        row_params = self.row_params(c.rollout.num_tasks, c.rollout.group_size)
         traj = rollout_lib.rollout(
             self.env, rollout_key, num_tasks=c.rollout.num_tasks,
             group_size=c.rollout.group_size, model=self.model, params=state.params,
-            sampling=self.sampling, horizon=horizon,
-            env_params=self.row_params(c.rollout.num_tasks, c.rollout.group_size))
+            sampling=self.sampling, horizon=horizon, env_params=row_params,
+            record_turn_states=bool(self.branch_turns))
         traj = jax.lax.with_sharding_constraint(traj, batch_axes)
         mask = traj.agent_mask
+        metrics = {}
 
         ref_logp = None
         if self.uses_reference:
@@ -317,14 +374,41 @@ class Trainer:
             # Recorded while sampling with the same parameters: no second forward pass.
             old_values = _shift_right(traj.values[:, :-1]) * mask
 
+        branch = None
+        if self.branch_turns:
+            branch = branching_lib.branch_values(
+                self.env, branch_key, traj, branch_turns=self.branch_turns,
+                num_samples=p.mc_samples, model=self.model, params=state.params,
+                sampling=self.sampling, horizon=horizon, env_params=row_params,
+                estimate="mean_return" if c.algorithm == "vineppo" else p.mc_estimate,
+                gamma=p.turn_gamma)
+            main_steps = jnp.maximum(jnp.sum(traj.num_turns), 1).astype(jnp.float32)
+            metrics.update({
+                "mc/env_steps": branch.env_steps.astype(jnp.float32),
+                "mc/tokens": branch.tokens.astype(jnp.float32),
+                "mc/env_steps_per_rollout_step": branch.env_steps / main_steps,
+                "mc/value_mean": jnp.sum(branch.values) / jnp.maximum(jnp.sum(branch.known), 1),
+            })
+
         rewards = traj.rewards
         if self.uses_reference and c.loss.kl_in_reward:
             rewards = rewards - c.loss.kl_coef * alg.kl_penalty(
                 traj.behaviour_logp, ref_logp, "k1") * mask
+        process_rewards = p.reward_weight * traj.process_rewards
+        if self.prm_model is not None and p.prm_weight > 0:
+            process_rewards = process_rewards + p.prm_weight * credit_lib.prm_turn_rewards(
+                self.prm_model, state.prm_params, traj)
+        implicit = None
+        if self.uses_implicit_prm:
+            logp_phi, _, _ = self._forward(state.implicit_params, traj.tokens)
+            implicit = credit_lib.implicit_rewards(logp_phi, ref_logp, mask, p.implicit_coef)
         advantages, returns, seq_valid, signal_metrics = self._advantages(
-            traj, rewards, old_values)
+            traj, rewards, old_values, process_rewards=process_rewards,
+            implicit_rewards=implicit, branch=branch)
         loss_mask = mask * seq_valid[:, None]
         advantages = advantages * loss_mask
+        prm_updates = self._update_process_models(state, traj, ref_logp, branch)
+        metrics.update(prm_updates.pop("metrics"))
 
         demo = None
         if c.loss.sft_coef > 0 and self.demonstrations is not None:
@@ -363,7 +447,7 @@ class Trainer:
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
 
-        metrics = self._rollout_metrics(traj)
+        metrics.update(self._rollout_metrics(traj))
         metrics.update(signal_metrics)
         metrics.update(update_metrics)
         metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
@@ -372,12 +456,45 @@ class Trainer:
             metrics["demo_success_rate"] = jnp.mean(demo.success.astype(jnp.float32))
             metrics["sft_coef"] = sft_weight(c, state.step)
         new_state = state.replace(
-            params=params, opt_state=opt_state, step=state.step + 1, key=key)
+            params=params, opt_state=opt_state, step=state.step + 1, key=key, **prm_updates)
         return new_state, metrics
 
+    def _update_process_models(self, state, traj, ref_logp, branch):
+        """One optimizer step of the learned PRM (on the Monte Carlo labels) and of
+        PRIME's implicit PRM (on the outcome); returns the new state fields + metrics."""
+        p = self.config.process
+        out = {"metrics": {}}
+        if self.prm_model is not None:
+            labels = branch.success if p.mc_estimate == "mean_return" else branch.values
+            grads, metrics = jax.grad(credit_lib.prm_loss, has_aux=True)(
+                state.prm_params, self.prm_model, traj, labels, branch.known)
+            updates, opt_state = self.prm_optimizer.update(
+                grads, state.prm_opt_state, state.prm_params)
+            out.update(prm_params=optax.apply_updates(state.prm_params, updates),
+                       prm_opt_state=opt_state)
+            out["metrics"].update(metrics)
+        if self.uses_implicit_prm:
+            def loss(params):
+                logp_phi, _, _ = self._forward(params, traj.tokens)
+                return credit_lib.implicit_prm_loss(logp_phi, ref_logp, traj.agent_mask,
+                                                    traj.success, p.implicit_coef)
+            grads, metrics = jax.grad(loss, has_aux=True)(state.implicit_params)
+            updates, opt_state = self.prm_optimizer.update(
+                grads, state.implicit_opt_state, state.implicit_params)
+            out.update(implicit_params=optax.apply_updates(state.implicit_params, updates),
+                       implicit_opt_state=opt_state)
+            out["metrics"].update(metrics)
+        return out
+
     # ------------------------------------------------------------------ signals
-    def _advantages(self, traj, rewards, old_values):
+    def _advantages(self, traj, rewards, old_values, *, process_rewards=None,
+                    implicit_rewards=None, branch=None):
+        """Token advantages: the algorithm's outcome advantage (weighted by
+        process.outcome_weight) plus process-reward and PRIME implicit-reward advantages
+        (group leave-one-out baselines, turn-discounted returns); for PPO the rewards are
+        summed before GAE; for VinePPO turn advantages come from Monte Carlo values."""
         c = self.config
+        p = c.process
         mask = traj.agent_mask
         num_groups = c.rollout.num_tasks
         scores = rewards.sum(axis=1)
@@ -400,7 +517,16 @@ class Trainer:
         valid = seq_valid > 0
 
         returns = None
+        dense = jnp.zeros_like(rewards)
+        if process_rewards is not None:
+            dense = dense + process_rewards * traj.turn_end_mask
+        if c.algorithm == "vineppo":
+            advantages = self._vine_advantages(traj, rewards, branch, valid)
+            return advantages * mask, returns, seq_valid, metrics
         if c.algorithm == "ppo":
+            rewards = p.outcome_weight * rewards + dense
+            if implicit_rewards is not None:
+                rewards = rewards + p.implicit_weight * implicit_rewards
             if c.advantage.turn_level:
                 advantages, returns = alg.turn_level_gae(
                     rewards, old_values, mask, traj.turn_end_mask,
@@ -429,7 +555,40 @@ class Trainer:
                 centre_on_env_mean=c.advantage.erpo_centre_on_env_mean)
         else:  # pragma: no cover - validate() rejects this earlier
             raise ValueError(c.algorithm)
-        return seq_adv[:, None] * mask, returns, seq_valid, metrics
+        advantages = p.outcome_weight * seq_adv[:, None] * mask
+        if process_rewards is not None and (p.reward_weight > 0 or p.prm_weight > 0):
+            advantages = advantages + alg.process_advantages(
+                dense, traj.turn_end_mask, mask, group_ids, num_groups=num_groups,
+                gamma=p.turn_gamma) * valid[:, None]
+        if implicit_rewards is not None:
+            advantages = advantages + p.implicit_weight * alg.process_advantages(
+                implicit_rewards, mask, mask, group_ids, num_groups=num_groups,
+                gamma=1.0) * valid[:, None]
+        return advantages, returns, seq_valid, metrics
+
+    def _vine_advantages(self, traj, rewards, branch, valid):
+        """VinePPO turn advantages r_k + gamma V(s_k+1) - V(s_k) from Monte Carlo values;
+        V(s_0) is the leave-one-out mean return of the row's group unless turn 0 was
+        branched."""
+        c = self.config
+        p = c.process
+        max_turns = self.env.max_turns
+        turn_rewards = p.outcome_weight * alg.tokens_to_turns(
+            rewards, traj.turn_end_mask, traj.agent_mask, num_turns=max_turns)
+        values, known = branch.values, branch.known
+        if 0 not in self.branch_turns:  # group_size >= 2 (see _branch_turns)
+            discounts = p.turn_gamma ** jnp.arange(max_turns, dtype=jnp.float32)
+            returns = jnp.sum(turn_rewards * discounts, axis=1)
+            loo = alg.rloo_advantages(returns, traj.group_ids,
+                                      num_groups=c.rollout.num_tasks, valid=valid)
+            values = values.at[:, 0].set(returns - loo)  # the mean return of the others
+            known = known.at[:, 0].set(True)
+        turn_adv = alg.vine_advantages(turn_rewards, values, known, traj.num_turns,
+                                       gamma=p.turn_gamma)
+        advantages = alg.turns_to_tokens(turn_adv, traj.turn_end_mask, traj.agent_mask)
+        if c.advantage.whiten:
+            advantages = alg.whiten(advantages, traj.agent_mask * valid[:, None])
+        return advantages
 
     # ------------------------------------------------------------------ update
     def _loss(self, params, mb, step):
@@ -517,9 +676,8 @@ class Trainer:
         metrics["grad_norm"] = jnp.zeros((), jnp.float32)
         return metrics
 
-    def _dummy_params(self):
-        dummy = jnp.zeros((1, self.context_length), jnp.int32)
-        return nn.unbox(self.model.init(jax.random.key(0), dummy)["params"])
+    def _dummy_params(self):  # called under eval_shape: nothing is computed
+        return self.init_state_unsharded_shape().params
 
     def _dummy_batch(self):
         c = self.config

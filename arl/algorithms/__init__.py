@@ -16,12 +16,15 @@ from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observat
                                    policy_loss, policy_loss_per_token, sft_loss, value_loss,
                                    value_loss_per_token)
 from arl.algorithms.normalization import whiten
+from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
+                                    turns_to_tokens, vine_advantages)
 
 __all__ = [
     "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
     "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
     "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
     "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",
-    "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
-    "token_logprobs", "turn_level_gae", "value_loss", "value_loss_per_token", "whiten",
+    "process_advantages", "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
+    "token_logprobs", "tokens_to_turns", "turn_ids", "turn_level_gae", "turns_to_tokens",
+    "value_loss", "value_loss_per_token", "vine_advantages", "whiten",
 ]
