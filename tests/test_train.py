@@ -70,6 +70,9 @@ def test_metrics_cover_the_issue_list(grpo_trainer):
         assert key in metrics, key
 
 
+# Slow: the default suite trains each of these algorithms for 60 steps in
+# tests/test_learning.py, which checks more than a changed parameter.
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ppo", "rloo", "reinforce_pp", "drgrpo"])
 def test_every_algorithm_updates_the_policy(algorithm):
     c = tiny_config(algorithm, env="bandit")
@@ -97,19 +100,28 @@ def _run_steps(config, mesh_shape, steps=2):
     return jax.device_get(state.params), history
 
 
-@pytest.mark.parametrize("mesh_shape", [
-    (8, 1, 1), (2, 2, 2),
-    pytest.param((1, 4, 2), marks=pytest.mark.slow),  # default suite budget
-])
-def test_sharded_step_equals_single_device(mesh_shape):
+def _sharding_config(mesh_shape):
     c = tiny_config("grpo", env="bandit")
     c.rollout.num_tasks = 8
     c.rollout.group_size = 2
     c.loss.sft_coef = 0.5
     c.mesh = mesh_shape
-    sharded_params, sharded = _run_steps(c, mesh_shape)
-    c.mesh = (1, 1, 1)
-    params, single = _run_steps(c, (1, 1, 1))
+    return c
+
+
+@pytest.fixture(scope="module")
+def single_device_run():
+    """Two steps on one device: the reference of every sharded run (computed once)."""
+    return _run_steps(_sharding_config((1, 1, 1)), (1, 1, 1))
+
+
+@pytest.mark.parametrize("mesh_shape", [
+    (8, 1, 1), (2, 2, 2),
+    pytest.param((1, 4, 2), marks=pytest.mark.slow),  # default suite budget
+])
+def test_sharded_step_equals_single_device(mesh_shape, single_device_run):
+    sharded_params, sharded = _run_steps(_sharding_config(mesh_shape), mesh_shape)
+    params, single = single_device_run
     for got, want in zip(sharded, single):
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
