@@ -575,7 +575,8 @@ class Trainer:
         max_turns = self.env.max_turns
         turn_rewards = p.outcome_weight * alg.tokens_to_turns(
             rewards, traj.turn_end_mask, traj.agent_mask, num_turns=max_turns)
-        values, known = branch.values, branch.known
+        # The continuations' returns are in units of the env's reward, like `rewards`.
+        values, known = p.outcome_weight * branch.values, branch.known
         if 0 not in self.branch_turns:  # group_size >= 2 (see _branch_turns)
             discounts = p.turn_gamma ** jnp.arange(max_turns, dtype=jnp.float32)
             returns = jnp.sum(turn_rewards * discounts, axis=1)
