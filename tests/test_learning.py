@@ -17,6 +17,10 @@ from arl import rollout as rollout_lib
 from arl.train import Trainer
 from arl.vector_ppo import VectorPPO
 
+# Each test is a long, independent training run: let pytest-xdist put them on both
+# workers (tests/conftest.py).
+SPREAD_OVER_WORKERS = True
+
 
 def bandit_config(algorithm: str):
     """The default experiment's measured recipe (configs/grpo_bandit.py)."""
@@ -56,6 +60,26 @@ def test_rl_beats_its_demonstrator_on_bandit(algorithm, late_threshold):
     assert history[:10].mean() < 0.1  # random init: no well-formed turns yet
     late = history[-10:].mean()
     assert late > late_threshold, history
+    assert late > demonstrator + 0.1
+    metrics, _ = trainer.evaluate(state.params, jax.random.key(1), greedy=True)
+    assert float(metrics["success_rate"]) >= 0.9
+
+
+def test_vineppo_beats_its_demonstrator_on_a_two_pull_bandit():
+    # Two turns (two pulls), so the Monte Carlo value of the state between them is
+    # estimated by forking it twice per row. Measured (seed 0, 100 steps): sampled
+    # success 0.78 over the last 10 steps (0.0 -> 0.19 at step 60 -> 0.78), greedy 1.0;
+    # the continuations cost 1.0 environment step per rollout step.
+    config = bandit_config("vineppo")
+    config.env.kwargs = {"num_pulls": 2}
+    config.process.mc_samples = 2
+    trainer = Trainer(config)
+    assert trainer.branch_turns == (1,)
+    state, history = _train(trainer, config.train_steps)
+    demonstrator = _demonstrator_success(trainer.env)
+    assert history[:10].mean() < 0.1
+    late = history[-10:].mean()
+    assert late > 0.6, history
     assert late > demonstrator + 0.1
     metrics, _ = trainer.evaluate(state.params, jax.random.key(1), greedy=True)
     assert float(metrics["success_rate"]) >= 0.9
