@@ -85,6 +85,12 @@ def default_config() -> ml_collections.ConfigDict:
     # num_layers, num_heads, num_kv_heads, mlp_dim, rope_theta, tie_embeddings). "" = a
     # randomly initialised model. Its vocabulary must cover the env codec's ids.
     c.model.hf_checkpoint = ""
+    # LoRA (arl.models.lora): rank > 0 trains low-rank adapters W + (alpha/rank) A B on
+    # the `lora_targets` projections of a frozen base (the checkpoint's or the fresh
+    # init's weights); the KL reference is the base itself. 0 = full fine-tuning.
+    c.model.lora_rank = 0
+    c.model.lora_alpha = 16.0
+    c.model.lora_targets = ("q_proj", "v_proj")
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3
@@ -298,7 +304,24 @@ def _validate_token_rollout(config, mesh) -> None:
             os.path.join(m.hf_checkpoint, "config.json")):
         _fail("model.hf_checkpoint", m.hf_checkpoint,
               "must be a directory holding a Hugging Face config.json and safetensors")
+    _validate_lora(config)
     _validate_token_env(config)
+
+
+def _validate_lora(config) -> None:
+    from arl.models import lora  # pylint: disable=g-import-not-at-top
+
+    m = config.model
+    if m.get("lora_rank") is None:
+        return
+    _check_range(config, "model.lora_rank", 0, integer=True)
+    _check_range(config, "model.lora_alpha", 0.0, low_open=True)
+    targets = m.lora_targets
+    if isinstance(targets, str) or not isinstance(targets, (tuple, list)) or not targets \
+            or any(t not in lora.ALL_TARGETS for t in targets) \
+            or len(set(targets)) != len(targets):
+        _fail("model.lora_targets", targets,
+              f"expected distinct names from {lora.ALL_TARGETS}")
 
 
 def _validate_process(config) -> None:

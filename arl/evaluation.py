@@ -45,7 +45,8 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
 
 
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:
-    """Parameters of the newest good checkpoint of `workdir` (corrupt ones skipped)."""
+    """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
+    skipped); under LoRA the base with the adapters merged in."""
     from arl import experiment  # pylint: disable=g-import-not-at-top
 
     with checkpoint_lib.Checkpointer(os.path.join(workdir, experiment.CHECKPOINT_DIR)) as ckpt:
@@ -53,7 +54,7 @@ def restore_params(trainer, workdir: str) -> tuple[int, Any]:
     if restored is None:
         raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
     step, state, _ = restored
-    return step, state.params
+    return step, trainer.policy_params(state)
 
 
 @functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))

@@ -162,7 +162,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                               and step % config.sample_every == 0)
                 if sample_due:
                     metrics = dict(metrics)
-                    metrics.update(sample_and_evaluate(trainer, state.params, step, writer))
+                    metrics.update(sample_and_evaluate(
+                        trainer, trainer.policy_params(state), step, writer))
                 if step % config.log_every == 0 or step == total or sample_due:
                     record = writer.write(step, metrics)
                     records.append(record)

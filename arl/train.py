@@ -33,14 +33,25 @@ from arl import datasets as datasets_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
+from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
 
 
 @struct.dataclass
 class TrainState:
+    """The trained parameters and everything else a step carries.
+
+    Full fine-tuning: `params` is the policy's parameter tree and `ref_params` a frozen
+    copy of the initial policy when a KL term or PRIME needs the reference.
+    LoRA (model.lora_rank > 0): `params` holds only the trainable part,
+    {"lora": adapters} (plus {"value_head": ...} for PPO, whose critic head is trained
+    with the adapters), `base_params` the frozen base weights, and the policy is
+    `Trainer.policy_params(state)` = merge_lora(base, adapters); the reference policy is
+    the base itself, so `ref_params` stays None (no second copy)."""
+
     params: Any
     opt_state: Any
-    ref_params: Any  # None unless a KL term needs the reference policy
+    ref_params: Any  # None unless a KL term needs the reference policy (and not LoRA)
     step: jax.Array  # int32 []
     key: jax.Array
     # The learned process reward model and its optimizer state (process.train_prm), and
@@ -49,6 +60,8 @@ class TrainState:
     prm_opt_state: Any = None
     implicit_params: Any = None
     implicit_opt_state: Any = None
+    # The frozen base weights under LoRA (model.lora_rank > 0); None otherwise.
+    base_params: Any = None
 
 
 def make_env(env_config: ml_collections.ConfigDict):
@@ -146,6 +159,10 @@ class Trainer:
         p = config.process
         self.uses_implicit_prm = p.implicit_coef > 0
         self.uses_reference = config.loss.kl_coef > 0 or self.uses_implicit_prm
+        self.lora = None
+        if m.get("lora_rank", 0) > 0:
+            self.lora = lora_lib.LoraConfig(rank=m.lora_rank, alpha=float(m.lora_alpha),
+                                            targets=tuple(m.lora_targets))
         self.branch_turns = self._branch_turns()
         self.prm_model = None
         self.prm_optimizer = None
@@ -248,13 +265,26 @@ class Trainer:
         params = nn.unbox(self.model.init(policy_key, dummy)["params"])
         if pretrained is not None:  # the checkpoint's weights; a value head stays fresh
             params = {**params, **pretrained}
-        state = TrainState(
-            params=params,
-            opt_state=self.optimizer.init(params),
-            ref_params=params if self.uses_reference else None,
-            step=jnp.zeros((), jnp.int32),
-            key=key,
-        )
+        if self.lora is not None:
+            # The weights above become the frozen base (and the reference policy); the
+            # trainable state is the adapters (B = 0: the policy starts as the base).
+            base = params
+            params = {"lora": lora_lib.init_lora(jax.random.fold_in(init_key, 1), base,
+                                                 self.lora)}
+            if "value_head" in base:  # PPO's critic head trains with the adapters
+                params["value_head"] = base["value_head"]
+            state = TrainState(params=params, opt_state=self.optimizer.init(params),
+                               ref_params=None, step=jnp.zeros((), jnp.int32), key=key,
+                               base_params=base)
+            params = base  # PRIME's implicit PRM (below) starts as the reference
+        else:
+            state = TrainState(
+                params=params,
+                opt_state=self.optimizer.init(params),
+                ref_params=params if self.uses_reference else None,
+                step=jnp.zeros((), jnp.int32),
+                key=key,
+            )
         if self.prm_model is not None:
             prm_params = nn.unbox(self.prm_model.init(prm_key, dummy)["params"])
             state = state.replace(prm_params=prm_params,
@@ -285,13 +315,22 @@ class Trainer:
                 return sharding_lib.opt_state_shardings(
                     optimizer, opt_state, param_shardings, replicated)
 
-            shardings = TrainState(
-                params=param_shardings,
-                opt_state=opt_shardings(self.optimizer, abstract.opt_state, param_shardings),
-                ref_params=param_shardings if self.uses_reference else None,
-                step=replicated,
-                key=replicated,
-            )
+            if self.lora is not None:  # adapters replicated, the base sharded
+                trainable = jax.tree.map(lambda _: replicated, abstract.params)
+                shardings = TrainState(
+                    params=trainable,
+                    opt_state=opt_shardings(self.optimizer, abstract.opt_state, trainable),
+                    ref_params=None, step=replicated, key=replicated,
+                    base_params=param_shardings)
+            else:
+                shardings = TrainState(
+                    params=param_shardings,
+                    opt_state=opt_shardings(self.optimizer, abstract.opt_state,
+                                            param_shardings),
+                    ref_params=param_shardings if self.uses_reference else None,
+                    step=replicated,
+                    key=replicated,
+                )
             if self.prm_model is not None:
                 prm_shardings = transformer_lib.param_shardings(
                     transformer_lib.abstract_params(self.prm_model), self.mesh)
@@ -306,6 +345,38 @@ class Trainer:
                         self.prm_optimizer, abstract.implicit_opt_state, param_shardings))
             self._state_shardings = shardings
         return self._state_shardings
+
+    # ------------------------------------------------------------------ policy
+    def _merge(self, trainable, base):
+        """The policy's parameter tree: `trainable` itself, or under LoRA the base with
+        the adapters merged in (and PPO's trained value head)."""
+        if self.lora is None:
+            return trainable
+        merged = lora_lib.merge_lora(base, trainable["lora"], self.lora)
+        if "value_head" in trainable:
+            merged = {**merged, "value_head": trainable["value_head"]}
+        return merged
+
+    def _policy(self, state: TrainState):
+        return self._merge(state.params, state.base_params)
+
+    def _reference(self, state: TrainState):
+        """The reference policy's parameters: the frozen base under LoRA."""
+        return state.base_params if self.lora is not None else state.ref_params
+
+    @functools.cached_property
+    def _merge_fn(self):
+        param_shardings = transformer_lib.param_shardings(
+            transformer_lib.abstract_params(self.model), self.mesh)
+        return jax.jit(self._merge, out_shardings=param_shardings)
+
+    def policy_params(self, state: TrainState):
+        """Parameters of the current policy for `model.apply` / `rollout` / `evaluate`,
+        outside jit: `state.params`, or under LoRA the base with the adapters merged (a
+        new array per targeted kernel, with the model's shardings)."""
+        if self.lora is None:
+            return state.params
+        return self._merge_fn(state.params, state.base_params)
 
     # ------------------------------------------------------------------ step
     def _compile_train_step(self):
@@ -356,9 +427,10 @@ class Trainer:
         horizon = self.horizon(state.step)
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         row_params = self.row_params(c.rollout.num_tasks, c.rollout.group_size)
+        policy = self._policy(state)
         traj = rollout_lib.rollout(
             self.env, rollout_key, num_tasks=c.rollout.num_tasks,
-            group_size=c.rollout.group_size, model=self.model, params=state.params,
+            group_size=c.rollout.group_size, model=self.model, params=policy,
             sampling=self.sampling, horizon=horizon, env_params=row_params,
             record_turn_states=bool(self.branch_turns))
         traj = jax.lax.with_sharding_constraint(traj, batch_axes)
@@ -367,7 +439,7 @@ class Trainer:
 
         ref_logp = None
         if self.uses_reference:
-            ref_logp, _, _ = self._forward(state.ref_params, traj.tokens)
+            ref_logp, _, _ = self._forward(self._reference(state), traj.tokens)
             ref_logp = jax.lax.stop_gradient(ref_logp)
         old_values = None
         if c.algorithm == "ppo":
@@ -378,7 +450,7 @@ class Trainer:
         if self.branch_turns:
             branch = branching_lib.branch_values(
                 self.env, branch_key, traj, branch_turns=self.branch_turns,
-                num_samples=p.mc_samples, model=self.model, params=state.params,
+                num_samples=p.mc_samples, model=self.model, params=policy,
                 sampling=self.sampling, horizon=horizon, env_params=row_params,
                 estimate="mean_return" if c.algorithm == "vineppo" else p.mc_estimate,
                 gamma=p.turn_gamma)
@@ -438,7 +510,8 @@ class Trainer:
 
         def do_update(operand):
             params, opt_state = operand
-            return self._update(params, opt_state, batch, update_key, state.step)
+            return self._update(params, opt_state, batch, update_key, state.step,
+                                state.base_params)
 
         def skip_update(operand):
             params, opt_state = operand
@@ -592,8 +665,10 @@ class Trainer:
         return advantages
 
     # ------------------------------------------------------------------ update
-    def _loss(self, params, mb, step):
+    def _loss(self, params, mb, step, base=None):
+        """Loss of the trainable `params` (under LoRA merged into the frozen `base`)."""
         c = self.config
+        params = self._merge(params, base)
         logp, ent, values = self._forward(params, mb["tokens"])
         mask = mb["mask"]
         norm = None
@@ -637,7 +712,7 @@ class Trainer:
         metrics["loss/total"] = total
         return total, metrics
 
-    def _update(self, params, opt_state, batch, key, step):
+    def _update(self, params, opt_state, batch, key, step, base=None):
         c = self.config
         num_mb = c.updates.minibatches
         mb_size = self.batch_size // num_mb
@@ -653,7 +728,7 @@ class Trainer:
             def minibatch(carry, mb):
                 params, opt_state = carry
                 mb = jax.lax.with_sharding_constraint(mb, batch_axes)
-                grads, metrics = grad_fn(params, mb, step)
+                grads, metrics = grad_fn(params, mb, step, base)
                 updates, opt_state = self.optimizer.update(grads, opt_state, params)
                 params = optax.apply_updates(params, updates)
                 metrics["grad_norm"] = optax.global_norm(grads)
@@ -672,13 +747,12 @@ class Trainer:
 
     def _update_metric_shapes(self):
         batch = self._dummy_batch()
-        _, metrics = self._loss(self._dummy_params(), batch, jnp.zeros((), jnp.int32))
+        state = self.init_state_unsharded_shape()
+        _, metrics = self._loss(state.params, batch, jnp.zeros((), jnp.int32),
+                                state.base_params)
         metrics = dict(metrics)
         metrics["grad_norm"] = jnp.zeros((), jnp.float32)
         return metrics
-
-    def _dummy_params(self):  # called under eval_shape: nothing is computed
-        return self.init_state_unsharded_shape().params
 
     def _dummy_batch(self):
         c = self.config
@@ -734,5 +808,9 @@ class Trainer:
         return jax.jit(evaluate, static_argnames=("greedy",))
 
     def evaluate(self, params, key, *, greedy: bool = True):
-        """Success and reward of the policy on fresh tasks (one sample per task)."""
+        """Success and reward of the policy on fresh tasks (one sample per task).
+
+        `params`: policy parameters (`policy_params(state)`) or a `TrainState`."""
+        if isinstance(params, TrainState):
+            params = self.policy_params(params)
         return self._evaluate_fn(params, key, greedy=greedy)

@@ -10,7 +10,9 @@ oracle, the policy after SFT alone and after SFT + RL, sampled (temperature 1) a
 Stage 1 is a plain behaviour-cloning loop (the trainer's model, AdamW at
 `optim.learning_rate`, batches of `num_tasks * group_size` demonstrations generated on
 the fly); stage 2 is `Trainer.train_step` with the config as given, starting from the
-stage-1 parameters (fresh optimizer state).
+stage-1 parameters (fresh optimizer state). With `--config.model.lora_rank=8` stage 1
+still trains all weights and they become stage 2's frozen base (and KL reference), on
+which the adapters are trained.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def sft_warm_start(trainer: Trainer, steps: int, *, seed: int = 0, learning_rate
                                                       if c.optim.max_grad_norm else 1e9),
                             optax.adamw(lr, b1=c.optim.b1, b2=c.optim.b2))
     state = trainer.init_state(seed)
-    params = state.params
+    params = trainer.policy_params(state)  # all weights, also under LoRA
     opt_state = optimizer.init(params)
     batch_size = batch_size or trainer.batch_size
     env_params = trainer.row_params(batch_size, 1)
@@ -97,7 +99,8 @@ def run_stages(config, *, sft_steps: int, rl_steps: int | None = None, log=print
     out["demonstrator"] = scripted(trainer, "demonstrator")
     out["oracle"] = scripted(trainer, "oracle")
     init = trainer.init_state()
-    out["random_sampled"] = evaluate(trainer, init.params, greedy=False, rounds=eval_rounds)
+    out["random_sampled"] = evaluate(trainer, trainer.policy_params(init), greedy=False,
+                                     rounds=eval_rounds)
     del init
     log(f"baselines {json.dumps(out)}")
 
@@ -118,7 +121,10 @@ def run_stages(config, *, sft_steps: int, rl_steps: int | None = None, log=print
         f"greedy {out['sft_greedy']}")
 
     state = trainer.init_state()
-    state = state.replace(params=params)
+    if trainer.lora is not None:  # the SFT weights become the frozen base (and reference)
+        state = state.replace(base_params=params)
+    else:
+        state = state.replace(params=params)
     t0 = time.time()
     history = []
     for i in range(rl_steps):
@@ -132,8 +138,9 @@ def run_stages(config, *, sft_steps: int, rl_steps: int | None = None, log=print
     out["rl_wall_s"] = time.time() - t0
     out["rl_history"] = history
     out["rl_last10_sampled"] = float(np.mean(history[-10:])) if history else None
-    out["rl_sampled"] = evaluate(trainer, state.params, greedy=False, rounds=eval_rounds)
-    out["rl_greedy"] = evaluate(trainer, state.params, greedy=True, rounds=eval_rounds)
+    policy = trainer.policy_params(state)
+    out["rl_sampled"] = evaluate(trainer, policy, greedy=False, rounds=eval_rounds)
+    out["rl_greedy"] = evaluate(trainer, policy, greedy=True, rounds=eval_rounds)
     log(f"after SFT+RL ({out['rl_wall_s']:.0f}s): sampled {out['rl_sampled']} "
         f"greedy {out['rl_greedy']}")
     return out, state
