@@ -125,6 +125,10 @@ def run_stages(config, *, sft_steps: int, rl_steps: int | None = None, log=print
         state = state.replace(base_params=params)
     else:
         state = state.replace(params=params)
+        if state.ref_params is not None:  # the KL anchor is the SFT policy, not the init
+            state = state.replace(ref_params=jax.tree.map(jnp.copy, params))
+    if state.implicit_params is not None:  # PRIME's implicit PRM starts as the reference
+        state = state.replace(implicit_params=jax.tree.map(jnp.copy, params))
     t0 = time.time()
     history = []
     for i in range(rl_steps):
