@@ -136,6 +136,18 @@ def default_config() -> ml_collections.ConfigDict:
     # means demonstrations are generated on the fly by `sft_source` inside the step.
     c.loss.sft_dataset = ""
 
+    # Behaviour-cloning warm start (arl.warm_start): before RL, a fresh run trains the
+    # model for sft_steps on scripted demonstrations from sft_source ("" = loss.sft_source;
+    # "demonstrator": the env's weaker demonstrator), sft_batch fresh ones per step (0 =
+    # the RL batch num_tasks*group_size), AdamW at sft_lr (0 = optim.learning_rate). RL
+    # then starts from those weights (the KL reference too; under LoRA they are the
+    # frozen base). 0 steps = RL from the initial model. Token environments only.
+    c.warm_start = ml_collections.ConfigDict()
+    c.warm_start.sft_steps = 0
+    c.warm_start.sft_batch = 0
+    c.warm_start.sft_lr = 0.0
+    c.warm_start.sft_source = ""
+
     # Vector environments (algorithm "ppo_vector", e.g. env.name "gymnax:CartPole-v1").
     c.vector = ml_collections.ConfigDict()
     c.vector.num_envs = 4
@@ -243,6 +255,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _fail("loss.sft_dataset", sft_dataset,
               "no such directory; write one with arl.datasets.build_demonstrations")
 
+    _validate_warm_start(config)
+
     _check_range(config, "loss.sft_hold_steps", 0, integer=True)
     _check_range(config, "loss.sft_decay_steps", 1, integer=True)
     _check_range(config, "advantage.gamma", 0.0, 1.0)
@@ -261,6 +275,22 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _validate_process(config)
     if workdir is not None:
         _validate_workdir(workdir)
+
+
+def _validate_warm_start(config) -> None:
+    ws = config.get("warm_start")
+    if ws is None:
+        return
+    _check_range(config, "warm_start.sft_steps", 0, integer=True)
+    _check_range(config, "warm_start.sft_batch", 0, integer=True)
+    _check_range(config, "warm_start.sft_lr", 0.0)
+    if ws.sft_source not in SFT_SOURCES + ("",):
+        _fail("warm_start.sft_source", ws.sft_source,
+              f"allowed values are {SFT_SOURCES} or '' (= loss.sft_source)")
+    if ws.sft_steps and config.algorithm == "ppo_vector":
+        _fail("warm_start.sft_steps", ws.sft_steps,
+              "the warm start clones token-environment demonstrations; "
+              "algorithm 'ppo_vector' has none: set 0")
 
 
 def _validate_token_rollout(config, mesh) -> None:

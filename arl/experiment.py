@@ -7,7 +7,9 @@
    (``algorithm="ppo_vector"``); both expose ``init_state()`` and the jitted, donating
    ``train_step(state) -> (state, metrics)``.
 3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
-   reported and skipped by `arl.checkpoint.Checkpointer`); otherwise training starts fresh.
+   reported and skipped by `arl.checkpoint.Checkpointer`); otherwise training starts fresh,
+   after the behaviour-cloning warm start when ``warm_start.sft_steps > 0``
+   (`arl.warm_start`; its state is saved as checkpoint 0, so a resume skips it).
 4. Per step: ``train_step``; every ``log_every`` steps one `jax.device_get` of the metrics
    into `MetricsWriter` (metrics.jsonl + TensorBoard); every ``sample_every`` steps (token
    envs) a greedy evaluation (``eval/*`` metrics, logged with that step) and two sampled
@@ -115,6 +117,18 @@ def sample_and_evaluate(trainer, params, step: int, writer: writers_lib.MetricsW
     return metrics
 
 
+def _warm_start(trainer, state):
+    """The RL start state after `config.warm_start` (behaviour cloning, `arl.warm_start`)."""
+    from arl import warm_start as warm_start_lib  # pylint: disable=g-import-not-at-top
+
+    ws = trainer.config.warm_start
+    log_every = max(1, min(25, ws.sft_steps // 10 or 1))
+    logging.info("Warm start: %d SFT steps on %r demonstrations before RL.", ws.sft_steps,
+                 ws.sft_source or trainer.config.loss.sft_source)
+    return warm_start_lib.warm_start_state(trainer, state, log=logging.info,
+                                           log_every=log_every)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *,
         kill_after_step: int | None = None) -> list[dict[str, Any]]:
     """Trains `config` in `workdir`, resuming from its newest good checkpoint.
@@ -144,6 +158,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         if restored is None:
             start, state = 0, trainer.init_state()
             logging.info("Starting a fresh run in %s.", workdir)
+            warm = config.get("warm_start")
+            if is_token_env and warm is not None and warm.sft_steps > 0:
+                state = _warm_start(trainer, state)
+                # Checkpoint 0 holds the post-SFT state: a resumed run restores it (or a
+                # later step) and never repeats the warm start.
+                ckpt.save(0, state, metadata=metadata, force=True)
         else:
             start, state, saved_metadata = restored
             logging.info("Resumed from step %d of %s.", start, workdir)

@@ -141,7 +141,8 @@ def _smooth(y, width=5):
 
 def main(argv):
     del argv
-    from experiments.learning_stages import evaluate, scripted, sft_warm_start
+    from arl.warm_start import sft_warm_start  # pylint: disable=g-import-not-at-top
+    from experiments.learning_stages import evaluate, scripted
 
     log = lambda s: print(s, flush=True)
     base = Trainer(method_config("grpo", FLAGS.max_n, FLAGS.max_turns))

@@ -6,10 +6,11 @@ turn it skips the tool half the time and answers from "mental arithmetic", which
 by a random non-zero amount half the time: success 0.75), then trained with GRPO (plus a
 small SFT floor, alpha 0.05): RL must learn to always call the tool. The two stages:
 
+    python -m experiments.train --config=configs/grpo_calculator.py --workdir=/tmp/calc
     python -m experiments.learning_stages --config=configs/grpo_calculator.py
 
-(`WARM_START` below is read by `experiments.learning_stages`, not by the library;
-`experiments/train.py` with this config runs only the RL stage, from a random model.)
+(`c.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
+baselines and the SFT-only policy.)
 Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
 tests/test_learning_token_slow.py.
 
@@ -21,13 +22,15 @@ context short (80 tokens) for this CPU. Scale up: `env.kwargs.max_digits` (up to
 
 from arl import config as config_lib
 
-# Stage 1 (read by experiments.learning_stages): behaviour cloning on the demonstrator,
-# sft_steps of sft_batch fresh demonstrations each, AdamW at sft_lr.
-WARM_START = dict(sft_steps=400, sft_batch=64, sft_lr=3e-3)
-
 
 def get_config():
     c = config_lib.default_config()
+    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
+    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
+    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
+    c.warm_start.sft_steps = 400
+    c.warm_start.sft_batch = 64
+    c.warm_start.sft_lr = 3e-3
     c.algorithm = "grpo"
     c.env.name = "calculator"
     c.env.kwargs.max_digits = 2

@@ -10,10 +10,12 @@ sampled policy towards bisection (higher sampled success, fewer turns). A higher
 learning rate (2e-3, fresh Adam) wrecked the SFT policy within 10 steps (sampled success
 0.83 -> 0.63) in the measurements.
 
+    python -m experiments.train --config=configs/grpo_guess_number.py --workdir=/tmp/gn
     python -m experiments.learning_stages --config=configs/grpo_guess_number.py
 
-(`WARM_START` below is read by `experiments.learning_stages`, not by the library;
-`experiments/train.py` with this config runs only the RL stage, from a random model.)
+Both run the two stages (`c.warm_start` below sets stage 1; `experiments.train` saves
+the post-SFT state as checkpoint 0, so a resume skips it); `learning_stages` also
+reports the random, demonstrator, oracle and SFT-only baselines.
 Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
 tests/test_learning_token_slow.py.
 
@@ -25,13 +27,15 @@ num_tasks * group_size divides over data * fsdp.
 
 from arl import config as config_lib
 
-# Stage 1 (read by experiments.learning_stages): behaviour cloning on the demonstrator,
-# sft_steps of sft_batch fresh demonstrations each, AdamW at sft_lr.
-WARM_START = dict(sft_steps=400, sft_batch=64, sft_lr=3e-3)
-
 
 def get_config():
     c = config_lib.default_config()
+    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
+    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
+    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
+    c.warm_start.sft_steps = 400
+    c.warm_start.sft_batch = 64
+    c.warm_start.sft_lr = 3e-3
     c.algorithm = "grpo"
     c.env.name = "guess_number"
     c.env.kwargs.max_n = 16

@@ -12,10 +12,11 @@ inside each turn, over agent tokens only (observation tokens of the environment'
 replies are skipped); `advantage.turn_level=False` gives plain token-level GAE. One
 sample per task is enough for PPO (no group baseline): the critic is the baseline.
 
+    python -m experiments.train --config=configs/ppo_guess_number.py --workdir=/tmp/ppo_gn
     python -m experiments.learning_stages --config=configs/ppo_guess_number.py
 
-(`WARM_START` below is read by `experiments.learning_stages`, not by the library;
-`experiments/train.py` with this config runs only the RL stage, from a random model.)
+(`c.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
+baselines and the SFT-only policy.)
 Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
 tests/test_learning_token_slow.py.
 
@@ -25,13 +26,15 @@ Scale up: as for `grpo_guess_number`; with a larger model, consider value clippi
 
 from arl import config as config_lib
 
-# Stage 1 (read by experiments.learning_stages): behaviour cloning on the demonstrator,
-# sft_steps of sft_batch fresh demonstrations each, AdamW at sft_lr.
-WARM_START = dict(sft_steps=100, sft_batch=64, sft_lr=3e-3)
-
 
 def get_config():
     c = config_lib.default_config()
+    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
+    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
+    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
+    c.warm_start.sft_steps = 100
+    c.warm_start.sft_batch = 64
+    c.warm_start.sft_lr = 3e-3
     c.algorithm = "ppo"
     c.env.name = "guess_number"
     c.env.kwargs.max_n = 8

@@ -11,8 +11,8 @@ environment steps as the rollout itself (`mc/env_steps_per_rollout_step`).
 
     python -m experiments.learning_stages --config=configs/vineppo_guess_number.py
 
-(`WARM_START` is read by `experiments.learning_stages`: behaviour cloning on the
-environment's weaker demonstrator first, as DESIGN.md section 7 asks.) The comparison
+(`c.warm_start` sets stage 1, run by it and by `experiments.train`: behaviour cloning
+on the environment's weaker demonstrator first, as DESIGN.md section 7 asks.) The comparison
 with GRPO, PPO and process rewards at an equal budget of environment steps:
 `python -m benchmarks.credit_assignment` (benchmarks/RESULTS.md, "Credit assignment").
 
@@ -22,11 +22,15 @@ before every turn), larger `rollout.num_tasks`.
 
 from arl import config as config_lib
 
-WARM_START = dict(sft_steps=300, sft_batch=64, sft_lr=3e-3)
-
 
 def get_config():
     c = config_lib.default_config()
+    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
+    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
+    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
+    c.warm_start.sft_steps = 300
+    c.warm_start.sft_batch = 64
+    c.warm_start.sft_lr = 3e-3
     c.algorithm = "vineppo"
     c.env.name = "guess_number"
     c.env.kwargs.max_n = 64

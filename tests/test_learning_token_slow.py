@@ -1,7 +1,7 @@
 """Slow learning tests on multi-turn token environments (issue #4, DESIGN.md section 7).
 
 Each test runs the two stages of `experiments.learning_stages` with the shipped config
-and its `WARM_START` (fixed seeds): behaviour cloning on the environment's *weaker*
+and its `warm_start` section (fixed seeds): behaviour cloning on the environment's *weaker*
 demonstrator, then RL from those weights. Thresholds sit a little below the measured
 numbers (benchmarks/RESULTS.md, "Learning"); every test also checks the baselines (the
 random policy never succeeds; the demonstrator and the oracle are what they are
@@ -20,10 +20,8 @@ from experiments import learning_stages
 def _run(name):
     module = importlib.import_module(f"configs.{name}")
     config = module.get_config()
-    ws = module.WARM_START
-    result, _ = learning_stages.run_stages(
-        config, sft_steps=ws["sft_steps"], sft_batch=ws["sft_batch"], sft_lr=ws["sft_lr"],
-        log=lambda s: print(s, flush=True))
+    assert config.warm_start.sft_steps > 0
+    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
     result.pop("rl_history")
     print(result)
     return result

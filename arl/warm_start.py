@@ -1,0 +1,173 @@
+"""Behaviour-cloning warm start: SFT on scripted demonstrations before RL.
+
+A randomly initialised decoder rarely samples a successful multi-turn episode, so RL on
+the token environments starts from a policy behaviour-cloned on the environment's
+scripted demonstrations (DESIGN.md section 7; `config.warm_start`):
+
+    params = sft_warm_start(trainer, steps=400, batch_size=64, learning_rate=3e-3)
+    state = start_state(trainer, params)          # RL starts here
+    # or, from the config's warm_start section:
+    state = warm_start_state(trainer)
+
+Each SFT step is one `jax.jit` program: a batch of fresh demonstrations from
+`rollout(..., action_source=source)` (`"demonstrator"`: the env's weaker demonstrator;
+`"oracle"`), the masked NLL of the demonstrator's tokens (`algorithms.sft_loss`) and
+an AdamW update of *all* the model's weights. Under LoRA (`model.lora_rank > 0`) those
+weights become the frozen base (and so the KL reference) on which the adapters are
+trained; otherwise they are the trained params, and the KL reference (`ref_params`) and
+PRIME's implicit PRM (`implicit_params`) start as copies of them, so KL anchors to the
+SFT policy rather than the random init.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from arl import algorithms as alg
+from arl import rollout as rollout_lib
+
+_SFT_KEY_SALT = 1000  # the SFT key stream: key(seed + 1000), as experiments used before
+
+
+def sft_optimizer(config, learning_rate: float) -> optax.GradientTransformation:
+    """Global-norm clipping at `optim.max_grad_norm` (none when 0), then AdamW."""
+    clip = config.optim.max_grad_norm
+    return optax.chain(optax.clip_by_global_norm(max(clip, 1e-6) if clip else 1e9),
+                       optax.adamw(learning_rate, b1=config.optim.b1, b2=config.optim.b2))
+
+
+def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
+                   source: str | None = None, batch_size: int | None = None,
+                   log: Callable[[str], Any] | None = None, log_every: int = 25,
+                   init_state=None):
+    """The model's full parameters after `steps` behaviour-cloning steps.
+
+    Args:
+      trainer: an `arl.train.Trainer`; its model, forward pass and environment are used.
+      steps: number of SFT steps (0 returns the initial parameters).
+      seed: the initial parameters are `trainer.init_state(seed)`'s (unless
+        `init_state` is given); the demonstrations use `key(seed + 1000)`.
+      learning_rate: AdamW learning rate; None/0 = `optim.learning_rate`.
+      source: `"demonstrator"` or `"oracle"`; None/"" = `loss.sft_source`.
+      batch_size: demonstrations per step; None/0 = the RL batch num_tasks*group_size.
+      log: called with a line "sft step i loss x (ts)" every `log_every` steps.
+      init_state: a `TrainState` of `trainer` to start from (its policy; not modified).
+
+    Returns:
+      The policy's full parameter tree (also under LoRA: base with adapters merged).
+    """
+    c = trainer.config
+    source = source or c.loss.sft_source
+    lr = learning_rate or c.optim.learning_rate
+    batch_size = batch_size or trainer.batch_size
+    optimizer = sft_optimizer(c, lr)
+    state = trainer.init_state(seed) if init_state is None else init_state
+    params = trainer.policy_params(state)  # all weights, also under LoRA
+    if init_state is None:
+        del state
+    opt_state = optimizer.init(params)
+    env_params = trainer.row_params(batch_size, 1)
+
+    def loss_fn(p, tokens, mask):
+        logp, _, _ = trainer._forward(p, tokens)  # pylint: disable=protected-access
+        return alg.sft_loss(logp, mask)
+
+    @jax.jit
+    def step(params, opt_state, key):
+        demo = rollout_lib.rollout(
+            trainer.env, key, num_tasks=batch_size, group_size=1,
+            action_source=source, env_params=env_params)
+        loss, grads = jax.value_and_grad(loss_fn)(params, demo.tokens, demo.agent_mask)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    key = jax.random.key(seed + _SFT_KEY_SALT)
+    t0 = time.time()
+    for i in range(steps):
+        key, sub = jax.random.split(key)
+        params, opt_state, loss = step(params, opt_state, sub)
+        if log is not None and log_every > 0 and ((i + 1) % log_every == 0 or i + 1 == steps):
+            log(f"sft step {i + 1} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
+    return params
+
+
+def demonstration_loss(trainer, params, key, *, num_tasks: int = 64,
+                       source: str | None = None) -> float:
+    """Mean SFT loss (masked NLL) of `params` on `num_tasks` fresh demonstrations."""
+    source = source or trainer.config.loss.sft_source
+    demo = rollout_lib.rollout(trainer.env, key, num_tasks=num_tasks, group_size=1,
+                               action_source=source,
+                               env_params=trainer.row_params(num_tasks, 1))
+    logp, _, _ = trainer._forward(params, demo.tokens)  # pylint: disable=protected-access
+    return float(alg.sft_loss(logp, demo.agent_mask))
+
+
+def start_state(trainer, params, state=None):
+    """The RL start state with the policy `params` (e.g. from `sft_warm_start`).
+
+    `state` (default `trainer.init_state()`) supplies everything else: a fresh optimizer
+    state, the step, the PRNG key, the PRMs. Under LoRA `params` become `base_params`
+    (the frozen base and KL reference; the adapters stay as initialised, B = 0, so the
+    policy starts as `params`); otherwise `params` become `state.params`, and
+    `ref_params` / `implicit_params`, where the config uses them, get copies (the train
+    step donates its state, so they must not share buffers). `params` is moved into the
+    returned state (placed with the state's shardings): do not use it after a donating
+    `train_step` of that state.
+    """
+    state = trainer.init_state() if state is None else state
+    shardings = trainer.state_shardings()
+    param_shardings = shardings.base_params if trainer.lora is not None else shardings.params
+    placed = jax.device_put(params, _policy_shardings(param_shardings, params))
+
+    def copy():
+        return jax.device_put(jax.tree.map(jnp.copy, params),
+                              _policy_shardings(param_shardings, params))
+
+    if trainer.lora is not None:
+        state = state.replace(base_params=placed)
+    else:
+        state = state.replace(params=placed)
+        if state.ref_params is not None:  # the KL anchor is the SFT policy, not the init
+            state = state.replace(ref_params=copy())
+    if state.implicit_params is not None:  # PRIME's implicit PRM starts as the reference
+        state = state.replace(implicit_params=copy())
+    return state
+
+
+def _policy_shardings(param_shardings, params):
+    """`param_shardings` when it matches the tree of `params`; else leave placement."""
+    if jax.tree.structure(param_shardings) == jax.tree.structure(params):
+        return param_shardings
+    return None
+
+
+def settings(config) -> dict[str, Any]:
+    """`config.warm_start` resolved: steps, batch_size, learning_rate, source."""
+    ws = config.get("warm_start")
+    if ws is None:
+        return dict(steps=0, batch_size=None, learning_rate=None, source=None)
+    return dict(steps=int(ws.sft_steps), batch_size=int(ws.sft_batch) or None,
+                learning_rate=float(ws.sft_lr) or None, source=ws.sft_source or None)
+
+
+def warm_start_state(trainer, state=None, *, log: Callable[[str], Any] | None = None,
+                     log_every: int = 25, **overrides):
+    """`config.warm_start.sft_steps` of SFT from `state` (default `trainer.init_state()`)
+    and the RL start state from them (`start_state`); `overrides` replace the resolved
+    `settings(config)` entries (steps, batch_size, learning_rate, source)."""
+    c = trainer.config
+    state = trainer.init_state() if state is None else state
+    kwargs = {**settings(c), **overrides}
+    steps = kwargs.pop("steps")
+    t0 = time.time()
+    params = sft_warm_start(trainer, steps, seed=c.seed, log=log, log_every=log_every,
+                            init_state=state, **kwargs)
+    jax.block_until_ready(params)
+    if log is not None:
+        log(f"warm start: {steps} SFT steps in {time.time() - t0:.1f}s")
+    return start_state(trainer, params, state)
