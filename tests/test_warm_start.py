@@ -98,35 +98,23 @@ def test_run_warms_up_once_and_a_resume_does_not_repeat_it(tmp_path, monkeypatch
     config.train_steps = 1
     records = experiment.run(config, str(tmp_path))
     assert [r["step"] for r in records] == [1] and len(calls) == 1
+    trainer = Trainer(config)
     with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [0, 1]  # 0: the post-SFT state
-        state0, _ = ckpt.restore(0, experiment.abstract_state(Trainer(config)))
-    fresh = Trainer(config).init_state()
+        state0, _ = ckpt.restore(0, experiment.abstract_state(trainer))
     assert int(state0.step) == 0
     # The saved start state is the SFT policy (not the init), and its KL reference too.
+    fresh = trainer.init_state()
     assert not np.array_equal(np.asarray(jax.tree.leaves(state0.params)[0]),
                               np.asarray(jax.tree.leaves(fresh.params)[0]))
     _assert_trees_equal(state0.ref_params, state0.params)
 
-    config.train_steps = 2  # resumes from step 1: no second warm start
+    # Killed before step 1's checkpoint: the resumed run restores checkpoint 0 and
+    # trains from there without a second warm start.
+    shutil.rmtree(tmp_path / "checkpoints" / "1")
+    config.train_steps = 2
     records = experiment.run(config, str(tmp_path))
-    assert [r["step"] for r in records] == [2] and len(calls) == 1
-
-
-def test_resume_from_the_warm_start_checkpoint_skips_sft(tmp_path, monkeypatch):
-    """Killed before any RL checkpoint: checkpoint 0 is restored, no SFT is rerun."""
-    from arl import checkpoint
-
-    config = _tiny_config(sft_steps=2, sft_batch=8)
-    config.train_steps = 1
-    experiment.run(config, str(tmp_path))
-    shutil.rmtree(tmp_path / "checkpoints" / "1")  # as if killed before step 1's save
-    with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
-        assert ckpt.all_steps() == [0]
-    monkeypatch.setattr(warm_start, "warm_start_state",
-                        lambda *a, **k: pytest.fail("the warm start ran again"))
-    records = experiment.run(config, str(tmp_path))
-    assert [r["step"] for r in records] == [1]
+    assert [r["step"] for r in records] == [1, 2] and len(calls) == 1
 
 
 @pytest.mark.parametrize("field,value", [
