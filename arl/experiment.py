@@ -118,7 +118,8 @@ def sample_and_evaluate(trainer, params, step: int, writer: writers_lib.MetricsW
 
 
 def _warm_start(trainer, state):
-    """The RL start state after `config.warm_start` (behaviour cloning, `arl.warm_start`)."""
+    """The RL start state after `config.warm_start` (behaviour cloning,
+    `arl.warm_start`)."""
     from arl import warm_start as warm_start_lib  # pylint: disable=g-import-not-at-top
 
     ws = trainer.config.warm_start

@@ -91,7 +91,8 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     for i in range(steps):
         key, sub = jax.random.split(key)
         params, opt_state, loss = step(params, opt_state, sub)
-        if log is not None and log_every > 0 and ((i + 1) % log_every == 0 or i + 1 == steps):
+        due = log_every > 0 and ((i + 1) % log_every == 0 or i + 1 == steps)
+        if log is not None and due:
             log(f"sft step {i + 1} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
     return params
 
@@ -121,7 +122,8 @@ def start_state(trainer, params, state=None):
     """
     state = trainer.init_state() if state is None else state
     shardings = trainer.state_shardings()
-    param_shardings = shardings.base_params if trainer.lora is not None else shardings.params
+    param_shardings = (shardings.base_params if trainer.lora is not None
+                       else shardings.params)
     placed = jax.device_put(params, _policy_shardings(param_shardings, params))
 
     def copy():

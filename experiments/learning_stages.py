@@ -116,8 +116,10 @@ def main(argv):
     from absl import flags  # pylint: disable=g-import-not-at-top
 
     config = flags.FLAGS.config
-    settings = dict(sft_steps=flags.FLAGS.sft_steps if flags.FLAGS.sft_steps >= 0 else None,
-                    sft_batch=flags.FLAGS.sft_batch or None, sft_lr=flags.FLAGS.sft_lr or None)
+    steps = flags.FLAGS.sft_steps
+    settings = dict(sft_steps=steps if steps >= 0 else None,
+                    sft_batch=flags.FLAGS.sft_batch or None,
+                    sft_lr=flags.FLAGS.sft_lr or None)
     result, _ = run_stages(config, **settings, sft_cache=flags.FLAGS.sft_cache,
                            log=lambda s: print(s, flush=True))
     result.pop("rl_history")
