@@ -125,8 +125,10 @@ def test_sharded_step_equals_single_device(mesh_shape, single_device_run):
     for got, want in zip(sharded, single):
         for key in want:
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    # atol: two Adam steps of ~1e-3 each; 1e-5 is 1% of one update (Adam's m/sqrt(v)
+    # amplifies the float32 reduction-order noise of near-zero gradients).
     for got, want in zip(jax.tree.leaves(sharded_params), jax.tree.leaves(params)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("field,value,match", [

@@ -245,7 +245,8 @@ def test_progress_bar_is_quiet_off_a_tty(caplog):
 
 
 def test_progress_bar_logs_every_n_steps_off_a_tty(caplog):
-    with caplog.at_level(logging.INFO):
+    # The absl logger's own level: once any test has parsed absl flags it is WARNING.
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="absl"):
         with writers.ProgressBar(10, stream=io.StringIO(), log_every=4) as bar:
             for step in range(1, 11):
                 bar.update(step, {"loss": 2.0})
