@@ -96,7 +96,8 @@ def _tiny_model(env, value_head=False):
     return model, params
 
 
-@pytest.mark.parametrize("env_name", ["guess_number", "calculator"])
+@pytest.mark.parametrize("env_name", [
+    "guess_number", pytest.param("calculator", marks=pytest.mark.slow)])  # suite budget
 def test_behaviour_logp_equals_full_forward_recomputation(env_name):
     env = envs.make(env_name)
     model, params = _tiny_model(env)

@@ -70,6 +70,7 @@ def test_start_state_policy_and_reference_are_copies_of_the_sft_weights(trainer,
     _assert_trees_equal(state.ref_params, expected)
 
 
+@pytest.mark.slow  # one more Trainer compile; LoRA's start state is also covered in tests/test_train_lora.py
 def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
     config = _tiny_config()
     config.model.lora_rank = 4
