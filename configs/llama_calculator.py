@@ -10,6 +10,12 @@ the training log-probs are computed in chunks from the hidden states
 (`model.logprob_chunk`).
 
     python -m experiments.train --config=configs/llama_calculator.py --workdir=/tmp/llama_calc
+    python -m experiments.learning_stages --config=configs/llama_calculator.py  # + baselines
+
+Measured (seed 0, shared 2-core CPU, ~5 minutes): sampled success 0.44 after the SFT
+stage (greedy 0.07: it imitates the demonstrator's tool skipping), 0.96 after SFT + 80
+GRPO steps (greedy 1.0, always two turns: tool call, then answer); the demonstrator
+0.75, the oracle 1.0, the untrained model 0.0. benchmarks/RESULTS.md, "Learning".
 
 To start from a pretrained checkpoint instead, load it with
 `arl.models.hf_import.load_hf_checkpoint` and point `env.kwargs.codec` at the
@@ -46,11 +52,10 @@ def get_config():
     c.env.kwargs.max_digits = 1
     c.env.kwargs.max_turns = 3
     c.env.kwargs.codec = tokenizer_path()
-    c.train_steps = 200
     c.log_every = 5
-    c.sample_every = 25
-    c.checkpoint_every = 50
-    c.rollout.num_tasks = 16
+    c.sample_every = 20
+    c.checkpoint_every = 40
+    c.rollout.num_tasks = 8
     c.rollout.group_size = 8
     c.model.d_model = 64
     c.model.num_layers = 2
@@ -59,10 +64,14 @@ def get_config():
     c.model.mlp_dim = 192
     c.model.rope_theta = 10000.0
     c.model.logprob_chunk = 32  # training log-probs from hidden states, 32 positions at a time
-    c.optim.learning_rate = 1e-3
+    # Stage 1 (arl.warm_start, run by experiments.train on a fresh run): behaviour cloning
+    # on the weak demonstrator; stage 2: GRPO with a small constant SFT floor.
+    c.warm_start.sft_steps = 300
+    c.warm_start.sft_batch = 64
+    c.warm_start.sft_lr = 3e-3
+    c.train_steps = 80
+    c.optim.learning_rate = 3e-4
     c.optim.warmup_steps = 5
-    c.loss.sft_coef = 0.5
-    c.loss.sft_coef_final = 0.05
-    c.loss.sft_decay_steps = 150
+    c.loss.sft_coef = 0.05
     c.loss.sft_source = "demonstrator"
     return c

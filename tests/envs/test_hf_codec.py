@@ -172,6 +172,7 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
 
     config = importlib.import_module("configs.llama_calculator").get_config()
     config.train_steps, config.log_every, config.sample_every = 2, 1, 2
+    config.warm_start.sft_steps = 2
     config.checkpoint_every = 2
     config.rollout.num_tasks, config.rollout.group_size = 4, 4
     records = experiment.run(config, str(tmp_path))
