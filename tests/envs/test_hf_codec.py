@@ -179,3 +179,18 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
     assert [r["step"] for r in records][-1] == 2
     assert all(np.isfinite(v) for r in records for v in r.values()
                if isinstance(v, float))
+
+
+@pytest.mark.parametrize("name", ["bandit", "frozen_lake"])
+def test_every_other_builtin_env_runs_on_bpe_ids(name):
+    """bandit and frozen_lake on a BPE trained on `arl.envs.hf_codec.env_corpus`: the
+    oracle solves every task with no format error (budgets counted in subword ids)."""
+    from arl import rollout as rollout_lib
+    from arl.envs import make
+    from arl.envs.hf_codec import env_corpus as arl_env_corpus
+
+    codec = HFCodec(train_bpe_tokenizer(arl_env_corpus(), vocab_size=320))
+    env = make(name, codec=codec)
+    traj = rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=32, group_size=1)
+    assert bool(jnp.all(traj.success)), rollout_lib.render_trajectory(env, traj, 0)
+    assert int(traj.format_errors.sum()) == 0
