@@ -84,6 +84,7 @@ def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
                  policy, expected)
 
 
+@pytest.mark.slow  # two experiment runs (~1 CPU-minute); default-suite budget
 def test_run_warms_up_once_and_a_resume_does_not_repeat_it(tmp_path, monkeypatch):
     from arl import checkpoint
 
