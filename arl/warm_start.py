@@ -118,9 +118,12 @@ def start_state(trainer, params, state=None):
     `ref_params` / `implicit_params`, where the config uses them, get copies (the train
     step donates its state, so they must not share buffers). `params` is moved into the
     returned state (placed with the state's shardings): do not use it after a donating
-    `train_step` of that state.
+    `train_step` of that state. A value head is added (PPO: the state's, as initialised)
+    or dropped to match the trainer's model, so one SFT run serves every algorithm.
     """
     state = trainer.init_state() if state is None else state
+    current = state.base_params if trainer.lora is not None else state.params
+    params = _match_value_head(params, current)
     shardings = trainer.state_shardings()
     param_shardings = (shardings.base_params if trainer.lora is not None
                        else shardings.params)
@@ -139,6 +142,18 @@ def start_state(trainer, params, state=None):
     if state.implicit_params is not None:  # PRIME's implicit PRM starts as the reference
         state = state.replace(implicit_params=copy())
     return state
+
+
+def _match_value_head(params, current):
+    """`params` with the value head `current` has or lacks: one SFT run serves PPO (whose
+    critic head starts as initialised) and the critic-free algorithms (head dropped)."""
+    if not isinstance(params, dict) or not isinstance(current, dict):
+        return params
+    if "value_head" in current and "value_head" not in params:
+        return {**params, "value_head": jax.tree.map(jnp.copy, current["value_head"])}
+    if "value_head" in params and "value_head" not in current:
+        return {k: v for k, v in params.items() if k != "value_head"}
+    return params
 
 
 def _policy_shardings(param_shardings, params):

@@ -6,6 +6,9 @@ How the evidence is kept honest (DESIGN.md section 7):
   warm-started with RL + alpha*SFT on the environment's *weaker* demonstrator (a bandit
   player that picks the worse arm half the time). RL's contribution is the gap between
   the demonstrator's success and the trained policy's.
+
+The full-size token runs here are slow tests; every algorithm's reduced run is in
+tests/test_learning_reduced.py.
 """
 
 import jax
@@ -50,16 +53,12 @@ def _demonstrator_success(env, num_tasks=256):
 # grpo 0.92, reinforce_pp 0.92, drgrpo 0.70, rloo 0.74, ppo (critic, token GAE) 0.74;
 # erpo (one environment: env-level normalisation) 0.90;
 # greedy success 1.0 for all; the demonstrator 0.47.
-# Default-suite budget (15 minutes on 2 cores, each run ~3 CPU-minutes): GRPO, the
-# default experiment, runs by default; the other algorithms' runs are slow tests.
-_SLOW = pytest.mark.slow
-
-
+# Each run costs ~2-3 CPU-minutes, so they are slow tests; the default suite keeps every
+# algorithm's reduced run from a shared warm start (tests/test_learning_reduced.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm,late_threshold", [
-    ("grpo", 0.85),
-    pytest.param("reinforce_pp", 0.85, marks=_SLOW), pytest.param("drgrpo", 0.6, marks=_SLOW),
-    pytest.param("rloo", 0.6, marks=_SLOW), pytest.param("ppo", 0.6, marks=_SLOW),
-    pytest.param("erpo", 0.75, marks=_SLOW)])
+    ("grpo", 0.85), ("reinforce_pp", 0.85), ("drgrpo", 0.6), ("rloo", 0.6), ("ppo", 0.6),
+    ("erpo", 0.75)])
 def test_rl_beats_its_demonstrator_on_bandit(algorithm, late_threshold):
     config = bandit_config(algorithm)
     trainer = Trainer(config)

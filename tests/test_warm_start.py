@@ -70,6 +70,25 @@ def test_start_state_policy_and_reference_are_copies_of_the_sft_weights(trainer,
     _assert_trees_equal(state.ref_params, expected)
 
 
+def test_one_sft_run_serves_ppo_and_the_critic_free_algorithms(trainer, sft_params):
+    config = _tiny_config()
+    config.algorithm = "ppo"
+    ppo_trainer = Trainer(config)
+    init = ppo_trainer.init_state()
+    initial_head = jax.tree.map(np.asarray, init.params["value_head"])
+    state = warm_start.start_state(ppo_trainer, jax.tree.map(jax.numpy.copy, sft_params),
+                                   init)
+    # The policy is the SFT policy; the critic head (absent from the GRPO run's SFT
+    # weights) starts as initialised.
+    _assert_trees_equal({k: v for k, v in state.params.items() if k != "value_head"},
+                        jax.tree.map(np.asarray, sft_params))
+    _assert_trees_equal(state.params["value_head"], initial_head)
+    # And PPO's weights (with a head) start a critic-free trainer without it.
+    back = warm_start.start_state(trainer, jax.tree.map(np.asarray, state.params))
+    assert "value_head" not in back.params
+    _assert_trees_equal(back.params, jax.tree.map(np.asarray, sft_params))
+
+
 @pytest.mark.slow  # one more Trainer compile; LoRA's start state is also covered in tests/test_train_lora.py
 def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
     config = _tiny_config()
