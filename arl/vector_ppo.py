@@ -68,6 +68,7 @@ class VectorPPO:
                              f"discrete action spaces, got {space!r}")
         self.model = ActorCritic(num_actions=space.n, hidden_sizes=tuple(v.hidden_sizes),
                                  activation=v.activation)
+        self.critic = self.model.clone(value_only=True)
         num_updates = config.train_steps * config.updates.epochs * config.updates.minibatches
         lr = config.optim.learning_rate
         schedule = (optax.linear_schedule(lr, 0.0, num_updates)
@@ -99,6 +100,9 @@ class VectorPPO:
     def _policy(self, params, observation):
         return self.model.apply({"params": params}, observation)
 
+    def _value(self, params, observation):
+        return self.critic.apply({"params": params}, observation)
+
     def _train_step(self, state: VectorTrainState):
         c = self.config
         n = c.vector.num_envs
@@ -125,10 +129,14 @@ class VectorPPO:
         (env_state, obs, running), (traj, finished) = jax.lax.scan(
             env_step, (state.env_state, state.observation, state.running_return),
             jax.random.split(rollout_key, c.vector.num_steps))
-        _, last_value = self._policy(state.params, obs)
-        # V(final observation) for truncation bootstraps: one batched [T, N] forward after
-        # the scan instead of a second small forward inside every environment step.
-        _, final_value = self._policy(state.params, traj.final_observation)
+        last_value = self._value(state.params, obs)
+        # V(final observation) for truncation bootstraps: one batched [T, N] critic forward
+        # after the scan (not a second forward inside every environment step), and only
+        # when some episode was truncated (GAE reads it nowhere else).
+        final_value = jax.lax.cond(
+            jnp.any(traj.truncated),
+            lambda: self._value(state.params, traj.final_observation),
+            lambda: jnp.zeros_like(traj.value))
 
         # GAE kernels are batch-major [B, T]; the scan produced time-major [T, B].
         to_bt = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731

@@ -48,20 +48,25 @@ class ActorCritic(nn.Module):
     """Discrete-action actor-critic: obs [..., D] -> (logits f32 [..., A], value f32 [...]).
 
     Parameters: actor_hidden_{i}, actor_head, critic_hidden_{i}, critic_head (nn.Dense).
+    With `value_only=True` (`model.clone(value_only=True)`, same parameters) it returns
+    the value alone and skips the actor's computation.
     """
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    value_only: bool = False
 
     @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, obs: jax.Array):
         _check_sizes(self.hidden_sizes, num_actions=self.num_actions)
         act = _activation(self.activation)
         x = obs.astype(jnp.float32)
+        value = _dense(1, 1.0, "critic_head")(_torso(x, self.hidden_sizes, act, "critic"))[..., 0]
+        if self.value_only:
+            return value
         logits = _dense(self.num_actions, 0.01, "actor_head")(
             _torso(x, self.hidden_sizes, act, "actor"))
-        value = _dense(1, 1.0, "critic_head")(_torso(x, self.hidden_sizes, act, "critic"))[..., 0]
         return logits, value
 
 

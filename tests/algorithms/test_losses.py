@@ -255,6 +255,19 @@ class PolicyValueTest(chex.TestCase):
         np.testing.assert_allclose(metrics["clip_fraction"], clip_fraction, atol=1e-6)
         np.testing.assert_allclose(metrics["explained_variance"], explained, rtol=1e-4)
 
+    def test_explained_variance_keeps_precision_far_from_zero(self):
+        # CartPole-like returns near 100 with a small spread: the single-pass variance
+        # is shifted, so float32 does not cancel it away.
+        rng = np.random.default_rng(5)
+        returns = (100.0 + 0.05 * rng.normal(size=(4, 64))).astype(np.float32)
+        values = (returns + 0.01 * rng.normal(size=(4, 64))).astype(np.float32)
+        mask = rng.random((4, 64)) < 0.8
+        mask[0, :3] = False  # the shift is the first masked-in token's
+        _, metrics = alg.value_loss(values, values, returns, mask)
+        r, e = returns[mask].astype(np.float64), (returns - values)[mask].astype(np.float64)
+        want = 1.0 - e.var(ddof=1) / r.var(ddof=1)
+        np.testing.assert_allclose(metrics["explained_variance"], want, atol=2e-3)
+
     def test_metrics_on_empty_mask_are_zero_not_nan(self):
         z = np.zeros((2, 3), np.float32)
         loss, metrics = alg.policy_loss(z, z, np.zeros(2, np.float32), np.zeros((2, 3)))

@@ -69,3 +69,13 @@ def test_gaussian_actor_critic():
 def test_bad_arguments_raise(kwargs, name):
     with pytest.raises(ValueError, match=name):
         ActorCritic(**kwargs).init(jax.random.key(0), jnp.ones((1, 2)))
+
+
+def test_value_only_clone_returns_the_critic_value_with_the_same_params():
+    model = ActorCritic(num_actions=3)
+    params = _actor_critic_params()
+    obs = jax.random.normal(jax.random.key(2), (6, 4))
+    _, value = jax.jit(model.apply)(params, obs)
+    only = jax.jit(model.clone(value_only=True).apply)(params, obs)
+    np.testing.assert_allclose(only, value, rtol=1e-6)
+    assert only.shape == (6,)
