@@ -13,7 +13,8 @@ ppo (critic, token GAE) 0.40 -> 0.93, erpo 0.32 -> 0.87; on the two-pull bandit 
 0.58 -> 0.92 (demonstrators: one pull 0.47, two pulls 0.74). About 25 s per algorithm
 (most of it compilation) after a 30 s warm start.
 
-The module's tests share one pytest-xdist worker, so each warm start is computed once.
+The tests are spread over the pytest-xdist workers; each worker process computes a warm
+start once (`_warm_start` is cached).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import pytest
 from arl import rollout as rollout_lib
 from arl import warm_start
 from arl.train import Trainer
+
+# Independent runs: let pytest-xdist spread them over both workers (tests/conftest.py).
+SPREAD_OVER_WORKERS = True
 
 RL_STEPS = 20
 SFT_STEPS = 40

@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 
@@ -36,6 +37,7 @@ def test_recorded_values_match_a_full_forward_on_every_valid_position():
     np.testing.assert_array_equal(np.where(valid, 0.0, traj.values), 0.0)
 
 
+@pytest.mark.slow  # default-suite budget (one more rollout compile for a None check)
 def test_no_value_head_records_nothing():
     env = GuessNumber(max_n=8, max_turns=2)
     model, params = _model(env, value_head=False)

@@ -350,6 +350,7 @@ def test_turn_horizon_zeroes_process_reward_once_finished():
     assert bool(jnp.all(ts.done))
 
 
+@pytest.mark.slow  # default-suite budget (~25 s on a quiet machine)
 def test_mixture_keeps_a_fixed_info_and_each_members_process_reward():
     members = [E.GuessNumber(max_n=16), E.FrozenLake(), E.Bandit()]
     mixture = E.Mixture(members)
