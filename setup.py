@@ -37,6 +37,7 @@ setuptools.setup(
             "pytest>=8.0",
             "hypothesis>=6.100",
             "pytest-xdist>=3.5",
+            "filelock",  # tests/test_learning_reduced.py: warm start shared by workers
             "rlax>=0.1.6",
             "nbclient>=0.10",
             "nbformat>=5.9",

@@ -13,17 +13,19 @@ ppo (critic, token GAE) 0.40 -> 0.93, erpo 0.32 -> 0.87; on the two-pull bandit 
 0.58 -> 0.92 (demonstrators: one pull 0.47, two pulls 0.74). About 25 s per algorithm
 (most of it compilation) after a 30 s warm start.
 
-The tests are spread over the pytest-xdist workers; each worker process computes a warm
-start once (`_warm_start` is cached).
+The tests are spread over the pytest-xdist workers; each warm start is computed once per
+test run and shared through the run's temporary directory.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import numpy as np
 import pytest
+from flax import serialization
 
 from arl import rollout as rollout_lib
 from arl import warm_start
@@ -49,24 +51,53 @@ def _config(algorithm: str, num_pulls: int):
     return c
 
 
-@functools.lru_cache(maxsize=None)
-def _warm_start(num_pulls: int):
-    """(SFT params as NumPy, the demonstrator's success on 256 tasks)."""
+def _compute_warm_start(num_pulls: int):
+    """{"params": SFT params as NumPy, "demonstrator": its success on 256 tasks}."""
     trainer = Trainer(_config("grpo", num_pulls))
     params = warm_start.sft_warm_start(trainer, SFT_STEPS, learning_rate=3e-3,
                                        batch_size=64)
     demo = rollout_lib.scripted_rollout(trainer.env, jax.random.key(7), num_tasks=256,
                                         group_size=1, action_source="demonstrator")
-    return (jax.tree.map(np.asarray, params),
-            float(np.mean(np.asarray(demo.success))))
+    return {"params": jax.tree.map(np.asarray, params),
+            "demonstrator": np.float32(np.mean(np.asarray(demo.success)))}
+
+
+@functools.lru_cache(maxsize=None)
+def _warm_start(num_pulls: int, shared_dir: str | None):
+    """The warm start, computed once per test run: under pytest-xdist the first worker
+    to need it writes it to the run's shared temporary directory (under a file lock)."""
+    if shared_dir is None:
+        return _compute_warm_start(num_pulls)
+    from filelock import FileLock
+
+    path = os.path.join(shared_dir, f"bandit_warm_start_{num_pulls}_pulls.msgpack")
+    with FileLock(path + ".lock"):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                return serialization.msgpack_restore(f.read())
+        result = _compute_warm_start(num_pulls)
+        with open(path + ".tmp", "wb") as f:
+            f.write(serialization.msgpack_serialize(result))
+        os.replace(path + ".tmp", path)
+        return result
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory, worker_id):
+    """The directory every xdist worker of this run shares (None without xdist)."""
+    if worker_id == "master":
+        return None
+    return str(tmp_path_factory.getbasetemp().parent)
 
 
 @pytest.mark.parametrize("algorithm,num_pulls", [
     ("grpo", 1), ("drgrpo", 1), ("rloo", 1), ("reinforce_pp", 1), ("ppo", 1),
     ("erpo", 1), ("vineppo", 2)])
 def test_rl_from_a_shared_warm_start_beats_the_start_and_the_demonstrator(algorithm,
-                                                                        num_pulls):
-    sft_params, demonstrator = _warm_start(num_pulls)
+                                                                        num_pulls,
+                                                                        shared_dir):
+    start_point = _warm_start(num_pulls, shared_dir)
+    sft_params, demonstrator = start_point["params"], float(start_point["demonstrator"])
     trainer = Trainer(_config(algorithm, num_pulls))
     state = warm_start.start_state(trainer, jax.tree.map(np.copy, sft_params))
     history = []
