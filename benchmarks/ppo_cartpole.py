@@ -48,11 +48,10 @@ HYPER = dict(lr=2.5e-4, gamma=0.99, lam=0.95, clip=0.2, ent_coef=0.01, vf_coef=0
 
 
 # ----------------------------------------------------------------------------- arl side
-def arl_config(num_envs: int, num_steps: int, num_updates: int, seed: int = 0):
+def arl_config(num_envs: int, num_steps: int, num_updates: int):
     c = config_lib.default_config()
     c.algorithm = "ppo_vector"
     c.env.name = f"gymnax:{ENV_ID}"
-    c.seed = seed
     c.train_steps = num_updates
     c.vector.num_envs = num_envs
     c.vector.num_steps = num_steps
@@ -73,22 +72,18 @@ def arl_config(num_envs: int, num_steps: int, num_updates: int, seed: int = 0):
 
 
 class ArlRunner:
-    """arl.vector_ppo.VectorPPO behind the same `step()` / `episode_return()` face."""
+    """arl.vector_ppo.VectorPPO's compiled step behind the same `step()` face."""
 
     name = "arl"
 
-    def __init__(self, num_envs, num_steps, num_updates, seed=0):
-        self.ppo = VectorPPO(arl_config(num_envs, num_steps, num_updates, seed))
+    def __init__(self, num_envs, num_steps, num_updates):
+        self.ppo = VectorPPO(arl_config(num_envs, num_steps, num_updates))
         self.state = self.ppo.init_state()
         self.compiled, self.compile_s = common.compile_jitted(self.ppo.train_step, self.state)
-        self.metrics = None
 
     def step(self):
-        self.state, self.metrics = self.compiled(self.state)
+        self.state, _ = self.compiled(self.state)
         return self.state
-
-    def episode_return(self) -> float:
-        return float(self.metrics["episode_return"])
 
 
 # ------------------------------------------------------------------ PureJaxRL baseline
@@ -213,19 +208,15 @@ def make_baseline(num_envs: int, num_steps: int, num_updates: int):
 class BaselineRunner:
     name = "baseline"
 
-    def __init__(self, num_envs, num_steps, num_updates, seed=0):
+    def __init__(self, num_envs, num_steps, num_updates):
         init, update = make_baseline(num_envs, num_steps, num_updates)
-        self.state = jax.jit(init)(jax.random.key(seed))
+        self.state = jax.jit(init)(jax.random.key(0))
         self.compiled, self.compile_s = common.compile_jitted(
             jax.jit(update, donate_argnums=(0,)), self.state)
-        self.ret = None
 
     def step(self):
-        self.state, self.ret = self.compiled(self.state)
+        self.state, _ = self.compiled(self.state)
         return self.state
-
-    def episode_return(self) -> float:
-        return float(self.ret)
 
 
 # ----------------------------------------------------------------------------- measure

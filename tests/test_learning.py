@@ -15,23 +15,13 @@ import jax
 import numpy as np
 import pytest
 
-from arl import config as config_lib
-from arl import rollout as rollout_lib
 from arl.train import Trainer
 from arl.vector_ppo import VectorPPO
+from tests.bandit_learning import bandit_config, demonstrator_success
 
 # Each test is a long, independent training run: let pytest-xdist put them on both
 # workers (tests/conftest.py).
 SPREAD_OVER_WORKERS = True
-
-
-def bandit_config(algorithm: str):
-    """The default experiment's measured recipe (configs/grpo_bandit.py)."""
-    import configs.grpo_bandit as grpo_bandit
-
-    c = grpo_bandit.get_config()
-    c.algorithm = algorithm
-    return c
 
 
 def _train(trainer, steps):
@@ -41,12 +31,6 @@ def _train(trainer, steps):
         state, metrics = trainer.train_step(state)
         history.append(float(metrics["success_rate"]))
     return state, np.asarray(history)
-
-
-def _demonstrator_success(env, num_tasks=256):
-    traj = rollout_lib.scripted_rollout(env, jax.random.key(7), num_tasks=num_tasks,
-                                        group_size=1, action_source="demonstrator")
-    return float(np.mean(np.asarray(traj.success)))
 
 
 # Measured with this recipe (sampled success, mean of the last 10 of 100 steps):
@@ -63,7 +47,7 @@ def test_rl_beats_its_demonstrator_on_bandit(algorithm, late_threshold):
     config = bandit_config(algorithm)
     trainer = Trainer(config)
     state, history = _train(trainer, config.train_steps)
-    demonstrator = _demonstrator_success(trainer.env)
+    demonstrator = demonstrator_success(trainer.env)
     assert demonstrator < 0.6  # pulls the worse arm half the time
     assert history[:10].mean() < 0.1  # random init: no well-formed turns yet
     late = history[-10:].mean()
@@ -86,7 +70,7 @@ def test_vineppo_beats_its_demonstrator_on_a_two_pull_bandit():
     trainer = Trainer(config)
     assert trainer.branch_turns == (1,)
     state, history = _train(trainer, config.train_steps)
-    demonstrator = _demonstrator_success(trainer.env)
+    demonstrator = demonstrator_success(trainer.env)
     assert history[:10].mean() < 0.1
     late = history[-10:].mean()
     assert late > 0.6, history

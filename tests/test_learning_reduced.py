@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from arl import rollout as rollout_lib
 from arl import warm_start
 from arl.train import Trainer
+from tests.bandit_learning import bandit_config, demonstrator_success
 
 # Independent runs: let pytest-xdist spread them over both workers (tests/conftest.py).
 SPREAD_OVER_WORKERS = True
@@ -39,10 +39,7 @@ SFT_STEPS = 40
 
 
 def _config(algorithm: str, num_pulls: int):
-    import configs.grpo_bandit as grpo_bandit
-
-    c = grpo_bandit.get_config()
-    c.algorithm = algorithm
+    c = bandit_config(algorithm)
     c.env.kwargs = {"num_pulls": num_pulls}
     c.rollout.num_tasks, c.rollout.group_size = 8, 8
     c.loss.sft_coef = 0.0  # RL alone after the warm start
@@ -56,10 +53,8 @@ def _compute_warm_start(num_pulls: int):
     trainer = Trainer(_config("grpo", num_pulls))
     params = warm_start.sft_warm_start(trainer, SFT_STEPS, learning_rate=3e-3,
                                        batch_size=64)
-    demo = rollout_lib.scripted_rollout(trainer.env, jax.random.key(7), num_tasks=256,
-                                        group_size=1, action_source="demonstrator")
     return {"params": jax.tree.map(np.asarray, params),
-            "demonstrator": np.float32(np.mean(np.asarray(demo.success)))}
+            "demonstrator": np.float32(demonstrator_success(trainer.env))}
 
 
 @functools.lru_cache(maxsize=None)

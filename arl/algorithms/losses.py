@@ -32,11 +32,6 @@ K3_CLAMP = 10.0
 KL_KINDS = ("k1", "abs", "k2", "k3", "k1+", "abs+", "k2+", "k3+")
 
 
-def _masked_mean(x, mask):
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask, dtype=jnp.float32),
-                                                          1.0)
-
-
 def _token_inputs(fn, names_and_arrays, mask):
     """Checks float `[B, T]` arrays of one shape and the mask; returns them and the mask."""
     out = []
@@ -232,8 +227,8 @@ def _value_diagnostics(returns, values, clipped_active, mask):
     flat_mask = mask.reshape(-1)
     first = jnp.argmax(flat_mask)
     series = [returns.reshape(-1), (returns - values).reshape(-1)]
-    operands = [flat_mask.astype(jnp.float32),
-                (clipped_active & mask).reshape(-1).astype(jnp.float32)]
+    # `clipped_active` is already false outside the mask (`_value_terms`).
+    operands = [flat_mask.astype(jnp.float32), clipped_active.reshape(-1).astype(jnp.float32)]
     for x in series:
         centred = jnp.where(flat_mask, x - x[first], 0.0)
         operands += [centred, jnp.square(centred)]
