@@ -183,8 +183,9 @@ class VectorPPO:
         ent = jnp.mean(alg.entropy(logits))
         total = pg + c.loss.value_coef * vl - c.loss.entropy_coef * ent
         metrics = {"loss/policy": pg, "loss/value": vl, "entropy": ent, "loss/total": total}
-        metrics.update({f"policy/{k}": v for k, v in pg_metrics.items()})
-        metrics.update({f"value/{k}": v for k, v in v_metrics.items()})
+        if c.vector.diagnostics:
+            metrics.update({f"policy/{k}": v for k, v in pg_metrics.items()})
+            metrics.update({f"value/{k}": v for k, v in v_metrics.items()})
         return total, metrics
 
     def _update(self, params, opt_state, batch, key):
@@ -203,7 +204,8 @@ class VectorPPO:
                 params, opt_state = carry
                 grads, metrics = grad_fn(params, mb)
                 updates, opt_state = self.optimizer.update(grads, opt_state, params)
-                metrics["grad_norm"] = optax.global_norm(grads)
+                if c.vector.diagnostics:
+                    metrics["grad_norm"] = optax.global_norm(grads)
                 names[:] = sorted(metrics)
                 # One [M] vector per minibatch instead of M scalar outputs: fewer
                 # operations per iteration, which is what a small update costs on CPU.

@@ -1,10 +1,38 @@
-"""Shared test setup: eight fake CPU devices so sharded tests run in-process."""
+"""Shared test setup: eight fake CPU devices so sharded tests run in-process, a cheaper
+XLA backend, and one persistent compilation cache per test run shared by the xdist
+workers. Most of the suite's time is compiling small programs, not running them."""
 
 import os
+import shutil
+import tempfile
 
-# Must happen before JAX initialises its backends.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Must happen before JAX initialises its backends. LLVM optimisation level 0 compiles the
+# trainer programs about a third faster; the tests check numbers, not CPU speed
+# (benchmarks/ measure that at the default level).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                   "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+    """The controller makes a fresh compilation cache directory before the xdist workers
+    start (they inherit the environment): many tests compile the same small trainer
+    programs, and each is then compiled once per run instead of once per test module.
+    The cache is per run, so a run's time does not depend on an earlier run."""
+    if hasattr(config, "workerinput") or os.environ.get(_CACHE_ENV):
+        return
+    config._arl_jax_cache = tempfile.mkdtemp(prefix="arl-jax-cache-")
+    os.environ[_CACHE_ENV] = config._arl_jax_cache
+    # Cache what takes a noticeable time to compile; tiny programs are cheaper to rebuild.
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_arl_jax_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

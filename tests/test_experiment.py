@@ -147,6 +147,28 @@ def _tiny_vector_config():
     return c
 
 
+def test_vector_diagnostics_off_logs_less_and_trains_the_same():
+    from arl.vector_ppo import VectorPPO
+
+    results = {}
+    for diagnostics in (True, False):
+        config = _tiny_vector_config()
+        config.vector.diagnostics = diagnostics
+        trainer = VectorPPO(config)
+        state = trainer.init_state()
+        for _ in range(2):
+            state, metrics = trainer.train_step(state)
+        results[diagnostics] = (jax.device_get(state.params), jax.device_get(metrics))
+    (params_on, metrics_on), (params_off, metrics_off) = results[True], results[False]
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 params_on, params_off)
+    assert {"policy/approx_kl_k3", "value/explained_variance", "grad_norm"} <= set(metrics_on)
+    assert set(metrics_off) == set(metrics_on) - {
+        k for k in metrics_on if k.startswith(("policy/", "value/")) or k == "grad_norm"}
+    for name in metrics_off:
+        np.testing.assert_allclose(metrics_off[name], metrics_on[name], rtol=1e-6, atol=1e-7)
+
+
 @pytest.fixture
 def compilation_cache(tmp_path):
     """A persistent compilation cache for this test only: the second `run` builds a new

@@ -61,6 +61,22 @@ def _broadcast_advantages(fn, advantages, shape):
                      f"{tuple(shape)}, got {tuple(advantages.shape)}.")
 
 
+def _sums_and_maxima(summands, maximands):
+    """(sums, maxima) of float32 arrays over all their elements, in one variadic
+    reduction: a single pass over the tokens, where separate full-size reductions cost
+    several times the loss itself on CPU at small batches."""
+    operands = [x.reshape(-1) for x in list(summands) + list(maximands)]
+    num_sums = len(summands)
+
+    def combine(x, y):
+        return tuple([x[i] + y[i] for i in range(num_sums)] +
+                     [jnp.maximum(x[i], y[i]) for i in range(num_sums, len(x))])
+
+    inits = [jnp.float32(0.0)] * num_sums + [jnp.float32(-jnp.inf)] * len(maximands)
+    totals = jax.lax.reduce(operands, inits, combine, (0,))
+    return list(totals[:num_sums]), list(totals[num_sums:])
+
+
 def _policy_terms(fn, logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip):
     (logp, old_logp), mask = _token_inputs(fn, [("logp", logp), ("old_logp", old_logp)],
                                            mask)
@@ -158,22 +174,13 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
     }
     extremes = {"ratio_max": jnp.where(mask, ratio, -jnp.inf),
                 "neg_ratio_min": jnp.where(mask, -ratio, -jnp.inf)}
-    # One variadic reduction (a single pass over the tokens): separate full-size
-    # reductions were several times slower than the loss itself on CPU.
-    operands = [x.reshape(-1) for x in list(sums.values()) + list(extremes.values())]
-    num_sums = len(sums)
-
-    def combine(x, y):
-        return tuple([x[i] + y[i] for i in range(num_sums)] +
-                     [jnp.maximum(x[i], y[i]) for i in range(num_sums, len(x))])
-
-    inits = [jnp.float32(0.0)] * num_sums + [jnp.float32(-jnp.inf)] * len(extremes)
-    totals = jax.lax.reduce(operands, inits, combine, (0,))
-    count = totals[num_sums - 1]
+    totals, (ratio_max, neg_ratio_min) = _sums_and_maxima(list(sums.values()),
+                                                          list(extremes.values()))
+    count = totals[-1]
     metrics = {name: totals[i] / jnp.maximum(count, 1.0)
                for i, name in enumerate(list(sums)[:-1])}
-    metrics["ratio_min"] = jnp.where(count > 0, -totals[num_sums + 1], 0.0)
-    metrics["ratio_max"] = jnp.where(count > 0, totals[num_sums], 0.0)
+    metrics["ratio_min"] = jnp.where(count > 0, -neg_ratio_min, 0.0)
+    metrics["ratio_max"] = jnp.where(count > 0, ratio_max, 0.0)
     return loss, metrics
 
 
@@ -219,10 +226,9 @@ def _value_diagnostics(returns, values, clipped_active, mask):
     """(clip fraction, explained variance 1 - Var(R - v) / Var(R)) over masked tokens;
     0 when no token is masked in / when Var(R) = 0 or fewer than two tokens.
 
-    One variadic reduction (a single pass; separate reductions cost more than the loss on
-    CPU at small batches) of the shifted sums of x and x^2 for x = R and x = R - v; the
-    shift is the first masked-in token's value, so the variance does not cancel
-    catastrophically when the returns sit far from 0 ("shifted data" algorithm).
+    One pass (`_sums_and_maxima`) over the shifted sums of x and x^2 for x = R and
+    x = R - v; the shift is the first masked-in token's value, so the variance does not
+    cancel catastrophically when the returns sit far from 0 ("shifted data" algorithm).
     """
     flat_mask = mask.reshape(-1)
     first = jnp.argmax(flat_mask)
@@ -232,9 +238,7 @@ def _value_diagnostics(returns, values, clipped_active, mask):
     for x in series:
         centred = jnp.where(flat_mask, x - x[first], 0.0)
         operands += [centred, jnp.square(centred)]
-    totals = jax.lax.reduce(operands, [jnp.float32(0.0)] * len(operands),
-                            lambda a, b: tuple(x + y for x, y in zip(a, b)), (0,))
-    count, clipped, totals = totals[0], totals[1], totals[2:]
+    (count, clipped, *totals), _ = _sums_and_maxima(operands, [])
 
     def variance(total, total_sq):
         return jnp.maximum(total_sq - total * total / jnp.maximum(count, 1.0), 0.0) / \

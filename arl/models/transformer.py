@@ -111,6 +111,9 @@ class TransformerConfig:
       param_dtype: parameter dtype.
       initializer_range: std of the normal initialiser of every matrix (HF convention).
       remat: rematerialise each layer in the backward pass (saves activation memory).
+      layer_unroll: layers per iteration of the layer scan (1 = a loop of one compiled
+        layer; num_layers = fully unrolled). Unrolling lets XLA drop the per-layer
+        buffers the scan stacks for the backward pass, at the cost of compile time.
     """
 
     vocab_size: int
@@ -130,10 +133,11 @@ class TransformerConfig:
     param_dtype: Any = jnp.float32
     initializer_range: float = 0.02
     remat: bool = False
+    layer_unroll: int = 1
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                     "mlp_dim", "max_len"):
+                     "mlp_dim", "max_len", "layer_unroll"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
@@ -421,6 +425,7 @@ class Transformer(nn.Module):
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+            unroll=min(cfg.layer_unroll, cfg.num_layers),
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
         h, new_layer_caches = layers(h, layer_caches, positions, write_positions, key_positions)
 

@@ -31,6 +31,7 @@ MQA_TIED = dataclasses.replace(SMALL, num_kv_heads=1, qkv_bias=True, tie_embeddi
     (dict(rope_theta=0.0), "rope_theta"),
     (dict(norm_eps=0.0), "norm_eps"),
     (dict(dtype=jnp.int32), "dtype"),
+    (dict(layer_unroll=0), "layer_unroll"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
     base = dict(vocab_size=16, d_model=32, num_heads=4, num_kv_heads=4)
@@ -238,6 +239,29 @@ def test_remat_gives_identical_gradients():
     plain, remat = grads(SMALL), grads(dataclasses.replace(SMALL, remat=True))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  plain, remat)
+
+
+def test_unrolled_layer_scan_is_the_same_model():
+    """layer_unroll changes the compiled loop, not the parameters or the numbers: the same
+    parameters give the same logits, gradients and cached decoding."""
+    unrolled = dataclasses.replace(SMALL, layer_unroll=SMALL.num_layers)
+    _, _, params = make(SMALL)
+    _, _, unrolled_params = make(unrolled)
+    jax.tree.map(np.testing.assert_array_equal, params, unrolled_params)
+    tokens = jnp.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+
+    def grads(config):
+        loss = lambda p: jnp.sum(Transformer(config).apply({"params": p}, tokens).logits ** 2)
+        return jax.jit(jax.grad(loss))(params)
+
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 grads(SMALL), grads(unrolled))
+    np.testing.assert_allclose(jitted_forward(unrolled)(params, tokens).logits,
+                               jitted_forward(SMALL)(params, tokens).logits, atol=1e-6)
+    rng = np.random.default_rng(1)
+    chunks = [rng.integers(0, SMALL.vocab_size, size=(2, t)).astype(np.int32)
+              for t in (4, 1, 1)]
+    _cached_vs_full(unrolled, chunks, [[4, 2], [1, 1], [0, 1]])
 
 
 # ----------------------------------------------------------------------------- sharding
