@@ -197,6 +197,7 @@ class Trainer:
             tie_embeddings=m.tie_embeddings,
             value_head=config.algorithm == "ppo",
             dtype=jnp.dtype(m.dtype),
+            layer_unroll=m.layer_unroll or m.num_layers,
         ))
 
     def _pretrained_model(self, config):
@@ -212,7 +213,8 @@ class Trainer:
                 f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
                 f"{model_config.vocab_size} < the env codec's {self.env.codec.vocab_size}: "
                 f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
-        return transformer_lib.Transformer(model_config)
+        return transformer_lib.Transformer(dataclasses.replace(
+            model_config, layer_unroll=m.layer_unroll or model_config.num_layers))
 
     def _branch_turns(self) -> tuple[int, ...]:
         """Turns to fork before for Monte Carlo values (process.branch_turns, validated

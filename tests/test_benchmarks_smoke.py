@@ -1,6 +1,7 @@
 """Smoke test of the benchmark scripts: they import, their helpers work, and the smallest
 size of the PPO CartPole baseline runs one update (the full suite is not a test)."""
 
+import dataclasses
 import importlib
 import os
 import sys
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhead")
+SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhead",
+           "layer_scan")
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +68,16 @@ def test_smallest_purejaxrl_baseline_update_runs(bench):
     assert new.obs.shape == (2, 4) and np.isfinite(float(episode_return))
     changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params, runner.params)
     assert any(jax.tree.leaves(changed))
+
+
+def test_layer_scan_programs_run_and_decode_alike(bench):
+    from arl.models import TransformerConfig
+
+    config = TransformerConfig(vocab_size=16, d_model=16, num_layers=2, num_heads=2,
+                               num_kv_heads=2, mlp_dim=32)
+    scan = bench["layer_scan"].model_programs(config, batch=2, seq_len=4)
+    unrolled = bench["layer_scan"].model_programs(
+        dataclasses.replace(config, layer_unroll=2), batch=2, seq_len=4)
+    np.testing.assert_array_equal(scan["decode"](), unrolled["decode"]())
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 scan["grad"](), unrolled["grad"]())

@@ -58,6 +58,8 @@ _BAD_CONFIGS = [
     ("top_p_zero", lambda c: setattr(c.rollout, "top_p", 0.0), "rollout.top_p", None),
     ("heads_do_not_divide_width", lambda c: setattr(c.model, "num_heads", 3),
      "model.num_heads", None),
+    ("negative_layer_unroll", lambda c: setattr(c.model, "layer_unroll", -1),
+     "model.layer_unroll", None),
     ("zero_train_steps", lambda c: setattr(c, "train_steps", 0), "train_steps", None),
     ("negative_seed", lambda c: setattr(c, "seed", -1), "seed", None),
     ("negative_sample_every", lambda c: setattr(c, "sample_every", -1), "sample_every", None),
