@@ -74,11 +74,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.mlp_dim = 256
     c.model.rope_theta = 10000.0
     c.model.tie_embeddings = False
-    # Layers per iteration of the layer loop; 0 = all of them (no loop). Unrolled, the
-    # default 2-layer model's gradient ran 1.24x and its KV-cached decoding 1.42x faster
-    # on CPU, the whole GRPO step 1.07x (benchmarks/RESULTS.md, "Layer scan"), and it
-    # compiled faster; but compile time grows with the depth, so set 1 (one compiled
-    # layer in a loop) for deep checkpoints.
+    # Layers per iteration of the layer loop of the training forward and backward passes
+    # (KV-cached decoding always loops over one layer at a time); 0 = all of them (no
+    # loop). Unrolled, the default 2-layer model's gradient ran about 1.2x faster on CPU
+    # (benchmarks/RESULTS.md, "Layer scan"); at 8 layers it gained nothing and compiled
+    # slower, so set 1 for deep checkpoints.
     c.model.layer_unroll = 0
     # Activation dtype, "float32" or "bfloat16" (parameters, attention softmax, log-probs
     # and losses stay float32).

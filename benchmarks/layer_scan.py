@@ -3,9 +3,11 @@ the whole agentic train step (GRPO on guess_number), with `model.layer_unroll` 1
 compiled layer in a loop) against 0 (all layers unrolled), measured in the same run.
 
 Why it matters: `nn.scan` over the layers stacks each layer's residuals for the backward
-pass into `[num_layers, ...]` buffers, and slices and re-stacks the `[num_layers, ...]`
-KV cache at every decoded token; unrolled, XLA addresses each layer's buffers directly.
-Unrolling costs compile time proportional to the depth.
+pass into `[num_layers, ...]` buffers; unrolled, XLA addresses each layer's buffers
+directly, at a compile time that grows with the depth. `layer_unroll` applies to
+cache-free calls only (KV-cached calls always run one layer per iteration and update the
+whole cache in place), so the decode and rollout rows compare the same cached programs
+and show the run's noise.
 
     python benchmarks/layer_scan.py [--layers 2] [--d-model 64] [--repeats 11] [--no-write]
 """

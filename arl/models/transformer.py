@@ -111,9 +111,11 @@ class TransformerConfig:
       param_dtype: parameter dtype.
       initializer_range: std of the normal initialiser of every matrix (HF convention).
       remat: rematerialise each layer in the backward pass (saves activation memory).
-      layer_unroll: layers per iteration of the layer scan (1 = a loop of one compiled
-        layer; num_layers = fully unrolled). Unrolling lets XLA drop the per-layer
-        buffers the scan stacks for the backward pass, at the cost of compile time.
+      layer_unroll: layers per iteration of the layer scan in cache-free calls (training,
+        recomputation): 1 = a loop of one compiled layer, num_layers = fully unrolled.
+        Unrolling lets XLA drop the per-layer buffers the scan stacks for the backward
+        pass, at a compile time that grows with the depth. Calls with a KV cache always
+        run one layer per iteration.
     """
 
     vocab_size: int
@@ -262,13 +264,16 @@ class Attention(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, positions, layer_cache, write_positions, key_positions):
+    def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions):
         """x [B, T, D]; positions int [B, T] (query positions).
 
-        Without a cache (layer_cache None) keys are the T tokens themselves. With a cache
-        (keys, values [B, S, KV, Dh]) the new keys are scattered to `write_positions`
-        [B, T] (out-of-range entries dropped) and queries attend to all S slots whose
-        position is <= their own (`key_positions` [S]).
+        Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
+        (every layer's keys, values [L, B, S, KV, Dh]) this layer's new keys are scattered
+        to `[layer_index, b, write_positions]` (out-of-range entries dropped) and queries
+        attend to all S slots of the layer whose position is <= their own
+        (`key_positions` [S]). The whole cache is updated in place (a scatter of the T new
+        tokens); slicing one layer out and stacking the layers back would copy the cache
+        at every decoded token.
         """
         cfg = self.config
         num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
@@ -281,20 +286,21 @@ class Attention(nn.Module):
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
 
-        if layer_cache is None:
+        if cache_kv is None:
             keys, values = k, v
             key_pos = positions  # [B, T]
-            new_layer_cache = None
         else:
-            cached_keys, cached_values = layer_cache
+            all_keys, all_values = cache_kv
             batch_index = jnp.arange(x.shape[0])[:, None]
             # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
             # clamping onto the last slot as dynamic_update_slice would.
-            keys = cached_keys.at[batch_index, write_positions].set(
-                k.astype(cached_keys.dtype), mode="drop")
-            values = cached_values.at[batch_index, write_positions].set(
-                v.astype(cached_values.dtype), mode="drop")
-            new_layer_cache = (keys, values)
+            all_keys = all_keys.at[layer_index, batch_index, write_positions].set(
+                k.astype(all_keys.dtype), mode="drop")
+            all_values = all_values.at[layer_index, batch_index, write_positions].set(
+                v.astype(all_values.dtype), mode="drop")
+            cache_kv = (all_keys, all_values)
+            keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
             keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
             key_pos = jnp.broadcast_to(key_positions, (x.shape[0], key_positions.shape[0]))
 
@@ -313,7 +319,7 @@ class Attention(nn.Module):
             param_dtype=cfg.param_dtype,
             kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
             name="o_proj")(out)
-        return out, new_layer_cache
+        return out, cache_kv
 
 
 class SwiGLU(nn.Module):
@@ -337,19 +343,22 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm layer; scanned over the layer axis (carry = residual stream)."""
+    """One pre-norm layer; scanned over the layer axis (carry = the residual stream and
+    the whole KV cache, which each layer updates in place at its `layer_index`)."""
 
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, h, layer_cache, positions, write_positions, key_positions):
+    def __call__(self, carry, layer_index, positions, write_positions, key_positions):
         cfg = self.config
+        h, cache_kv = carry
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
-        attn_out, new_layer_cache = Attention(cfg, name="self_attn")(
-            norm("input_layernorm")(h), positions, layer_cache, write_positions, key_positions)
+        attn_out, cache_kv = Attention(cfg, name="self_attn")(
+            norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
+            key_positions)
         h = h + attn_out
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
-        return h, new_layer_cache
+        return (h, cache_kv), None
 
 
 class Transformer(nn.Module):
@@ -425,9 +434,13 @@ class Transformer(nn.Module):
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-            unroll=min(cfg.layer_unroll, cfg.num_layers),
+            # Cached calls keep one layer per iteration: their in-place cache update
+            # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
+            unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
-        h, new_layer_caches = layers(h, layer_caches, positions, write_positions, key_positions)
+        (h, new_layer_caches), _ = layers((h, layer_caches),
+                                          jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                                          positions, write_positions, key_positions)
 
         hidden = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h)
 
