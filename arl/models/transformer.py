@@ -37,8 +37,9 @@ Parameter tree (names mirror Hugging Face so checkpoint import is a rename + res
     lm_head                                [d_model, vocab]            ("embed", "vocab"), untied only
     value_head/kernel, value_head/bias     [d_model, 1], [1]           (value_head only)
 
-The layers are stacked on a leading axis and run with `nn.scan` (one compiled layer body
-whatever the depth). A HF tensor `model.layers.{i}.self_attn.q_proj.weight` of shape
+The layers are stacked on a leading axis and run with `nn.scan`: one compiled layer body
+whatever the depth, or `layer_unroll` layers per iteration in cache-free calls. With a
+KV cache the scan carries the whole cache and each layer updates it in place. A HF tensor `model.layers.{i}.self_attn.q_proj.weight` of shape
 [H*head_dim, d_model] is `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
 
 Boxed parameters: every parameter is created through `nn.with_logical_partitioning`, so
