@@ -146,10 +146,11 @@ class Trainer:
         self.context_length = rollout_lib.context_length(self.env)
         self.row_params(1, 1)  # rejects unknown config.env.params fields before tracing
         m = config.model
-        if m.get("hf_checkpoint", ""):
-            self.model = self._pretrained_model(config)
-        else:
-            self.model = self._fresh_model(config)
+        model = (self._pretrained_model(config) if m.get("hf_checkpoint", "")
+                 else self._fresh_model(config))
+        # model.layer_unroll 0 = every layer of this architecture (fresh or checkpoint).
+        self.model = model.clone(config=dataclasses.replace(
+            model.config, layer_unroll=m.layer_unroll or model.config.num_layers))
         self.optimizer = make_optimizer(config)
         self.sampling = rollout_lib.SamplingConfig(
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
@@ -197,7 +198,6 @@ class Trainer:
             tie_embeddings=m.tie_embeddings,
             value_head=config.algorithm == "ppo",
             dtype=jnp.dtype(m.dtype),
-            layer_unroll=m.layer_unroll or m.num_layers,
         ))
 
     def _pretrained_model(self, config):
@@ -213,8 +213,7 @@ class Trainer:
                 f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
                 f"{model_config.vocab_size} < the env codec's {self.env.codec.vocab_size}: "
                 f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
-        return transformer_lib.Transformer(dataclasses.replace(
-            model_config, layer_unroll=m.layer_unroll or model_config.num_layers))
+        return transformer_lib.Transformer(model_config)
 
     def _branch_turns(self) -> tuple[int, ...]:
         """Turns to fork before for Monte Carlo values (process.branch_turns, validated

@@ -15,7 +15,6 @@ and show the run's noise.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -80,7 +79,7 @@ def step_programs(layers: int, d_model: int, layer_unroll: int):
     return dict(step=run_step,
                 rollout=lambda: jax.block_until_ready(roll(params, jax.random.key(2))),
                 step_compile=step_compile, rollout_compile=roll_compile,
-                context=trainer.context_length, vocab=trainer.env.codec.vocab_size)
+                context=trainer.context_length, model_config=trainer.model.config)
 
 
 def main(argv=None):
@@ -94,13 +93,10 @@ def main(argv=None):
 
     variants = {"scan": 1, "unrolled": 0}
     steps = {name: step_programs(args.layers, args.d_model, u) for name, u in variants.items()}
-    heads = max(1, args.d_model // 16)
-    base = transformer_lib.TransformerConfig(
-        vocab_size=steps["scan"]["vocab"], d_model=args.d_model, num_layers=args.layers,
-        num_heads=heads, num_kv_heads=heads, mlp_dim=4 * args.d_model)
-    models = {name: model_programs(
-        dataclasses.replace(base, layer_unroll=u or args.layers), args.batch,
-        steps["scan"]["context"]) for name, u in variants.items()}
+    # The micro-programs use the trainer's own architecture (and its resolved unroll).
+    models = {name: model_programs(steps[name]["model_config"], args.batch,
+                                   steps[name]["context"]) for name in variants}
+    arch = steps["scan"]["model_config"]
     fns = {}
     for name in variants:
         fns[f"{name}/grad"] = models[name]["grad"]
@@ -129,8 +125,9 @@ def main(argv=None):
         rows)
     text = (f"### `benchmarks/layer_scan.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
-            f"Transformer d_model {args.d_model}, {args.layers} layers, {heads} heads, MLP "
-            f"{4 * args.d_model}, vocabulary {base.vocab_size}. Model gradient: "
+            f"Transformer d_model {arch.d_model}, {arch.num_layers} layers, "
+            f"{arch.num_heads} heads, MLP {arch.mlp_dim}, vocabulary {arch.vocab_size}. "
+            f"Model gradient: "
             f"summed token log-probs over [{args.batch}, {steps['scan']['context']}]; "
             f"decode: {DECODE_STEPS} greedy KV-cached steps of {args.batch} rows; train "
             f"step: GRPO on guess_number, 8 tasks x group 4 (agentic_step's sizes). Median "

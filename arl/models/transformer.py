@@ -39,8 +39,9 @@ Parameter tree (names mirror Hugging Face so checkpoint import is a rename + res
 
 The layers are stacked on a leading axis and run with `nn.scan`: one compiled layer body
 whatever the depth, or `layer_unroll` layers per iteration in cache-free calls. With a
-KV cache the scan carries the whole cache and each layer updates it in place. A HF tensor `model.layers.{i}.self_attn.q_proj.weight` of shape
-[H*head_dim, d_model] is `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
+KV cache the scan carries the whole cache and each layer updates it in place. A HF tensor
+`model.layers.{i}.self_attn.q_proj.weight` of shape [H*head_dim, d_model] is
+`kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
 
 Boxed parameters: every parameter is created through `nn.with_logical_partitioning`, so
 `model.init(...)` returns `nn.LogicallyPartitioned` boxes. `model.apply` accepts boxed or
