@@ -7,6 +7,12 @@ with an MLP actor-critic; signals: masked GAE with episode boundaries (terminate
 the trace, truncated bootstraps from the final observation's value); update: a scan over
 epochs x minibatches of the clipped PPO objective. Environment state lives in the train
 state, so consecutive steps continue the same episodes.
+
+The update runs on ONE flat parameter vector (`jax.flatten_util.ravel_pytree`): the
+gradient, the global-norm clip and Adam touch one [P] array per minibatch instead of one
+small array per layer, so a small update launches a few large kernels instead of many
+tiny ones (benchmarks/RESULTS.md, "PPO on CartPole-v1"). The loss still sees the usual
+parameter tree, and the train state keeps it; only the optimizer state is flat.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import struct
+from jax.flatten_util import ravel_pytree
 
 from arl import algorithms as alg
 from arl import config as config_lib
@@ -29,7 +36,7 @@ from arl.models.mlp import ActorCritic
 @struct.dataclass
 class VectorTrainState:
     params: Any
-    opt_state: Any
+    opt_state: Any  # optimizer state of the raveled parameter vector (see module docstring)
     env_state: Any
     observation: jax.Array  # [num_envs, ...]
     running_return: jax.Array  # float32 [num_envs]: return of the current episodes
@@ -90,7 +97,8 @@ class VectorPPO:
                 jax.random.split(env_key, n), self.env_params)
             params = self.model.init(init_key, ts.observation[:1])["params"]
             return VectorTrainState(
-                params=params, opt_state=self.optimizer.init(params), env_state=env_state,
+                params=params, opt_state=self.optimizer.init(ravel_pytree(params)[0]),
+                env_state=env_state,
                 observation=ts.observation, running_return=jnp.zeros((n,), jnp.float32),
                 last_episode_return=jnp.zeros((), jnp.float32),
                 step=jnp.zeros((), jnp.int32), key=key)
@@ -192,8 +200,13 @@ class VectorPPO:
         c = self.config
         num_mb = c.updates.minibatches
         mb_size = self.batch_size // num_mb
-        grad_fn = jax.grad(self._loss, has_aux=True)
-        names = []  # metric names, in the order of the packed vector (set while tracing)
+        flat_params, unravel = ravel_pytree(params)
+        flat_loss = lambda flat, mb: self._loss(unravel(flat), mb)  # noqa: E731
+        grad_fn = jax.grad(flat_loss, has_aux=True)
+        first_minibatch = jax.tree.map(lambda x: x[:mb_size], batch)
+        names = sorted(jax.eval_shape(flat_loss, flat_params, first_minibatch)[1])
+        if c.vector.diagnostics:
+            names = sorted(names + ["grad_norm"])
 
         def epoch(carry, epoch_key):
             perm = jax.random.permutation(epoch_key, self.batch_size)
@@ -201,23 +214,22 @@ class VectorPPO:
                 lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), batch)
 
             def minibatch(carry, mb):
-                params, opt_state = carry
-                grads, metrics = grad_fn(params, mb)
-                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                flat, opt_state = carry
+                grads, metrics = grad_fn(flat, mb)
+                updates, opt_state = self.optimizer.update(grads, opt_state, flat)
                 if c.vector.diagnostics:
                     metrics["grad_norm"] = optax.global_norm(grads)
-                names[:] = sorted(metrics)
                 # One [M] vector per minibatch instead of M scalar outputs: fewer
                 # operations per iteration, which is what a small update costs on CPU.
                 packed = jnp.stack([metrics[k].astype(jnp.float32) for k in names])
-                return (optax.apply_updates(params, updates), opt_state), packed
+                return (optax.apply_updates(flat, updates), opt_state), packed
 
             return jax.lax.scan(minibatch, carry, shuffled)
 
-        (params, opt_state), packed = jax.lax.scan(
-            epoch, (params, opt_state), jax.random.split(key, c.updates.epochs))
+        (flat_params, opt_state), packed = jax.lax.scan(
+            epoch, (flat_params, opt_state), jax.random.split(key, c.updates.epochs))
         means = jnp.mean(packed, axis=(0, 1))
-        return params, opt_state, {k: means[i] for i, k in enumerate(names)}
+        return unravel(flat_params), opt_state, {k: means[i] for i, k in enumerate(names)}
 
     def evaluate(self, params, key, *, num_envs: int = 32, max_steps: int = 500,
                  greedy: bool = True) -> jax.Array:

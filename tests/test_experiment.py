@@ -14,7 +14,9 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 
@@ -167,6 +169,47 @@ def test_vector_diagnostics_off_logs_less_and_trains_the_same():
         k for k in metrics_on if k.startswith(("policy/", "value/")) or k == "grad_norm"}
     for name in metrics_off:
         np.testing.assert_allclose(metrics_off[name], metrics_on[name], rtol=1e-6, atol=1e-7)
+
+
+def test_vector_update_on_the_flat_vector_is_the_per_layer_update():
+    """VectorPPO runs the gradient, the clip and Adam on one raveled parameter vector;
+    two epochs of one minibatch must equal two plain optax steps on the parameter tree
+    (one minibatch, so the epoch shuffle cannot change the loss)."""
+    from jax.flatten_util import ravel_pytree
+
+    from arl.vector_ppo import VectorPPO
+
+    config = _tiny_vector_config()
+    config.updates.epochs, config.updates.minibatches = 2, 1
+    trainer = VectorPPO(config)
+    state = trainer.init_state()
+    n = trainer.batch_size
+    keys = jax.random.split(jax.random.key(3), 5)
+    batch = dict(observation=jax.random.normal(keys[0], (n, 4)),
+                 action=jax.random.randint(keys[1], (n,), 0, 2),
+                 logp=jnp.log(jax.random.uniform(keys[2], (n,), minval=0.3, maxval=0.7)),
+                 value=jax.random.normal(keys[3], (n,)),
+                 advantages=jax.random.normal(keys[4], (n,)),
+                 returns=jax.random.normal(keys[4], (n,)) + 1.0)
+    num_params = ravel_pytree(state.params)[0].size
+    assert {leaf.shape for leaf in jax.tree.leaves(state.opt_state)} == {(), (num_params,)}
+    params, _, metrics = jax.jit(trainer._update)(  # pylint: disable=protected-access
+        state.params, state.opt_state, batch, jax.random.key(0))
+
+    reference = state.params
+    tree_opt_state = trainer.optimizer.init(reference)
+    grad_norms = []
+    for _ in range(2):
+        grads, _ = jax.grad(trainer._loss, has_aux=True)(  # pylint: disable=protected-access
+            reference, batch)
+        grad_norms.append(optax.global_norm(grads))
+        updates, tree_opt_state = trainer.optimizer.update(grads, tree_opt_state, reference)
+        reference = optax.apply_updates(reference, updates)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+                 params, reference)
+    assert not np.allclose(ravel_pytree(params)[0], ravel_pytree(state.params)[0])
+    np.testing.assert_allclose(metrics["grad_norm"], np.mean(grad_norms), rtol=1e-5)
+    assert list(metrics) == sorted(metrics)
 
 
 @pytest.fixture
