@@ -95,6 +95,15 @@ def ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
+def _span_at_least(ax, ys, factor):
+    """Log y-limits spanning at least `factor`, so a nearly flat series (e.g. time vs
+    group size) looks flat instead of filling the panel with a few percent of noise."""
+    low, high = min(ys), max(ys)
+    if high / low < factor:
+        middle = (low * high) ** 0.5
+        ax.set_ylim(middle / factor ** 0.5, middle * factor ** 0.5)
+
+
 def plot(axes_rows, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -103,9 +112,12 @@ def plot(axes_rows, path):
                             squeeze=False)
     for j, (name, key, rows) in enumerate(axes_rows):
         xs = [r[key] for r in rows]
-        axs[0][j].loglog(xs, [1e3 * r["step_s"] for r in rows], "o-", base=2)
-        axs[1][j].loglog(xs, [max(r["temp"] or 1, 1) / 2**20 for r in rows], "s-", base=2,
-                         color="tab:red")
+        step_ms = [1e3 * r["step_s"] for r in rows]
+        temp_mib = [max(r["temp"] or 1, 1) / 2**20 for r in rows]
+        axs[0][j].loglog(xs, step_ms, "o-", base=2)
+        axs[1][j].loglog(xs, temp_mib, "s-", base=2, color="tab:red")
+        for ax, ys in ((axs[0][j], step_ms), (axs[1][j], temp_mib)):
+            _span_at_least(ax, ys, factor=4.0)
         axs[0][j].set_title(name)
         axs[1][j].set_xlabel(name)
     axs[0][0].set_ylabel("step time (ms)")
