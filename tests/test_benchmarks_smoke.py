@@ -80,3 +80,20 @@ def test_layer_scan_programs_run(bench):
     grads = programs["grad"]()
     assert jax.tree.leaves(grads) and all(
         np.isfinite(g).all() and np.abs(g).sum() > 0 for g in jax.tree.leaves(grads))
+
+
+def test_scaling_plot_keeps_flat_series_flat(bench):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (flat, steep) = plt.subplots(1, 2)
+    flat.loglog([2, 4, 8], [47.0, 50.0, 52.0], base=2)
+    steep.loglog([2, 4, 8], [10.0, 80.0, 640.0], base=2)
+    steep_limits = steep.get_ylim()
+    bench["scaling"]._span_at_least(flat, [47.0, 50.0, 52.0], factor=4.0)
+    bench["scaling"]._span_at_least(steep, [10.0, 80.0, 640.0], factor=4.0)
+    low, high = flat.get_ylim()
+    np.testing.assert_allclose([high / low, low * high], [4.0, 47.0 * 52.0], rtol=1e-6)
+    assert steep.get_ylim() == steep_limits
+    plt.close(fig)
