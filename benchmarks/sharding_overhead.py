@@ -1,14 +1,16 @@
-"""Sharding overhead: the same GRPO train step on a (1, 1, 1) mesh vs an (8, 1, 1) mesh.
+"""Sharding overhead: the same GRPO train step on a (1, 1, 1) mesh vs larger meshes.
 
 The 8 devices are fake CPU devices (`--xla_force_host_platform_device_count=8`, set here
 before JAX is imported) sharing the same cores, so this measures what sharding costs
 (partitioned program, collectives, per-device launch overhead), not a speedup: the ratio
-t(8 devices) / t(1 device) is the overhead factor. The batch is split over the "data"
-axis; parameters are replicated (tensor = fsdp = 1). On a real multi-chip machine the
-same script with `--devices N` compares 1 vs N chips.
+t(mesh) / t(1 device) is the overhead factor. By default the batch is split over the
+"data" axis with parameters replicated, (8, 1, 1); `--meshes` adds other (data, fsdp,
+tensor) layouts, e.g. FSDP (parameters and optimizer state sharded over "fsdp", batch
+over data x fsdp) or tensor parallelism (heads and MLP width over "tensor"). On a real
+multi-chip machine the same script with `--devices N` compares 1 vs N chips.
 
-    python benchmarks/sharding_overhead.py [--devices 8] [--num-tasks 8] [--group-size 4]
-                                           [--no-write]
+    python benchmarks/sharding_overhead.py [--devices 8] [--meshes "8,1,1;2,4,1;2,2,2"]
+                                           [--num-tasks 8] [--group-size 4] [--no-write]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ if __name__ == "__main__":
     _force_host_devices(sys.argv[1:])
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 
 import jax  # noqa: E402
 
@@ -47,10 +50,10 @@ from arl import sharding as sharding_lib  # noqa: E402
 from arl.train import Trainer  # noqa: E402
 
 
-def sharded_trainer(devices: int, num_tasks, group_size, d_model, layers):
+def sharded_trainer(mesh: tuple, num_tasks, group_size, d_model, layers):
     config = agentic_step.make_config("grpo", num_tasks, group_size, d_model, layers)
-    config.mesh = (devices, 1, 1)
-    trainer = Trainer(config, mesh=sharding_lib.make_mesh((devices, 1, 1)))
+    config.mesh = mesh
+    trainer = Trainer(config, mesh=sharding_lib.make_mesh(mesh))
     state = trainer.init_state()
     compiled, compile_s = common.compile_jitted(trainer.train_step, state)
     return trainer, state, compiled, compile_s
@@ -59,6 +62,9 @@ def sharded_trainer(devices: int, num_tasks, group_size, d_model, layers):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--meshes", default=None,
+                        help='(data, fsdp, tensor) layouts compared with (1, 1, 1), ";"-'
+                             'separated, e.g. "8,1,1;2,4,1;2,2,2"; default "DEVICES,1,1"')
     parser.add_argument("--num-tasks", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--d-model", type=int, default=64)
@@ -70,10 +76,16 @@ def main(argv=None):
         raise SystemExit(f"--devices={args.devices} but only {jax.device_count()} devices "
                          "exist (set XLA_FLAGS before JAX is imported)")
 
+    meshes = [(1, 1, 1)] + parse_meshes(args.meshes or f"{args.devices},1,1")
+    for mesh in meshes:
+        if math.prod(mesh) > jax.device_count():
+            raise SystemExit(f"--meshes: {mesh} needs {math.prod(mesh)} devices, only "
+                             f"{jax.device_count()} exist (raise --devices)")
+
     runs, compile_s = {}, {}
-    for n in (1, args.devices):
-        _, state, compiled, compile_s[n] = sharded_trainer(
-            n, args.num_tasks, args.group_size, args.d_model, args.layers)
+    for mesh in dict.fromkeys(meshes):
+        _, state, compiled, compile_s[mesh] = sharded_trainer(
+            mesh, args.num_tasks, args.group_size, args.d_model, args.layers)
         box = {"state": state}
 
         def run(box=box, compiled=compiled):
@@ -81,25 +93,39 @@ def main(argv=None):
             jax.block_until_ready(box["state"])
 
         run()
-        runs[n] = run
-    t = common.interleaved_median_times({n: fn for n, fn in runs.items()}, args.repeats)
-    ratio = t[args.devices] / t[1]
+        runs[mesh] = run
+    t = common.interleaved_median_times(runs, args.repeats)
+    ratios = {mesh: t[mesh] / t[(1, 1, 1)] for mesh in t}
     device = jax.devices()[0]
     table = common.markdown_table(
-        ["mesh (data, fsdp, tensor)", "devices", "step (ms)", "lower+compile (s)"],
-        [(f"({n}, 1, 1)", n, common.fmt_ms(t[n]), f"{compile_s[n]:.1f}") for n in t])
+        ["mesh (data, fsdp, tensor)", "devices", "step (ms)", "t(mesh) / t(1 device)",
+         "lower+compile (s)"],
+        [(str(mesh), math.prod(mesh), common.fmt_ms(t[mesh]), f"{ratios[mesh]:.2f}",
+          f"{compile_s[mesh]:.1f}") for mesh in t])
     text = (f"### `benchmarks/sharding_overhead.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
             f"GRPO on guess_number, {args.num_tasks} tasks x group {args.group_size} (batch "
-            f"{args.num_tasks * args.group_size} split over \"data\"), transformer d_model "
+            f"{args.num_tasks * args.group_size}), transformer d_model "
             f"{args.d_model}, {args.layers} layers; median of {args.repeats} interleaved "
             f"rounds. {jax.device_count()} {device.platform} devices"
             f"{' (fake host devices sharing the same cores)' if device.platform == 'cpu' else ''}"
-            f".\n\n{table}\n\nOverhead ratio t({args.devices}) / t(1) = **{ratio:.2f}**.\n")
+            f".\n\n{table}\n")
     print(text)
     if not args.no_write:
         common.append_section("Sharding overhead", text)
-    return t, ratio
+    return t, ratios
+
+
+def parse_meshes(text: str) -> list:
+    """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]."""
+    meshes = []
+    for item in text.split(";"):
+        sizes = tuple(int(x) for x in item.split(","))
+        if len(sizes) != 3 or min(sizes) < 1:
+            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
+                             "(data, fsdp, tensor)")
+        meshes.append(sizes)
+    return meshes
 
 
 if __name__ == "__main__":

@@ -97,3 +97,11 @@ def test_scaling_plot_keeps_flat_series_flat(bench):
     np.testing.assert_allclose([high / low, low * high], [4.0, 47.0 * 52.0], rtol=1e-6)
     assert steep.get_ylim() == steep_limits
     plt.close(fig)
+
+
+def test_sharding_overhead_parses_mesh_layouts(bench):
+    parse = bench["sharding_overhead"].parse_meshes
+    assert parse("8,1,1;2,4,1") == [(8, 1, 1), (2, 4, 1)]
+    for bad in ("8,1", "2,0,4"):
+        with pytest.raises(SystemExit, match="three positive sizes"):
+            parse(bad)
