@@ -120,7 +120,10 @@ def parse_meshes(text: str) -> list:
     """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]."""
     meshes = []
     for item in text.split(";"):
-        sizes = tuple(int(x) for x in item.split(","))
+        try:
+            sizes = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            sizes = ()
         if len(sizes) != 3 or min(sizes) < 1:
             raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
                              "(data, fsdp, tensor)")

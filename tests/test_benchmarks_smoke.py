@@ -102,6 +102,6 @@ def test_scaling_plot_keeps_flat_series_flat(bench):
 def test_sharding_overhead_parses_mesh_layouts(bench):
     parse = bench["sharding_overhead"].parse_meshes
     assert parse("8,1,1;2,4,1") == [(8, 1, 1), (2, 4, 1)]
-    for bad in ("8,1", "2,0,4"):
+    for bad in ("8,1", "2,0,4", "8,x,1"):
         with pytest.raises(SystemExit, match="three positive sizes"):
             parse(bad)
