@@ -100,12 +100,8 @@ def measure(config, repeats: int, peak: float) -> dict:
     step, step_compile = common.compile_jitted(trainer.train_step, state)
     roll, roll_compile = common.compile_jitted(rollout_program(trainer), params_copy,
                                                jax.random.key(1))
-    box = {"state": state, "metrics": []}
-
-    def run_step():
-        box["state"], metrics = step(box["state"])
-        jax.block_until_ready(box["state"])
-        box["metrics"].append(metrics)
+    step_metrics = []
+    run_step = common.donated_step_runner(step, state, step_metrics.append)
 
     keys = iter(jax.random.split(jax.random.key(2), 4 * repeats + 4))
 
@@ -115,7 +111,7 @@ def measure(config, repeats: int, peak: float) -> dict:
     run_step()
     run_rollout()  # first executions outside the timing
     t = common.interleaved_median_times({"step": run_step, "rollout": run_rollout}, repeats)
-    generated = np.mean([float(m["response_tokens_mean"]) for m in box["metrics"]])
+    generated = np.mean([float(m["response_tokens_mean"]) for m in step_metrics])
     generated *= trainer.batch_size
     trained = trainer.batch_size * trainer.context_length * config.updates.epochs
     return dict(

@@ -65,6 +65,21 @@ def compile_jitted(jitted, *args):
     return compiled, time.perf_counter() - start
 
 
+def donated_step_runner(compiled, state, on_metrics=None) -> Callable[[], None]:
+    """A blocking `run()` that advances `state` by one call of a compiled, state-donating
+    `step(state) -> (state, metrics)`: each call feeds the previous call's output (the
+    donated input is gone). `on_metrics`, if given, receives every call's metrics."""
+    box = [state]
+
+    def run():
+        box[0], metrics = compiled(box[0])
+        jax.block_until_ready(box[0])
+        if on_metrics is not None:
+            on_metrics(metrics)
+
+    return run
+
+
 def temp_bytes(compiled) -> int | None:
     """Peak scratch memory XLA planned for the program (`memory_analysis` temp bytes)."""
     try:

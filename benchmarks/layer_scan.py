@@ -70,13 +70,7 @@ def step_programs(layers: int, d_model: int, layer_unroll: int):
     step, step_compile = common.compile_jitted(trainer.train_step, state)
     roll, roll_compile = common.compile_jitted(agentic_step.rollout_program(trainer), params,
                                                jax.random.key(1))
-    box = {"state": state}
-
-    def run_step():
-        box["state"], _ = step(box["state"])
-        jax.block_until_ready(box["state"])
-
-    return dict(step=run_step,
+    return dict(step=common.donated_step_runner(step, state),
                 rollout=lambda: jax.block_until_ready(roll(params, jax.random.key(2))),
                 step_compile=step_compile, rollout_compile=roll_compile,
                 context=trainer.context_length, model_config=trainer.model.config)

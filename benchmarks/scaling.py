@@ -79,12 +79,7 @@ def compile_point(config):
     trainer = Trainer(config)
     state = trainer.init_state()
     compiled, compile_s = common.compile_jitted(trainer.train_step, state)
-    box = {"state": state}
-
-    def run():
-        box["state"], _ = compiled(box["state"])
-        jax.block_until_ready(box["state"])
-
+    run = common.donated_step_runner(compiled, state)
     run()
     return dict(batch=trainer.batch_size, context=trainer.context_length,
                 turns=config.env.kwargs.max_turns, group=config.rollout.group_size,

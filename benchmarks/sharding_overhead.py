@@ -86,14 +86,8 @@ def main(argv=None):
     for mesh in dict.fromkeys(meshes):
         _, state, compiled, compile_s[mesh] = sharded_trainer(
             mesh, args.num_tasks, args.group_size, args.d_model, args.layers)
-        box = {"state": state}
-
-        def run(box=box, compiled=compiled):
-            box["state"], _ = compiled(box["state"])
-            jax.block_until_ready(box["state"])
-
-        run()
-        runs[mesh] = run
+        runs[mesh] = common.donated_step_runner(compiled, state)
+        runs[mesh]()
     t = common.interleaved_median_times(runs, args.repeats)
     ratios = {mesh: t[mesh] / t[(1, 1, 1)] for mesh in t}
     device = jax.devices()[0]

@@ -105,3 +105,12 @@ def test_sharding_overhead_parses_mesh_layouts(bench):
     for bad in ("8,1", "2,0,4", "8,x,1"):
         with pytest.raises(SystemExit, match="three positive sizes"):
             parse(bad)
+
+
+def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
+    step = jax.jit(lambda s: (s + 1.0, {"value": s}), donate_argnums=(0,))
+    seen = []
+    run = bench["common"].donated_step_runner(step, jnp.zeros(3), seen.append)
+    for _ in range(3):
+        run()
+    np.testing.assert_array_equal([float(m["value"][0]) for m in seen], [0.0, 1.0, 2.0])
