@@ -14,24 +14,15 @@ from typing import Any
 
 import ml_collections
 
-TOKEN_ALGORITHMS = ("ppo", "grpo", "drgrpo", "rloo", "reinforce_pp", "erpo", "vineppo")
-GROUP_ALGORITHMS = ("grpo", "drgrpo", "rloo", "erpo")
-AGGREGATIONS = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-KL_KINDS = ("k1", "abs", "k2", "k3", "k1+", "k2+", "k3+", "abs+")
-LR_SCHEDULES = ("constant", "linear", "cosine")
-SFT_SOURCES = ("demonstrator", "oracle")
-MC_ESTIMATES = ("mean_return", "soft", "hard")
-MESH_AXES = ("data", "fsdp", "tensor")
-
-
-class ConfigError(ValueError):
-    """A configuration field has a value outside its allowed set."""
+from arl import algorithms as alg
+from arl import envs as envs_lib
+from arl.errors import ConfigError, invalid_field
+from arl.models import lora as lora_lib
+from arl.models.mlp import ACTIVATIONS
+from arl.optim import LR_SCHEDULES
+from arl.rollout.branching import ESTIMATES as MC_ESTIMATES
+from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
+from arl.sharding import MESH_AXES
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -138,11 +129,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.loss.sft_hold_steps = 0
     c.loss.sft_decay_steps = 100
     c.loss.sft_source = "demonstrator"
-    # Path of a demonstration set written by `arl.datasets.build_demonstrations`; empty
+    # Path of a demonstration set written by `arl.data.build_demonstrations`; empty
     # means demonstrations are generated on the fly by `sft_source` inside the step.
     c.loss.sft_dataset = ""
 
-    # Behaviour-cloning warm start (arl.warm_start): before RL, a fresh run trains the
+    # Behaviour-cloning warm start (arl.trainers.warm_start): before RL, a fresh run trains the
     # model for sft_steps on scripted demonstrations from sft_source ("" = loss.sft_source;
     # "demonstrator": the env's weaker demonstrator), sft_batch fresh ones per step (0 =
     # the RL batch num_tasks*group_size), AdamW at sft_lr (0 = optim.learning_rate). RL
@@ -166,7 +157,7 @@ def default_config() -> ml_collections.ConfigDict:
     # update a few percent cheaper on CPU.
     c.vector.diagnostics = True
 
-    # Credit assignment inside an episode (arl.algorithms.process, arl.branching).
+    # Credit assignment inside an episode (arl.algorithms.process, arl.rollout.branching).
     c.process = ml_collections.ConfigDict()
     c.process.outcome_weight = 1.0  # weight of the environment's reward
     c.process.reward_weight = 0.0  # weight of the env's per-turn `info["process_reward"]`
@@ -197,7 +188,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"config.{field}={value!r} is invalid: {allowed}.")
+    raise invalid_field(field, value, allowed)
 
 
 def _check_range(config, field, low=None, high=None, *, low_open=False, integer=False):
@@ -218,9 +209,7 @@ def _check_range(config, field, low=None, high=None, *, low_open=False, integer=
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
              workdir: str | None = None) -> None:
     """Rejects inconsistent settings with a `ConfigError` naming the field."""
-    if config.algorithm not in TOKEN_ALGORITHMS + ("ppo_vector",):
-        _fail("algorithm", config.algorithm,
-              f"allowed values are {TOKEN_ALGORITHMS + ('ppo_vector',)}")
+    algorithm = alg.get_algorithm(config.algorithm)
     _check_range(config, "train_steps", 1, integer=True)
     _check_range(config, "log_every", 1, integer=True)
     _check_range(config, "checkpoint_every", 1, integer=True)
@@ -247,13 +236,13 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "loss.clip_high", 0.0, low_open=True)
     if config.loss.dual_clip != 0.0:
         _check_range(config, "loss.dual_clip", 1.0, low_open=True)
-    if config.loss.agg not in AGGREGATIONS:
-        _fail("loss.agg", config.loss.agg, f"allowed values are {AGGREGATIONS}")
+    if config.loss.agg not in alg.AGGREGATIONS:
+        _fail("loss.agg", config.loss.agg, f"allowed values are {alg.AGGREGATIONS}")
     if config.loss.norm and config.loss.agg != "seq-mean-token-sum-norm":
         _fail("loss.norm", config.loss.norm,
               "a constant normaliser only applies to loss.agg='seq-mean-token-sum-norm'")
-    if config.loss.kl_kind not in KL_KINDS:
-        _fail("loss.kl_kind", config.loss.kl_kind, f"allowed values are {KL_KINDS}")
+    if config.loss.kl_kind not in alg.KL_KINDS:
+        _fail("loss.kl_kind", config.loss.kl_kind, f"allowed values are {alg.KL_KINDS}")
     for field in ("value_coef", "value_clip", "entropy_coef", "kl_coef", "echo_coef",
                   "sft_coef", "norm"):
         _check_range(config, f"loss.{field}", 0.0)
@@ -264,9 +253,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _fail("loss.sft_dataset", sft_dataset, "expected a path (str); empty = on the fly")
     if sft_dataset and not os.path.isdir(sft_dataset):
         _fail("loss.sft_dataset", sft_dataset,
-              "no such directory; write one with arl.datasets.build_demonstrations")
+              "no such directory; write one with arl.data.build_demonstrations")
 
-    _validate_warm_start(config)
+    _validate_warm_start(config, algorithm)
 
     _check_range(config, "loss.sft_hold_steps", 0, integer=True)
     _check_range(config, "loss.sft_decay_steps", 1, integer=True)
@@ -279,16 +268,18 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "updates.epochs", 1, integer=True)
     _check_range(config, "updates.minibatches", 1, integer=True)
 
-    if config.algorithm == "ppo_vector":
+    if algorithm.trainer == "vector":
         _validate_vector(config)
     else:
-        _validate_token_rollout(config, mesh)
+        _validate_token_rollout(config, mesh, algorithm)
         _validate_process(config)
+        if algorithm.validate is not None:
+            algorithm.validate(config)
     if workdir is not None:
         _validate_workdir(workdir)
 
 
-def _validate_warm_start(config) -> None:
+def _validate_warm_start(config, algorithm: alg.Algorithm) -> None:
     ws = config.get("warm_start")
     if ws is None:
         return
@@ -298,19 +289,20 @@ def _validate_warm_start(config) -> None:
     if ws.sft_source not in SFT_SOURCES + ("",):
         _fail("warm_start.sft_source", ws.sft_source,
               f"allowed values are {SFT_SOURCES} or '' (= loss.sft_source)")
-    if ws.sft_steps and config.algorithm == "ppo_vector":
+    if ws.sft_steps and algorithm.trainer == "vector":
         _fail("warm_start.sft_steps", ws.sft_steps,
               "the warm start clones token-environment demonstrations; "
-              "algorithm 'ppo_vector' has none: set 0")
+              f"algorithm {algorithm.name!r} has none: set 0")
 
 
-def _validate_token_rollout(config, mesh) -> None:
+def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     r = config.rollout
     _check_range(config, "rollout.num_tasks", 1, integer=True)
     _check_range(config, "rollout.group_size", 1, integer=True)
-    if config.algorithm in GROUP_ALGORITHMS and r.group_size < 2:
+    if r.group_size < algorithm.min_group_size:
         _fail("rollout.group_size", r.group_size,
-              f"algorithm {config.algorithm!r} compares samples within a group: need >= 2")
+              f"algorithm {config.algorithm!r} compares samples within a group: need >= "
+              f"{algorithm.min_group_size}")
     _check_range(config, "rollout.temperature", 0.0)
     _check_range(config, "rollout.top_k", 0, integer=True)
     _check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
@@ -351,8 +343,6 @@ def _validate_token_rollout(config, mesh) -> None:
 
 
 def _validate_lora(config) -> None:
-    from arl.models import lora  # pylint: disable=g-import-not-at-top
-
     m = config.model
     if m.get("lora_rank") is None:
         return
@@ -360,10 +350,10 @@ def _validate_lora(config) -> None:
     _check_range(config, "model.lora_alpha", 0.0, low_open=True)
     targets = m.lora_targets
     if isinstance(targets, str) or not isinstance(targets, (tuple, list)) or not targets \
-            or any(t not in lora.ALL_TARGETS for t in targets) \
+            or any(t not in lora_lib.ALL_TARGETS for t in targets) \
             or len(set(targets)) != len(targets):
         _fail("model.lora_targets", targets,
-              f"expected distinct names from {lora.ALL_TARGETS}")
+              f"expected distinct names from {lora_lib.ALL_TARGETS}")
 
 
 def _validate_process(config) -> None:
@@ -380,29 +370,15 @@ def _validate_process(config) -> None:
         _fail("process.mc_estimate", p.mc_estimate, f"allowed values are {MC_ESTIMATES}")
     if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in p.branch_turns):
         _fail("process.branch_turns", p.branch_turns, "expected distinct turn indices >= 0")
-    if config.algorithm == "vineppo":
-        if p.mc_samples < 1:
-            _fail("process.mc_samples", p.mc_samples,
-                  "algorithm 'vineppo' estimates values by Monte Carlo: need >= 1")
-        if p.reward_weight or p.prm_weight or p.implicit_coef or config.loss.kl_in_reward:
-            _fail("algorithm", config.algorithm,
-                  "'vineppo' values estimate the environment reward only: set "
-                  "process.reward_weight, process.prm_weight, process.implicit_coef to 0 "
-                  "and loss.kl_in_reward to False")
     if p.train_prm and p.mc_samples < 1:
         _fail("process.train_prm", p.train_prm,
               "the PRM learns from Monte Carlo labels: set process.mc_samples >= 1")
     if p.prm_weight > 0 and not p.train_prm:
         _fail("process.prm_weight", p.prm_weight,
               "a PRM reward needs a trained PRM: set process.train_prm=True")
-    if p.mc_samples and p.mc_estimate != "mean_return" and config.algorithm == "vineppo":
-        _fail("process.mc_estimate", p.mc_estimate,
-              "'vineppo' baselines returns: use 'mean_return'")
 
 
 def _validate_token_env(config) -> None:
-    from arl import envs as envs_lib  # pylint: disable=g-import-not-at-top
-
     known = envs_lib.registered_names()
     name = config.env.name
     if name == "mixture":
@@ -426,9 +402,9 @@ def _validate_vector(config) -> None:
               "algorithm 'ppo_vector' needs a vector env such as 'gymnax:CartPole-v1'")
     _check_range(config, "vector.num_envs", 1, integer=True)
     _check_range(config, "vector.num_steps", 1, integer=True)
-    if config.vector.activation not in ("tanh", "relu", "gelu", "silu"):
+    if config.vector.activation not in ACTIVATIONS:
         _fail("vector.activation", config.vector.activation,
-              "allowed values are ('tanh', 'relu', 'gelu', 'silu')")
+              f"allowed values are {ACTIVATIONS}")
     if not isinstance(config.vector.diagnostics, bool):
         _fail("vector.diagnostics", config.vector.diagnostics,
               "allowed values are (True, False)")

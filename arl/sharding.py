@@ -46,3 +46,13 @@ def opt_state_shardings(optimizer, opt_state, param_shardings_tree, default):
     return optax.tree_map_params(
         optimizer, lambda _, s: s, opt_state, param_shardings_tree,
         transform_non_params=lambda _: default)
+
+
+def gather_rows(tree: Any, rows: int) -> Any:
+    """The first `rows` rows of a batch-sharded pytree as host arrays, gathered from
+    every process's shards in a multi-host run."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+        tree = multihost_utils.process_allgather(tree, tiled=True)
+    return jax.tree.map(lambda x: jax.device_get(x)[:rows], tree)

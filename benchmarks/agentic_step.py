@@ -1,7 +1,7 @@
 """Agentic LM train step (GRPO and PPO on guess_number, small transformer): throughput.
 
 For each algorithm, in one process:
-  * the full compiled `Trainer.train_step` (rollout + signals + update, state donated);
+  * the full compiled `TokenTrainer.train_step` (rollout + signals + update, state donated);
   * the rollout alone (`arl.rollout.rollout` under its own `jax.jit`, same sizes), so
     rollout share = rollout time / step time and update share = the rest;
   * generated tokens / s (agent tokens sampled per step / step time) and trained tokens
@@ -35,7 +35,7 @@ import common  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import config as config_lib  # noqa: E402
 from arl import rollout as rollout_lib  # noqa: E402
-from arl.train import Trainer  # noqa: E402
+from arl.trainers import TokenTrainer  # noqa: E402
 
 
 def make_config(algorithm, num_tasks, group_size, d_model, layers, max_turns=None,
@@ -68,7 +68,7 @@ def matmul_params(params) -> int:
                    if "embed_tokens" not in jax.tree_util.keystr(path)))
 
 
-def step_flops(trainer: Trainer, params) -> dict:
+def step_flops(trainer: TokenTrainer, params) -> dict:
     c = trainer.config
     s = trainer.context_length
     b = trainer.batch_size
@@ -80,7 +80,7 @@ def step_flops(trainer: Trainer, params) -> dict:
     return dict(rollout=rollout, update=update, total=rollout + update)
 
 
-def rollout_program(trainer: Trainer):
+def rollout_program(trainer: TokenTrainer):
     c = trainer.config
 
     def run(params, key):
@@ -93,7 +93,7 @@ def rollout_program(trainer: Trainer):
 
 
 def measure(config, repeats: int, peak: float) -> dict:
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     state = trainer.init_state()
     params_copy = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
     flops = step_flops(trainer, params_copy)

@@ -6,7 +6,7 @@ Task: `guess_number` with N = 64 and max_turns = 7 = ceil(log2(65)), the bisecti
 optimum: only exact bisection always succeeds, the reward is the outcome (1 on the
 correct guess, a small cost per turn) and a wasted guess early on decides the episode
 several turns later. Every method starts from the same SFT warm start on the env's
-weaker demonstrator (half its guesses uniform in the consistent interval), DESIGN.md §7,
+weaker demonstrator (half its guesses uniform in the consistent interval), docs/learning.md,
 and trains until it has spent the same number of environment steps — its own rollouts
 plus, for VinePPO, its Monte Carlo continuations.
 
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from arl import config as config_lib
-from arl.train import Trainer
+from arl.trainers import TokenTrainer
 from benchmarks import common
 
 FLAGS = flags.FLAGS
@@ -85,7 +85,7 @@ def method_config(method: str, max_n: int, max_turns: int):
 
 def run_method(method, warm_params, seeds, budget, log):
     config = method_config(method, FLAGS.max_n, FLAGS.max_turns)
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     curves, finals, walls = [], [], []
     for seed in range(seeds):
         state = trainer.init_state(seed)
@@ -141,11 +141,11 @@ def _smooth(y, width=5):
 
 def main(argv):
     del argv
-    from arl.warm_start import sft_warm_start  # pylint: disable=g-import-not-at-top
+    from arl.trainers.warm_start import sft_warm_start  # pylint: disable=g-import-not-at-top
     from experiments.learning_stages import evaluate, scripted
 
     log = lambda s: print(s, flush=True)
-    base = Trainer(method_config("grpo", FLAGS.max_n, FLAGS.max_turns))
+    base = TokenTrainer(method_config("grpo", FLAGS.max_n, FLAGS.max_turns))
     demo = scripted(base, "demonstrator")
     oracle = scripted(base, "oracle")
     start = time.perf_counter()

@@ -27,7 +27,7 @@ import agentic_step  # noqa: E402  pylint: disable=wrong-import-position
 import common  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl.models import transformer as transformer_lib  # noqa: E402
-from arl.train import Trainer  # noqa: E402
+from arl.trainers import TokenTrainer  # noqa: E402
 
 DECODE_STEPS = 32
 
@@ -61,10 +61,10 @@ def model_programs(config: transformer_lib.TransformerConfig, batch: int, seq_le
 
 
 def step_programs(layers: int, d_model: int, layer_unroll: int):
-    """The Trainer's compiled GRPO step and its rollout alone (agentic_step's sizes)."""
+    """The TokenTrainer's compiled GRPO step and its rollout alone (agentic_step's sizes)."""
     config = agentic_step.make_config("grpo", 8, 4, d_model, layers)
     config.model.layer_unroll = layer_unroll
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     state = trainer.init_state()
     params = jax.tree.map(lambda x: x.copy(), state.params)  # the step donates its state
     step, step_compile = common.compile_jitted(trainer.train_step, state)

@@ -1,4 +1,4 @@
-"""PPO on gymnax CartPole-v1: `arl.vector_ppo` against a PureJaxRL-style rlax program.
+"""PPO on gymnax CartPole-v1: `arl.trainers.vector_ppo` against a PureJaxRL-style rlax program.
 
 Both sides compile one training step (rollout of `num_steps` x `num_envs` transitions,
 GAE, 4 epochs x 4 minibatches of clipped-PPO Adam updates) with the PureJaxRL CartPole
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import config as config_lib  # noqa: E402
-from arl.vector_ppo import VectorPPO  # noqa: E402
+from arl.trainers import VectorPPO  # noqa: E402
 
 ENV_ID = "CartPole-v1"
 HYPER = dict(lr=2.5e-4, gamma=0.99, lam=0.95, clip=0.2, ent_coef=0.01, vf_coef=0.5,
@@ -74,7 +74,7 @@ def arl_config(num_envs: int, num_steps: int, num_updates: int, diagnostics: boo
 
 
 class ArlRunner:
-    """arl.vector_ppo.VectorPPO's compiled step behind the same `step()` face; with
+    """arl.trainers.VectorPPO's compiled step behind the same `step()` face; with
     `diagnostics=False` it logs only the losses and the entropy, as the baseline does."""
 
     def __init__(self, num_envs, num_steps, num_updates, diagnostics=True):
@@ -258,7 +258,7 @@ def learning_curves(num_updates: int, seeds: int, num_envs=4, num_steps=128):
     ppo = VectorPPO(arl_config(num_envs, num_steps, num_updates))
     arl_state = jax.tree.map(lambda *xs: jnp.stack(xs),
                              *[ppo.init_state(seed) for seed in range(seeds)])
-    arl_step = jax.jit(jax.vmap(ppo._train_step),  # pylint: disable=protected-access
+    arl_step = jax.jit(jax.vmap(ppo.step),
                        donate_argnums=(0,))
     init, update = make_baseline(num_envs, num_steps, num_updates)
     base_state = jax.jit(jax.vmap(init))(jax.random.split(jax.random.key(0), seeds))
@@ -279,7 +279,7 @@ def plot_curves(curves, num_envs, num_steps, path):
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, c in curves.items():
         steps = (np.arange(c.shape[1]) + 1) * num_envs * num_steps
-        label = "arl.vector_ppo" if name == "arl" else "PureJaxRL-style (rlax+gymnax+optax)"
+        label = "arl.trainers.VectorPPO" if name == "arl" else "PureJaxRL-style (rlax+gymnax+optax)"
         ax.plot(steps, c.mean(0), label=label)
         ax.fill_between(steps, np.percentile(c, 25, 0), np.percentile(c, 75, 0), alpha=0.2)
     ax.set_xlabel("environment steps")

@@ -1,6 +1,6 @@
 """Scaling of the GRPO train step: step time and peak memory vs batch, context, turns, group.
 
-Each point compiles `Trainer.train_step` for guess_number with a small transformer and
+Each point compiles `TokenTrainer.train_step` for guess_number with a small transformer and
 reports the median step time (after compilation) and XLA's planned scratch memory
 (`compiled.memory_analysis().temp_size_in_bytes`, the activation / buffer peak beyond
 the donated state). One axis moves at a time from a shared base point:
@@ -35,7 +35,7 @@ import common  # noqa: E402  pylint: disable=wrong-import-position
 import arl.envs as envs_lib  # noqa: E402
 from arl.envs.base import TokenChunk  # noqa: E402
 from arl.envs.wrappers import Wrapper  # noqa: E402
-from arl.train import Trainer  # noqa: E402
+from arl.trainers import TokenTrainer  # noqa: E402
 
 import agentic_step  # noqa: E402
 
@@ -76,7 +76,7 @@ def point_config(num_tasks, group_size, max_turns, extra, d_model, layers):
 
 def compile_point(config):
     """Compiles one point; its step time is measured later, interleaved with the others."""
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     state = trainer.init_state()
     compiled, compile_s = common.compile_jitted(trainer.train_step, state)
     run = common.donated_step_runner(compiled, state)

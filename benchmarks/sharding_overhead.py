@@ -47,13 +47,13 @@ import agentic_step  # noqa: E402
 import common  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import sharding as sharding_lib  # noqa: E402
-from arl.train import Trainer  # noqa: E402
+from arl.trainers import TokenTrainer  # noqa: E402
 
 
 def sharded_trainer(mesh: tuple, num_tasks, group_size, d_model, layers):
     config = agentic_step.make_config("grpo", num_tasks, group_size, d_model, layers)
     config.mesh = mesh
-    trainer = Trainer(config, mesh=sharding_lib.make_mesh(mesh))
+    trainer = TokenTrainer(config, mesh=sharding_lib.make_mesh(mesh))
     state = trainer.init_state()
     compiled, compile_s = common.compile_jitted(trainer.train_step, state)
     return trainer, state, compiled, compile_s

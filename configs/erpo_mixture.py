@@ -19,6 +19,7 @@ a multiple of the number of members, a larger model, `mesh` for a slice.
 """
 
 from arl import config as config_lib
+from configs import recipes
 
 
 def get_config():
@@ -31,22 +32,11 @@ def get_config():
         {"name": "calculator", "kwargs": {"max_digits": 1, "max_turns": 3}},
     )
     c.train_steps = 300
-    c.log_every = 5
-    c.sample_every = 25
-    c.checkpoint_every = 50
-    c.rollout.num_tasks = 12
+    c.rollout.num_tasks = 12  # four tasks of each member per step
     c.rollout.group_size = 8
     c.model.d_model = 128
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 4
     c.model.mlp_dim = 512
     c.optim.learning_rate = 2e-3
-    c.optim.schedule = "constant"
     c.advantage.erpo_centre_on_env_mean = False
-    c.loss.sft_coef = 1.0
-    c.loss.sft_coef_final = 0.05
-    c.loss.sft_hold_steps = 0
-    c.loss.sft_decay_steps = 150
-    c.loss.sft_source = "demonstrator"
+    recipes.decaying_sft(c, start=1.0, final=0.05, decay_steps=150)
     return c

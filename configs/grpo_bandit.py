@@ -25,27 +25,17 @@ Scale up: more tasks per step (`rollout.num_tasks`) and a larger group
 """
 
 from arl import config as config_lib
+from configs import recipes
 
 
 def get_config():
-    c = config_lib.default_config()
+    c = config_lib.default_config()  # 100 steps, a 2-layer d_model-64 decoder
     c.algorithm = "grpo"
     c.env.name = "bandit"
     c.env.params.high_prob = 0.5
-    c.train_steps = 100
-    c.log_every = 5
-    c.sample_every = 25
     c.checkpoint_every = 25
     c.rollout.num_tasks = 16
     c.rollout.group_size = 8
-    c.model.d_model = 64
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 4
-    c.model.mlp_dim = 256
     c.optim.learning_rate = 2e-3
-    c.loss.sft_coef = 1.0
-    c.loss.sft_coef_final = 0.05
-    c.loss.sft_decay_steps = 30
-    c.loss.sft_source = "demonstrator"
+    recipes.decaying_sft(c, start=1.0, final=0.05, decay_steps=30)
     return c

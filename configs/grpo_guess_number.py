@@ -13,7 +13,7 @@ learning rate (2e-3, fresh Adam) wrecked the SFT policy within 10 steps (sampled
     python -m experiments.train --config=configs/grpo_guess_number.py --workdir=/tmp/gn
     python -m experiments.learning_stages --config=configs/grpo_guess_number.py
 
-Both run the two stages (`c.warm_start` below sets stage 1; `experiments.train` saves
+Both run the two stages (`recipes.warm_start` below sets stage 1; `experiments.train` saves
 the post-SFT state as checkpoint 0, so a resume skips it); `learning_stages` also
 reports the random, demonstrator, oracle and SFT-only baselines.
 Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
@@ -26,36 +26,17 @@ num_tasks * group_size divides over data * fsdp.
 """
 
 from arl import config as config_lib
+from configs import recipes
 
 
 def get_config():
-    c = config_lib.default_config()
-    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
-    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
-    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
-    c.warm_start.sft_steps = 400
-    c.warm_start.sft_batch = 64
-    c.warm_start.sft_lr = 3e-3
+    c = config_lib.default_config()  # 100 steps, a 2-layer d_model-64 decoder
     c.algorithm = "grpo"
     c.env.name = "guess_number"
     c.env.kwargs.max_n = 16
-    c.train_steps = 100
-    c.log_every = 5
-    c.sample_every = 25
-    c.checkpoint_every = 50
     c.rollout.num_tasks = 8
     c.rollout.group_size = 8
-    c.rollout.temperature = 1.0
-    c.model.d_model = 64
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 4
-    c.model.mlp_dim = 256
-    c.optim.learning_rate = 3e-4
-    c.optim.warmup_steps = 10
-    c.optim.schedule = "constant"
-    c.loss.agg = "token-mean"
-    c.loss.sft_coef = 0.05
-    c.loss.sft_coef_final = -1.0
-    c.loss.sft_source = "demonstrator"
+    recipes.warm_start(c, steps=400)  # stage 1: clone the demonstrator
+    recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: GRPO ...
+    recipes.sft_floor(c, 0.05)  # ... with a small SFT floor
     return c

@@ -27,6 +27,7 @@ import os
 import tempfile
 
 from arl import config as config_lib
+from configs import recipes
 
 VOCAB_SIZE = 320
 
@@ -52,26 +53,16 @@ def get_config():
     c.env.kwargs.max_digits = 1
     c.env.kwargs.max_turns = 3
     c.env.kwargs.codec = tokenizer_path()
-    c.log_every = 5
+    c.train_steps = 80
     c.sample_every = 20
     c.checkpoint_every = 40
     c.rollout.num_tasks = 8
     c.rollout.group_size = 8
-    c.model.d_model = 64
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 2
+    c.model.num_kv_heads = 2  # grouped-query attention: 2 KV heads for 4 query heads
     c.model.mlp_dim = 192
-    c.model.rope_theta = 10000.0
     c.model.logprob_chunk = 32  # training log-probs from hidden states, 32 positions at a time
-    # Stage 1 (arl.warm_start, run by experiments.train on a fresh run): behaviour cloning
-    # on the weak demonstrator; stage 2: GRPO with a small constant SFT floor.
-    c.warm_start.sft_steps = 300
-    c.warm_start.sft_batch = 64
-    c.warm_start.sft_lr = 3e-3
-    c.train_steps = 80
-    c.optim.learning_rate = 3e-4
-    c.optim.warmup_steps = 5
-    c.loss.sft_coef = 0.05
+    recipes.warm_start(c, steps=300)  # stage 1: clone the weak demonstrator
+    recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=5)  # stage 2: GRPO ...
+    c.loss.sft_coef = 0.05  # ... with a small constant SFT floor
     c.loss.sft_source = "demonstrator"
     return c

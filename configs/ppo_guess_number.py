@@ -15,7 +15,7 @@ sample per task is enough for PPO (no group baseline): the critic is the baselin
     python -m experiments.train --config=configs/ppo_guess_number.py --workdir=/tmp/ppo_gn
     python -m experiments.learning_stages --config=configs/ppo_guess_number.py
 
-(`c.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
+(`recipes.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
 baselines and the SFT-only policy.)
 Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
 tests/test_learning_token_slow.py.
@@ -25,34 +25,16 @@ Scale up: as for `grpo_guess_number`; with a larger model, consider value clippi
 """
 
 from arl import config as config_lib
+from configs import recipes
 
 
 def get_config():
-    c = config_lib.default_config()
-    # Stage 1 (arl.warm_start, run by experiments.train and experiments.learning_stages):
-    # behaviour cloning on the demonstrator, sft_steps of sft_batch fresh
-    # demonstrations each, AdamW at sft_lr; stage 2 (RL) starts from those weights.
-    c.warm_start.sft_steps = 100
-    c.warm_start.sft_batch = 64
-    c.warm_start.sft_lr = 3e-3
+    c = config_lib.default_config()  # 100 steps, a 2-layer d_model-64 decoder
     c.algorithm = "ppo"
     c.env.name = "guess_number"
     c.env.kwargs.max_n = 8
-    c.train_steps = 100
-    c.log_every = 5
-    c.sample_every = 25
-    c.checkpoint_every = 50
     c.rollout.num_tasks = 64
-    c.rollout.group_size = 1
-    c.rollout.temperature = 1.0
-    c.model.d_model = 64
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 4
-    c.model.mlp_dim = 256
-    c.optim.learning_rate = 3e-4
-    c.optim.warmup_steps = 10
-    c.optim.schedule = "constant"
+    c.rollout.group_size = 1  # a critic needs no groups
     c.updates.epochs = 2
     c.updates.minibatches = 2
     c.advantage.gamma = 1.0
@@ -61,6 +43,6 @@ def get_config():
     c.advantage.turn_gamma = 0.95
     c.advantage.whiten = True
     c.loss.value_coef = 0.5
-    c.loss.entropy_coef = 0.0
-    c.loss.sft_coef = 0.0
+    recipes.warm_start(c, steps=100)  # stage 1: clone the demonstrator
+    recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: PPO alone
     return c

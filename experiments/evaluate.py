@@ -24,15 +24,16 @@ def main(argv):
     del argv
     import jax
 
-    from arl import evaluation, experiment, rollout
+    from arl import algorithms, rollout, trainers
+    from arl.host import evaluation
 
     step, config = evaluation.checkpoint_config(_WORKDIR.value)
-    if config.algorithm == "ppo_vector":
+    if algorithms.get_algorithm(config.algorithm).trainer == "vector":
         raise app.UsageError("evaluate.py evaluates token-environment policies; vector-env "
                              "runs log episode_return in metrics.jsonl during training.")
     if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:
         config.mesh = (1, 1, 1)  # evaluation needs no particular layout
-    trainer = experiment.build(config)
+    trainer = trainers.build(config)
     step, params = evaluation.restore_params(trainer, _WORKDIR.value)
     key = jax.random.key(_SEED.value)  # the same tasks for every policy
     tables, sampled = {}, None

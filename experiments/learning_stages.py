@@ -1,4 +1,4 @@
-r"""Two-stage learning demonstration (DESIGN.md section 7): SFT on the environment's
+r"""Two-stage learning demonstration (docs/learning.md): SFT on the environment's
 *weaker* demonstrator alone, then RL (+ a small alpha*SFT floor) from the SFT weights.
 
 Reports, on the same fresh tasks: the random (untrained) policy, the demonstrator, the
@@ -7,11 +7,11 @@ oracle, the policy after SFT alone and after SFT + RL, sampled (temperature 1) a
     python -m experiments.learning_stages --config=configs/grpo_guess_number.py \
         --sft_steps=200 --config.train_steps=200
 
-Stage 1 is `arl.warm_start.sft_warm_start` with the config's `warm_start` section
+Stage 1 is `arl.trainers.warm_start.sft_warm_start` with the config's `warm_start` section
 (behaviour cloning of the trainer's model, AdamW at `warm_start.sft_lr`, batches of
 `warm_start.sft_batch` demonstrations generated on the fly; the flags override it), the
-same stage `experiments.train` runs before RL; stage 2 is `Trainer.train_step` with the
-config as given, starting from the stage-1 parameters (`arl.warm_start.start_state`:
+same stage `experiments.train` runs before RL; stage 2 is `TokenTrainer.train_step` with the
+config as given, starting from the stage-1 parameters (`arl.trainers.warm_start.start_state`:
 fresh optimizer state, KL reference = the SFT weights). With `--config.model.lora_rank=8`
 stage 1 still trains all weights and they become stage 2's frozen base (and KL
 reference), on which the adapters are trained.
@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from arl import rollout as rollout_lib
-from arl import warm_start as warm_start_lib
-from arl.train import Trainer
+from arl.trainers import warm_start as warm_start_lib
+from arl.trainers import TokenTrainer
 
 
-def evaluate(trainer: Trainer, params, *, greedy: bool, rounds: int = 4, seed: int = 12345):
+def evaluate(trainer: TokenTrainer, params, *, greedy: bool, rounds: int = 4, seed: int = 12345):
     """Success rate and mean turns over `rounds` x (num_tasks * group_size) fresh tasks."""
     success, turns = [], []
     for r in range(rounds):
@@ -43,10 +43,10 @@ def evaluate(trainer: Trainer, params, *, greedy: bool, rounds: int = 4, seed: i
     return float(np.mean(success)), float(np.mean(turns))
 
 
-def scripted(trainer: Trainer, source: str, num_tasks: int = 1024, seed: int = 7):
+def scripted(trainer: TokenTrainer, source: str, num_tasks: int = 1024, seed: int = 7):
     traj = rollout_lib.rollout(
         trainer.env, jax.random.key(seed), num_tasks=num_tasks, group_size=1,
-        action_source=source, env_params=trainer.row_params(num_tasks, 1))
+        action_source=source, env_params=trainer.task_params(num_tasks, 1))
     return (float(np.mean(np.asarray(traj.success))),
             float(np.mean(np.asarray(traj.num_turns))))
 
@@ -61,7 +61,7 @@ def run_stages(config, *, sft_steps: int | None = None, rl_steps: int | None = N
     sft_batch = sft_batch or ws["batch_size"]
     sft_lr = sft_lr or ws["learning_rate"]
     rl_steps = config.train_steps if rl_steps is None else rl_steps
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     out = {"sft_steps": sft_steps, "rl_steps": rl_steps}
     out["demonstrator"] = scripted(trainer, "demonstrator")
     out["oracle"] = scripted(trainer, "oracle")

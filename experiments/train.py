@@ -38,7 +38,7 @@ def main(argv):
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
-    from arl import experiment
+    from arl.host import experiment
 
     experiment.run(_CONFIG.value, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
 

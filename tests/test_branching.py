@@ -1,4 +1,4 @@
-"""Monte Carlo branching (arl.branching) and the process reward models (arl.credit):
+"""Monte Carlo branching (arl.rollout.branching) and the process reward models (arl.credit):
 forked continuations replay the trajectory under a deterministic policy, finished rows
 get no estimate, the soft estimate converges to the exact success probability, and the
 PRM's states, labels and loss on a hand-made trajectory."""
@@ -13,8 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from arl import branching
-from arl import credit
+from arl.rollout import branching
+from arl.trainers import credit
 from arl import envs
 from arl import rollout as rollout_lib
 from arl.models import transformer as transformer_lib
@@ -76,10 +76,10 @@ def test_greedy_continuations_replay_the_trajectory(guess_env, greedy_replay):
     np.testing.assert_array_equal(reached, np.repeat(want_reached[:, :, None],
                                                      REPLAY_SAMPLES, axis=2))
     assert reached.any()
-    tokens = carry["tokens"].reshape(shape + (width,))
-    length = carry["offset"].reshape(shape)
-    success = carry["success"].reshape(shape)
-    rewards = per_turn["reward"].sum(axis=1).reshape(shape)
+    tokens = carry.tokens.reshape(shape + (width,))
+    length = carry.offset.reshape(shape)
+    success = carry.success.reshape(shape)
+    rewards = per_turn.reward.sum(axis=1).reshape(shape)
     for b in range(batch):
         for j, k in enumerate(BRANCH_TURNS):
             if not want_reached[b, j]:
@@ -155,11 +155,11 @@ def test_rows_that_finished_before_the_branch_turn_get_no_estimate(guess_env):
         np.testing.assert_array_equal(reached[:, j, 0], num_turns > k)
         np.testing.assert_array_equal(values.known[:, k], num_turns > k)
     # Unreached copies play nothing: no turns, no tokens, no reward, no success.
-    played = carry["num_turns"].reshape(16, 3, 2)
+    played = carry.num_turns.reshape(16, 3, 2)
     assert np.all(played[~reached] == 0)
-    assert np.all(per_turn["active"].reshape(16, 3, 2, -1)[~reached] == 0)
-    assert np.all(carry["agent_mask"].reshape(16, 3, 2, -1)[~reached] == 0)
-    assert not np.any(carry["success"].reshape(16, 3, 2)[~reached])
+    assert np.all(per_turn.active.reshape(16, 3, 2, -1)[~reached] == 0)
+    assert np.all(carry.agent_mask.reshape(16, 3, 2, -1)[~reached] == 0)
+    assert not np.any(carry.success.reshape(16, 3, 2)[~reached])
     # The oracle is deterministic: forks replay the trajectory and succeed.
     _check_mean_return(traj, values, turns, 2, 0.8, env.max_turns)
     np.testing.assert_array_equal(values.success, values.known.astype(np.float32))

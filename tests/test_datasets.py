@@ -1,4 +1,4 @@
-"""arl.datasets: tfds array_record task sets and demonstrations, without TensorFlow."""
+"""arl.data: tfds array_record task sets and demonstrations, without TensorFlow."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from arl import datasets, rollout
+from arl import rollout
+from arl.data import datasets
 from arl import config as config_lib
-from arl.train import Trainer, make_env
+from arl.envs import make_env
+from arl.trainers import TokenTrainer
 
 _BANDIT = {"name": "bandit", "kwargs": {}}
 _MIXTURE = {"name": "mixture", "kwargs": {},
@@ -125,7 +127,7 @@ def test_sft_term_consumes_a_stored_set(demo_path):
     c.model.num_heads = c.model.num_kv_heads = 2
     c.loss.sft_coef = 1.0
     c.loss.sft_dataset = demo_path
-    trainer = Trainer(c)
+    trainer = TokenTrainer(c)
     assert trainer.demonstrations is not None
     state = trainer.init_state()
     before = jax.tree.map(np.asarray, state.params)

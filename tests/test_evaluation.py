@@ -1,4 +1,4 @@
-"""experiments/evaluate.py and arl.evaluation on a tiny mixture checkpoint."""
+"""experiments/evaluate.py and arl.host.evaluation on a tiny mixture checkpoint."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from absl import flags
 
-from arl import checkpoint, evaluation, experiment
 from arl import config as config_lib
+from arl import trainers
+from arl.host import checkpoint, evaluation, experiment
 
 
 def _tiny_mixture_config():
@@ -32,10 +33,10 @@ def workdir(tmp_path_factory):
     """A run directory holding one checkpoint (the initial state) and its config."""
     path = tmp_path_factory.mktemp("eval_run")
     config = _tiny_mixture_config()
-    trainer = experiment.build(config)
+    trainer = trainers.build(config)
     with checkpoint.Checkpointer(path / "checkpoints") as ckpt:
         ckpt.save(3, trainer.init_state(), force=True,
-                  metadata={"config": experiment._config_json(config)})  # pylint: disable=protected-access
+                  metadata={"config": experiment.config_json(config)})
     return path
 
 
@@ -103,6 +104,6 @@ def test_evaluate_cli_prints_table_and_transcripts(workdir, capsys, baselines):
 
 
 def test_evaluate_policy_rejects_bad_num_tasks(workdir):
-    trainer = experiment.build(evaluation.checkpoint_config(str(workdir))[1])
+    trainer = trainers.build(evaluation.checkpoint_config(str(workdir))[1])
     with pytest.raises(ValueError, match="num_tasks must be an integer >= 1"):
         evaluation.evaluate_policy(trainer, None, jax.random.key(0), num_tasks=0, greedy=True)

@@ -1,4 +1,4 @@
-"""End-to-end tests of `python -m experiments.train` (arl.experiment.run).
+"""End-to-end tests of `python -m experiments.train` (arl.host.experiment.run).
 
 A run killed with SIGKILL after step k and restarted must end with the same metrics and
 parameters, bit for bit, as an uninterrupted run. The runs share a persistent
@@ -20,7 +20,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from arl import writers
+from arl.host import writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -150,7 +150,7 @@ def _tiny_vector_config():
 
 
 def test_vector_diagnostics_off_logs_less_and_trains_the_same():
-    from arl.vector_ppo import VectorPPO
+    from arl.trainers import VectorPPO
 
     results = {}
     for diagnostics in (True, False):
@@ -177,7 +177,7 @@ def test_vector_update_on_the_flat_vector_is_the_per_layer_update():
     (one minibatch, so the epoch shuffle cannot change the loss)."""
     from jax.flatten_util import ravel_pytree
 
-    from arl.vector_ppo import VectorPPO
+    from arl.trainers import VectorPPO
 
     config = _tiny_vector_config()
     config.updates.epochs, config.updates.minibatches = 2, 1
@@ -193,7 +193,7 @@ def test_vector_update_on_the_flat_vector_is_the_per_layer_update():
                  returns=jax.random.normal(keys[4], (n,)) + 1.0)
     num_params = ravel_pytree(state.params)[0].size
     assert {leaf.shape for leaf in jax.tree.leaves(state.opt_state)} == {(), (num_params,)}
-    params, _, metrics = jax.jit(trainer._update)(  # pylint: disable=protected-access
+    params, _, metrics = jax.jit(trainer.update)(
         state.params, state.opt_state, batch, jax.random.key(0))
 
     @jax.jit  # one program: op-by-op dispatch of the reference would dominate the test
@@ -201,7 +201,7 @@ def test_vector_update_on_the_flat_vector_is_the_per_layer_update():
         tree_opt_state = trainer.optimizer.init(reference)
         grad_norms = []
         for _ in range(2):
-            grads, _ = jax.grad(trainer._loss, has_aux=True)(  # pylint: disable=W0212
+            grads, _ = jax.grad(trainer.loss, has_aux=True)(
                 reference, batch)
             grad_norms.append(optax.global_norm(grads))
             updates, tree_opt_state = trainer.optimizer.update(grads, tree_opt_state,
@@ -233,7 +233,8 @@ def compilation_cache(tmp_path):
 
 
 def test_run_in_process_writes_outputs_and_extends(tmp_path, compilation_cache):
-    from arl import checkpoint, experiment
+    from arl.host import checkpoint
+    from arl.host import experiment
 
     del compilation_cache
     config = _tiny_vector_config()
@@ -253,7 +254,8 @@ def test_run_in_process_writes_outputs_and_extends(tmp_path, compilation_cache):
 
 
 def test_run_rejects_an_unwritable_workdir_before_compiling(tmp_path):
-    from arl import config as config_lib, experiment
+    from arl import config as config_lib
+    from arl.host import experiment
 
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -1,7 +1,7 @@
 """Every token algorithm's reduced-size learning test (the full runs are in
 tests/test_learning.py, marked slow).
 
-Protocol (DESIGN.md section 7): one behaviour-cloning warm start on the bandit's *weaker*
+Protocol (docs/learning.md): one behaviour-cloning warm start on the bandit's *weaker*
 demonstrator (it pulls the worse arm half the time) is shared by all algorithms; each
 algorithm then trains with RL alone (no SFT term) for 20 steps of 8 tasks x 8 samples, and
 must end well above both its start and the demonstrator it was cloned from. That gap is
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from arl import warm_start
-from arl.train import Trainer
+from arl.trainers import warm_start
+from arl.trainers import TokenTrainer
 from tests.bandit_learning import bandit_config, demonstrator_success
 
 # Independent runs: let pytest-xdist spread them over both workers (tests/conftest.py).
@@ -50,7 +50,7 @@ def _config(algorithm: str, num_pulls: int):
 
 def _compute_warm_start(num_pulls: int):
     """{"params": SFT params as NumPy, "demonstrator": its success on 256 tasks}."""
-    trainer = Trainer(_config("grpo", num_pulls))
+    trainer = TokenTrainer(_config("grpo", num_pulls))
     params = warm_start.sft_warm_start(trainer, SFT_STEPS, learning_rate=3e-3,
                                        batch_size=64)
     return {"params": jax.tree.map(np.asarray, params),
@@ -93,7 +93,7 @@ def test_rl_from_a_shared_warm_start_beats_the_start_and_the_demonstrator(algori
                                                                         shared_dir):
     start_point = _warm_start(num_pulls, shared_dir)
     sft_params, demonstrator = start_point["params"], float(start_point["demonstrator"])
-    trainer = Trainer(_config(algorithm, num_pulls))
+    trainer = TokenTrainer(_config(algorithm, num_pulls))
     state = warm_start.start_state(trainer, jax.tree.map(np.copy, sft_params))
     history = []
     for _ in range(RL_STEPS):

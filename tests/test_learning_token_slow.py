@@ -1,4 +1,4 @@
-"""Slow learning tests on multi-turn token environments (issue #4, DESIGN.md section 7).
+"""Slow learning tests on multi-turn token environments (docs/learning.md).
 
 Each test runs the two stages of `experiments.learning_stages` with the shipped config
 and its `warm_start` section (fixed seeds): behaviour cloning on the environment's *weaker*

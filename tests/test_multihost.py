@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from arl import evaluation, experiment, writers
+from arl import trainers
+from arl.host import evaluation, experiment, writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FLAGS = (
@@ -45,7 +46,7 @@ def _params(workdir):
     """Final parameters, restored onto one device of this process (another topology)."""
     _, config = evaluation.checkpoint_config(str(workdir))
     config.mesh = (1, 1, 1)
-    step, params = evaluation.restore_params(experiment.build(config), str(workdir))
+    step, params = evaluation.restore_params(trainers.build(config), str(workdir))
     assert step == 2
     return jax.tree.map(np.asarray, params)
 

@@ -7,7 +7,7 @@ import pytest
 
 from arl import config as config_lib
 from arl import sharding as sharding_lib
-from arl.train import Trainer
+from arl.trainers import TokenTrainer
 
 
 def tiny_config(algorithm="grpo", env="guess_number", **env_kwargs):
@@ -37,7 +37,7 @@ def grpo_trainer():
     # Near-greedy sampling: the rows of a group (same task, deterministic env) write the
     # same turns, so every group has zero reward variance and zero advantages.
     c.rollout.temperature = 1e-3
-    return Trainer(c)
+    return TokenTrainer(c)
 
 
 def test_step_is_one_program_without_host_transfers(grpo_trainer):
@@ -78,7 +78,7 @@ def test_every_algorithm_updates_the_policy(algorithm):
     c = tiny_config(algorithm, env="bandit")
     c.loss.sft_coef = 0.5  # demonstrations make the untrained policy's update non-trivial
     c.filters.skip_zero_advantage = False
-    trainer = Trainer(c)
+    trainer = TokenTrainer(c)
     state = trainer.init_state()
     before = jax.tree.map(np.asarray, state.params)
     state, metrics = trainer.train_step(state)
@@ -91,7 +91,7 @@ def test_every_algorithm_updates_the_policy(algorithm):
 
 def _run_steps(config, mesh_shape, steps=2):
     mesh = sharding_lib.make_mesh(mesh_shape)
-    trainer = Trainer(config, mesh=mesh)
+    trainer = TokenTrainer(config, mesh=mesh)
     state = trainer.init_state()
     history = []
     for _ in range(steps):
@@ -148,4 +148,4 @@ def test_inconsistent_settings_are_rejected_before_tracing(field, value, match):
         node = node[p]
     node[leaf] = value
     with pytest.raises(config_lib.ConfigError, match=match):
-        Trainer(c)
+        TokenTrainer(c)

@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from arl import checkpoint
+from arl.host import checkpoint
 from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.models import lora as lora_lib
-from arl.train import Trainer
+from arl.trainers import TokenTrainer
 
 
 def tiny_config(algorithm="grpo", **model):
@@ -54,7 +54,7 @@ def grpo_run():
     c = tiny_config()
     c.loss.kl_coef = 0.1
     c.process.implicit_coef = 0.05
-    trainer = Trainer(c)
+    trainer = TokenTrainer(c)
     state = trainer.init_state()
     init = _host(state)
     init_policy = _host(trainer.policy_params(state))
@@ -158,7 +158,7 @@ def test_ppo_value_head_trains_with_adapters_sharded_and_branching():
     c.process.mc_samples = 2
     c.process.branch_turns = (1,)
     c.process.reward_weight = 1.0
-    trainer = Trainer(c, mesh=sharding_lib.make_mesh((2, 2, 2)))
+    trainer = TokenTrainer(c, mesh=sharding_lib.make_mesh((2, 2, 2)))
     state = trainer.init_state()
     assert set(state.params) == {"lora", "value_head"}
     shardings = trainer.state_shardings()

@@ -8,7 +8,7 @@ import pytest
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import rollout as rollout_lib
-from arl.train import Trainer
+from arl.trainers import TokenTrainer
 
 
 def tiny_config(algorithm="grpo", **process):
@@ -42,7 +42,7 @@ def _changed(before, after):
 
 
 def _step(config):
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     state = trainer.init_state()
     before = _copy(state)  # train_step donates its input
     state, metrics = trainer.train_step(state)
@@ -53,7 +53,7 @@ def _step(config):
     return before, _copy(state), metrics
 
 
-@pytest.mark.slow  # ~50 s on 2 loaded cores; the default suite covers _vine_advantages
+@pytest.mark.slow  # ~50 s on 2 loaded cores; the default suite covers the Monte Carlo advantages
 # below and branching inside the step in the GRPO test after this one
 def test_vineppo_step():
     before, after, metrics = _step(tiny_config("vineppo", mc_samples=2, turn_gamma=0.9))
@@ -98,27 +98,26 @@ def test_grpo_step_with_each_process_term(process, changes):
 
 
 # ---------------------------------------------------------------- advantages, no compile
-# of the train step: `_advantages` / `_vine_advantages` on a scripted rollout.
+# of the train step: the trainer's credit assignment on a scripted rollout.
 
 
 @pytest.fixture(scope="module")
 def demo_traj():
-    env = Trainer(tiny_config()).env
+    env = TokenTrainer(tiny_config()).env
     return rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=4, group_size=2,
                                         action_source="demonstrator")
 
 
 def test_grpo_advantages_are_process_advantages_without_the_outcome(demo_traj):
-    trainer = Trainer(tiny_config("grpo", outcome_weight=0.0, reward_weight=1.0,
+    trainer = TokenTrainer(tiny_config("grpo", outcome_weight=0.0, reward_weight=1.0,
                                   turn_gamma=0.9))
     traj = demo_traj
     assert float(np.abs(np.asarray(traj.process_rewards)).sum()) > 0
 
     @jax.jit
     def advantages(traj):
-        adv, _, _, _ = trainer._advantages(traj, traj.rewards, None,
-                                           process_rewards=1.0 * traj.process_rewards)
-        return adv
+        return trainer.credit(traj, traj.rewards, None,
+                              process_rewards=1.0 * traj.process_rewards).advantages
 
     got = advantages(traj)
     want = alg.process_advantages(traj.process_rewards, traj.turn_end_mask, traj.agent_mask,
@@ -130,7 +129,7 @@ def test_grpo_advantages_are_process_advantages_without_the_outcome(demo_traj):
 def test_vine_advantages_scale_with_the_outcome_weight(demo_traj):
     """Advantages are linear in the reward: with outcome_weight w the Monte Carlo values
     (estimated on the env's reward) must be scaled by w too."""
-    from arl.branching import BranchValues
+    from arl.rollout.branching import BranchValues
     traj = demo_traj
     rng = np.random.default_rng(0)
     max_turns = traj.turn_rewards.shape[1]
@@ -139,12 +138,11 @@ def test_vine_advantages_scale_with_the_outcome_weight(demo_traj):
         values=np.where(known, rng.normal(size=(8, max_turns)), 0).astype(np.float32),
         known=known, success=np.zeros((8, max_turns), np.float32),
         env_steps=np.int32(0), tokens=np.int32(0))
-    valid = np.ones(8, bool)
 
     def vine(weight):
-        trainer = Trainer(tiny_config("vineppo", mc_samples=2, outcome_weight=weight))
-        return np.asarray(jax.jit(lambda t, b: trainer._vine_advantages(
-            t, t.rewards, b, valid))(traj, branch))
+        trainer = TokenTrainer(tiny_config("vineppo", mc_samples=2, outcome_weight=weight))
+        return np.asarray(jax.jit(lambda t, b: trainer.credit(
+            t, t.rewards, None, branch=b).advantages)(traj, branch))
 
     one, two = vine(1.0), vine(2.0)
     assert np.abs(one).sum() > 0
@@ -171,4 +169,4 @@ def test_vine_advantages_scale_with_the_outcome_weight(demo_traj):
 ])
 def test_bad_process_settings_are_rejected(algorithm, process, match):
     with pytest.raises(config_lib.ConfigError, match=match):
-        Trainer(tiny_config(algorithm, **process))
+        TokenTrainer(tiny_config(algorithm, **process))

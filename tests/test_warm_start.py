@@ -1,4 +1,4 @@
-"""The behaviour-cloning warm start (`config.warm_start`, `arl.warm_start`): it lowers the
+"""The behaviour-cloning warm start (`config.warm_start`, `arl.trainers.warm_start`): it lowers the
 SFT loss, RL starts from (and is anchored to) its weights, `experiment.run` runs it once
 per workdir, and its settings are validated."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from arl import config as config_lib
-from arl import experiment
-from arl import warm_start
-from arl.train import Trainer
+from arl.host import experiment
+from arl.trainers import warm_start
+from arl.trainers import TokenTrainer
 
 
 def _tiny_config(**warm):
@@ -38,7 +38,7 @@ def _assert_trees_equal(a, b):
 
 @pytest.fixture(scope="module")
 def trainer():
-    return Trainer(_tiny_config())
+    return TokenTrainer(_tiny_config())
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_start_state_policy_and_reference_are_copies_of_the_sft_weights(trainer,
 def test_one_sft_run_serves_ppo_and_the_critic_free_algorithms(trainer, sft_params):
     config = _tiny_config()
     config.algorithm = "ppo"
-    ppo_trainer = Trainer(config)
+    ppo_trainer = TokenTrainer(config)
     init = ppo_trainer.init_state()
     initial_head = jax.tree.map(np.asarray, init.params["value_head"])
     state = warm_start.start_state(ppo_trainer, jax.tree.map(jax.numpy.copy, sft_params),
@@ -93,7 +93,7 @@ def test_one_sft_run_serves_ppo_and_the_critic_free_algorithms(trainer, sft_para
 def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
     config = _tiny_config()
     config.model.lora_rank = 4
-    lora_trainer = Trainer(config)
+    lora_trainer = TokenTrainer(config)
     expected = jax.tree.map(np.asarray, sft_params)
     state = warm_start.start_state(lora_trainer, jax.tree.map(jax.numpy.copy, sft_params))
     _assert_trees_equal(state.base_params, expected)
@@ -105,7 +105,7 @@ def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
 
 @pytest.mark.slow  # two experiment runs (~1 CPU-minute); default-suite budget
 def test_run_warms_up_once_and_a_resume_does_not_repeat_it(tmp_path, monkeypatch):
-    from arl import checkpoint
+    from arl.host import checkpoint
 
     calls = []
     original = warm_start.warm_start_state
@@ -119,10 +119,10 @@ def test_run_warms_up_once_and_a_resume_does_not_repeat_it(tmp_path, monkeypatch
     config.train_steps = 1
     records = experiment.run(config, str(tmp_path))
     assert [r["step"] for r in records] == [1] and len(calls) == 1
-    trainer = Trainer(config)
+    trainer = TokenTrainer(config)
     with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
         assert ckpt.all_steps() == [0, 1]  # 0: the post-SFT state
-        state0, _ = ckpt.restore(0, experiment.abstract_state(trainer))
+        state0, _ = ckpt.restore(0, trainer.abstract_state())
     assert int(state0.step) == 0
     # The saved start state is the SFT policy (not the init), and its KL reference too.
     fresh = trainer.init_state()

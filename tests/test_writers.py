@@ -1,4 +1,4 @@
-"""Tests for arl.writers: metrics.jsonl, TensorBoard events, samples, plots, progress."""
+"""Tests for arl.host.writers: metrics.jsonl, TensorBoard events, samples, plots, progress."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from arl import writers
+from arl.host import writers
 
 
 def _read_events(logdir: str) -> list[event_pb2.Event]:

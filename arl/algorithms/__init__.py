@@ -1,8 +1,9 @@
-"""Pure-function kernels of agentic RL: advantages, group statistics, losses, filters.
+"""Pure-function kernels of agentic RL: advantages, group statistics, losses, filters,
+and the algorithm table.
 
-Conventions (DESIGN.md section 3): token arrays are `[B, T]`, sequence arrays `[B]`,
-`mask` is the agent mask. Every kernel is jittable and vmappable, computes statistics in
-float32, returns no NaN on degenerate input and zeros its outputs where the mask is 0.
+Conventions (docs/kernels.md): token arrays are `[B, T]`, sequence arrays `[B]`, `mask` is
+the agent mask. Every kernel is jittable and vmappable, computes statistics in float32,
+returns no NaN on degenerate input and zeros its outputs where the mask is 0.
 """
 
 from arl.algorithms.advantages import GAE_METHODS, discounted_returns, gae, turn_level_gae
@@ -18,9 +19,12 @@ from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observat
 from arl.algorithms.normalization import whiten
 from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
                                     turns_to_tokens, vine_advantages)
+from arl.algorithms.table import (CREDIT_FAMILIES, Algorithm, OutcomeBatch, algorithm_names,
+                                  get_algorithm, register_algorithm)
 
 __all__ = [
-    "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
+    "AGGREGATIONS", "Algorithm", "CREDIT_FAMILIES", "OutcomeBatch", "algorithm_names",
+    "get_algorithm", "register_algorithm", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
     "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
     "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
     "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",

@@ -1,7 +1,7 @@
 """The environment contract: timesteps, token chunks, spaces, `Environment`.
 
 An environment is a set of pure functions over explicit state and params pytrees
-(gymnax/jumanji-shaped, DESIGN.md section 4):
+(gymnax/jumanji-shaped; docs/environments.md):
 
     reset(key, params) -> (state, timestep)
     step(key, state, action, params) -> (state, timestep)

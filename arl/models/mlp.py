@@ -16,13 +16,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
+_ACTIVATION_FNS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "silu": nn.silu}
+ACTIVATIONS = tuple(_ACTIVATION_FNS)
 
 
 def _activation(name: str):
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {name!r}")
-    return _ACTIVATIONS[name]
+    if name not in _ACTIVATION_FNS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+    return _ACTIVATION_FNS[name]
 
 
 def _check_sizes(hidden_sizes, **positive_ints):

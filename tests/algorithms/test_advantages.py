@@ -21,7 +21,7 @@ METHODS = ("scan", "associative")
 
 def gae_reference(rewards, values, mask, gamma, lam, bootstrap_value=None, dones=None,
                   truncated=None, next_values=None):
-    """DESIGN.md section 3, literally: one Python loop per row, backwards in time."""
+    """docs/kernels.md, literally: one Python loop per row, backwards in time."""
     batch, length = rewards.shape
     advantages = np.zeros((batch, length))
     for b in range(batch):

@@ -168,7 +168,7 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
     """Two compiled GRPO + SFT steps of the shipped config on CPU: finite metrics."""
     import importlib
 
-    from arl import experiment
+    from arl.host import experiment
 
     config = importlib.import_module("configs.llama_calculator").get_config()
     config.train_steps, config.log_every, config.sample_every = 2, 1, 2

@@ -176,7 +176,7 @@ def test_trainer_starts_from_an_hf_checkpoint(tmp_path):
     config's own architecture fields are ignored) in float32, sharded on the mesh."""
     from arl import config as config_lib
     from arl.models import TransformerConfig
-    from arl.train import Trainer
+    from arl.trainers import TokenTrainer
 
     hf_model = _llama()
     hf_model.save_pretrained(tmp_path, safe_serialization=True)
@@ -184,7 +184,7 @@ def test_trainer_starts_from_an_hf_checkpoint(tmp_path):
     c.env.name, c.env.kwargs = "guess_number", {"max_n": 8}
     c.rollout.num_tasks, c.rollout.group_size = 2, 2
     c.model.hf_checkpoint = str(tmp_path)
-    trainer = Trainer(c)
+    trainer = TokenTrainer(c)
     assert isinstance(trainer.model.config, TransformerConfig)
     assert (trainer.model.config.d_model, trainer.model.config.num_kv_heads) == (32, 2)
     state = trainer.init_state()
@@ -193,4 +193,4 @@ def test_trainer_starts_from_an_hf_checkpoint(tmp_path):
 
     c.model.hf_checkpoint = str(tmp_path / "missing")
     with pytest.raises(config_lib.ConfigError, match="model.hf_checkpoint"):
-        Trainer(c)
+        TokenTrainer(c)

@@ -128,7 +128,7 @@ def test_trainer_forward_with_logprob_chunk_equals_full_logits(algorithm):
     """config.model.logprob_chunk > 0 switches the train step's log-prob/entropy/value
     forward to the chunked path; same numbers as the full-logits path."""
     from arl import config as config_lib
-    from arl.train import Trainer
+    from arl.trainers import TokenTrainer
 
     def trainer(chunk):
         c = config_lib.default_config()
@@ -136,20 +136,20 @@ def test_trainer_forward_with_logprob_chunk_equals_full_logits(algorithm):
         c.rollout.num_tasks, c.rollout.group_size, c.rollout.temperature = 2, 2, 0.8
         c.model.d_model, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim = 32, 4, 2, 64
         c.model.num_layers, c.model.logprob_chunk = 1, chunk
-        return Trainer(c)
+        return TokenTrainer(c)
 
     full, chunked = trainer(0), trainer(5)
     tokens = jax.random.randint(jax.random.key(3), (2, 17), 0, full.model.config.vocab_size)
     params = jax.jit(full.model.init)(jax.random.key(0), tokens)["params"]
     params = nn.unbox(params)
-    got = jax.jit(chunked._forward)(params, tokens)
-    want = jax.jit(full._forward)(params, tokens)
-    np.testing.assert_allclose(got[0], want[0], atol=1e-5)
-    np.testing.assert_allclose(got[1], want[1], atol=1e-4)
+    got = jax.jit(chunked.policy.score)(params, tokens)
+    want = jax.jit(full.policy.score)(params, tokens)
+    np.testing.assert_allclose(got.logp, want.logp, atol=1e-5)
+    np.testing.assert_allclose(got.entropy, want.entropy, atol=1e-4)
     if algorithm == "ppo":
-        np.testing.assert_allclose(got[2], want[2], atol=1e-6)
+        np.testing.assert_allclose(got.values, want.values, atol=1e-6)
     else:
-        assert got[2] is None and want[2] is None
+        assert got.values is None and want.values is None
 
 
 @pytest.mark.parametrize("field, value", [("dtype", "float16"), ("logprob_chunk", -1)])

@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl import rollout as rollout_lib
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
+from arl.rollout import play
+from arl.rollout import turns as turns_lib
+from arl.rollout.trajectory import SamplingConfig, Trajectory
 
 ESTIMATES = ("mean_return", "soft", "hard")
 
@@ -59,9 +61,9 @@ def _check_turns(branch_turns, max_turns):
     return tuple(sorted(turns))
 
 
-def branch_values(env, key: jax.Array, traj: rollout_lib.Trajectory, *,
+def branch_values(env, key: jax.Array, traj: Trajectory, *,
                   branch_turns: Sequence[int], num_samples: int, model=None, params=None,
-                  sampling: rollout_lib.SamplingConfig = rollout_lib.SamplingConfig(),
+                  sampling: SamplingConfig = SamplingConfig(),
                   horizon: jax.Array | int | None = None, env_params: Any = None,
                   action_source: str = "model", estimate: str = "mean_return",
                   gamma: float = 1.0) -> BranchValues:
@@ -100,8 +102,8 @@ def branch_values(env, key: jax.Array, traj: rollout_lib.Trajectory, *,
         action_source=action_source)
 
     discounts = gamma ** jnp.arange(max_turns - turns[0], dtype=jnp.float32)
-    returns = jnp.sum(per_turn["reward"] * discounts[None, :], axis=1)
-    success = carry["success"].astype(jnp.float32)
+    returns = jnp.sum(per_turn.reward * discounts[None, :], axis=1)
+    success = carry.success.astype(jnp.float32)
     shape = (batch, num_branches, num_samples)
     returns, success = returns.reshape(shape), success.reshape(shape)
     if estimate == "mean_return":
@@ -119,13 +121,13 @@ def branch_values(env, key: jax.Array, traj: rollout_lib.Trajectory, *,
         values=scatter(jnp.where(known_branch, estimates, 0.0)),
         known=scatter(known_branch),
         success=scatter(jnp.where(known_branch, jnp.mean(success, axis=2), 0.0)),
-        env_steps=jnp.sum(per_turn["active"].astype(jnp.int32)),
-        tokens=jnp.sum(carry["agent_mask"]).astype(jnp.int32),
+        env_steps=jnp.sum(per_turn.active.astype(jnp.int32)),
+        tokens=jnp.sum(carry.agent_mask).astype(jnp.int32),
     )
 
 
 def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
-                       params=None, sampling=rollout_lib.SamplingConfig(), horizon=None,
+                       params=None, sampling=SamplingConfig(), horizon=None,
                        env_params=None, action_source="model"):
     """Forks every row of `traj` before each branch turn `num_samples` times and plays the
     copies to the end. Returns (final loop carry, per-turn arrays, reached) for a batch
@@ -140,7 +142,7 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
     num_branches = len(turns)
     horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
     if env_params is None:
-        env_params = rollout_lib.default_row_params(env, batch, 1)
+        env_params = play.default_row_params(env, batch, 1)
 
     turn_of = jnp.asarray(turns, jnp.int32)
     row = jnp.repeat(jnp.arange(batch), num_branches * num_samples)
@@ -164,9 +166,9 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
         last_logits = sampling_lib.take_last_valid(out.logits, prefix)
         if model.config.value_head:  # the loop records them; branching does not use them
             values = jnp.zeros((forked, width), jnp.float32)
-    carry = rollout_lib.initial_carry(env_state, tokens, prefix, traj.env_ids[row], cache,
+    carry = turns_lib.initial_carry(env_state, tokens, prefix, traj.env_ids[row], cache,
                                       last_logits, values, done=~reached)
-    player = rollout_lib.TurnPlayer(env, model, params, sampling, action_source,
+    player = turns_lib.TurnPlayer(env, model, params, sampling, action_source,
                                     row_params, horizon)
     carry, per_turn = player.play(carry, start_turn, max_turns - turns[0], key)
     return carry, per_turn, reached

@@ -30,6 +30,8 @@ from jax.flatten_util import ravel_pytree
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
+from arl.errors import ConfigError
+from arl.trainers.protocol import EvaluationReport
 from arl.models.mlp import ActorCritic
 
 
@@ -62,9 +64,9 @@ class VectorPPO:
 
     def __init__(self, config: ml_collections.ConfigDict):
         config_lib.validate(config, num_devices=jax.device_count())
-        if config.algorithm != "ppo_vector":
-            raise ValueError(f"VectorPPO needs config.algorithm='ppo_vector', got "
-                             f"{config.algorithm!r}")
+        if alg.get_algorithm(config.algorithm).trainer != "vector":
+            raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
+                              "VectorPPO (use arl.trainers.build)")
         self.config = config
         v = config.vector
         self.env = envs_lib.AutoReset(envs_lib.make(config.env.name, **dict(config.env.kwargs)))
@@ -84,7 +86,7 @@ class VectorPPO:
             optax.clip_by_global_norm(config.optim.max_grad_norm),
             optax.adam(schedule, eps=1e-5))
         self.batch_size = v.num_envs * v.num_steps
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
+        self.train_step = jax.jit(self.step, donate_argnums=(0,))
 
     def init_state(self, seed: int | None = None) -> VectorTrainState:
         seed = self.config.seed if seed is None else seed
@@ -111,7 +113,9 @@ class VectorPPO:
     def _value(self, params, observation):
         return self.critic.apply({"params": params}, observation)
 
-    def _train_step(self, state: VectorTrainState):
+    def step(self, state: VectorTrainState):
+        """One rollout + GAE + update, traced (`train_step` is its jitted, donating
+        form; vmap it over states to train several seeds in one program)."""
         c = self.config
         n = c.vector.num_envs
         key, rollout_key, update_key = jax.random.split(state.key, 3)
@@ -159,7 +163,7 @@ class VectorPPO:
             value=traj.value.reshape(-1), advantages=to_bt(advantages).reshape(-1),
             returns=to_bt(returns).reshape(-1))
 
-        params, opt_state, metrics = self._update(state.params, state.opt_state, batch,
+        params, opt_state, metrics = self.update(state.params, state.opt_state, batch,
                                                   update_key)
         num_finished = jnp.sum(traj.done)
         episode_return = jnp.where(num_finished > 0,
@@ -174,7 +178,8 @@ class VectorPPO:
             step=state.step + 1, key=key)
         return new_state, metrics
 
-    def _loss(self, params, mb):
+    def loss(self, params, mb):
+        """(total, metrics) of the clipped PPO objective on one minibatch."""
         c = self.config
         logits, values = self._policy(params, mb["observation"])
         logp = jnp.take_along_axis(
@@ -196,12 +201,13 @@ class VectorPPO:
             metrics.update({f"value/{k}": v for k, v in v_metrics.items()})
         return total, metrics
 
-    def _update(self, params, opt_state, batch, key):
+    def update(self, params, opt_state, batch, key):
+        """Epochs x minibatches of optimizer steps on the raveled parameter vector."""
         c = self.config
         num_mb = c.updates.minibatches
         mb_size = self.batch_size // num_mb
         flat_params, unravel = ravel_pytree(params)
-        flat_loss = lambda flat, mb: self._loss(unravel(flat), mb)  # noqa: E731
+        flat_loss = lambda flat, mb: self.loss(unravel(flat), mb)  # noqa: E731
         grad_fn = jax.grad(flat_loss, has_aux=True)
         first_minibatch = jax.tree.map(lambda x: x[:mb_size], batch)
         names = sorted(jax.eval_shape(flat_loss, flat_params, first_minibatch)[1])
@@ -230,6 +236,24 @@ class VectorPPO:
             epoch, (flat_params, opt_state), jax.random.split(key, c.updates.epochs))
         means = jnp.mean(packed, axis=(0, 1))
         return unravel(flat_params), opt_state, {k: means[i] for i, k in enumerate(names)}
+
+    def policy_params(self, state: VectorTrainState):
+        return state.params
+
+    def warm_start(self, state: VectorTrainState, *, log=None) -> VectorTrainState:
+        """Vector environments have no demonstrations: the start state is `state`."""
+        del log
+        return state
+
+    def evaluation_report(self, state: VectorTrainState, key: jax.Array) -> EvaluationReport:
+        """`eval/episode_return`: the mean return of greedy episodes on fresh envs."""
+        return EvaluationReport(
+            metrics={"eval/episode_return": self.evaluate(state.params, key)})
+
+    def abstract_state(self) -> VectorTrainState:
+        """Shapes, dtypes and shardings of the state (orbax restore target): the traced
+        init, no compilation and no allocation."""
+        return jax.eval_shape(self.init_state)
 
     def evaluate(self, params, key, *, num_envs: int = 32, max_steps: int = 500,
                  greedy: bool = True) -> jax.Array:

@@ -2,7 +2,7 @@
 
 A randomly initialised decoder rarely samples a successful multi-turn episode, so RL on
 the token environments starts from a policy behaviour-cloned on the environment's
-scripted demonstrations (DESIGN.md section 7; `config.warm_start`):
+scripted demonstrations (`config.warm_start`; docs/learning.md says why):
 
     params = sft_warm_start(trainer, steps=400, batch_size=64, learning_rate=3e-3)
     state = start_state(trainer, params)          # RL starts here
@@ -48,7 +48,7 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     """The model's full parameters after `steps` behaviour-cloning steps.
 
     Args:
-      trainer: an `arl.train.Trainer`; its model, forward pass and environment are used.
+      trainer: an `arl.trainers.TokenTrainer`; its policy and environment are used.
       steps: number of SFT steps (0 returns the initial parameters).
       seed: the initial parameters are `trainer.init_state(seed)`'s (unless
         `init_state` is given); the demonstrations use `key(seed + 1000)`.
@@ -71,11 +71,10 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     if init_state is None:
         del state
     opt_state = optimizer.init(params)
-    env_params = trainer.row_params(batch_size, 1)
+    env_params = trainer.task_params(batch_size, 1)
 
     def loss_fn(p, tokens, mask):
-        logp, _, _ = trainer._forward(p, tokens)  # pylint: disable=protected-access
-        return alg.sft_loss(logp, mask)
+        return alg.sft_loss(trainer.policy.score(p, tokens).logp, mask)
 
     @jax.jit
     def step(params, opt_state, key):
@@ -103,8 +102,8 @@ def demonstration_loss(trainer, params, key, *, num_tasks: int = 64,
     source = source or trainer.config.loss.sft_source
     demo = rollout_lib.rollout(trainer.env, key, num_tasks=num_tasks, group_size=1,
                                action_source=source,
-                               env_params=trainer.row_params(num_tasks, 1))
-    logp, _, _ = trainer._forward(params, demo.tokens)  # pylint: disable=protected-access
+                               env_params=trainer.task_params(num_tasks, 1))
+    logp = trainer.policy.score(params, demo.tokens).logp
     return float(alg.sft_loss(logp, demo.agent_mask))
 
 

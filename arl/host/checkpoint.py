@@ -186,6 +186,9 @@ class Checkpointer:
         async_save: if True, `save` returns while orbax writes in the background
             (call `wait()` before relying on the files); by default `save` returns
             after the checkpoint is committed, so a crash right after it loses nothing.
+        read_only: for readers beside a running trainer (evaluation): never writes,
+            never cleans up the trainer's in-flight temporary directories, never moves
+            a corrupt step aside.
     """
 
     def __init__(
@@ -195,6 +198,7 @@ class Checkpointer:
         max_to_keep: int = 3,
         save_every: int | None = None,
         async_save: bool = False,
+        read_only: bool = False,
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
@@ -208,11 +212,15 @@ class Checkpointer:
             self._directory = epath.Path(os.path.abspath(os.fspath(directory)))
         self._save_every = save_every
         self._async_save = async_save
+        self._read_only = read_only
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
-            create=True,
-            cleanup_tmp_directories=True,  # leftovers of a save killed midway
+            create=not read_only,
+            # Leftovers of a save killed midway; a reader must not touch them (they may
+            # belong to a save in flight).
+            cleanup_tmp_directories=not read_only,
             enable_async_checkpointing=async_save,
+            read_only=read_only,
         )
         self._manager = ocp.CheckpointManager(
             self._directory,
@@ -250,6 +258,8 @@ class Checkpointer:
         Returns:
             True if a checkpoint was written (or, with ``async_save``, started).
         """
+        if self._read_only:
+            raise ValueError(f"Checkpointer({str(self._directory)!r}) is read-only")
         step = int(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}.")
@@ -331,6 +341,22 @@ class Checkpointer:
         state = jax.tree.map(_as_target_key_kind, restored[_STATE_ITEM], abstract_target)
         return state, metadata
 
+    def latest_metadata(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest committed step whose metadata is readable, and that metadata
+        (no arrays are read); None when there is none."""
+        self.wait()
+        for step in reversed(self.all_steps()):
+            try:
+                self._check_committed(step)
+                restored = self._manager.restore(
+                    step, args=ocp.args.Composite(**{_METADATA_ITEM: ocp.args.JsonRestore()}))
+            except (CheckpointCorruptError, OSError, ValueError, KeyError):
+                continue
+            metadata = restored[_METADATA_ITEM]
+            if isinstance(metadata, dict):
+                return step, metadata
+        return None
+
     def restore_latest(
         self, abstract_target: PyTree
     ) -> tuple[int, PyTree, dict[str, Any]] | None:
@@ -395,7 +421,7 @@ class Checkpointer:
 
     def _quarantine(self, step: int) -> None:
         """Moves an unreadable step out of orbax's sight (primary process only)."""
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and not self._read_only:
             quarantine = self._directory / _QUARANTINE_DIR
             quarantine.mkdir(parents=True, exist_ok=True)
             suffix = 0

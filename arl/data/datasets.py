@@ -16,7 +16,7 @@ prepares and reads those without TensorFlow) and read back through
   tokens, agent mask, length, success, return, env id.
 * `load_demonstrations(path)` puts a demonstration set on the device once;
   `sample_demonstrations(demos, key, batch_size)` is jittable and draws a minibatch by
-  index, which is how the SFT term of `arl.train` consumes a set (`loss.sft_dataset`).
+  index, which is how the SFT term of the token trainer consumes a set (`loss.sft_dataset`).
 
 Each dataset directory (``<data_dir>/<builder>/<version>``) is what the load functions
 and `config.loss.sft_dataset` take; the environment config it was built for is stored in
@@ -36,6 +36,9 @@ import ml_collections
 import numpy as np
 from flax import struct
 
+from arl import envs as envs_lib
+from arl import rollout as rollout_lib
+
 _VERSION = "1.0.0"
 
 
@@ -50,31 +53,16 @@ def _env_config_dict(env_config) -> dict[str, Any]:
     if isinstance(env_config, ml_collections.ConfigDict):
         env_config = json.loads(env_config.to_json_best_effort())
     env_config = json.loads(json.dumps(dict(env_config)))
-    members = [{"name": m["name"], "kwargs": dict(m.get("kwargs", {}))}
+    members = [{"name": m["name"], "kwargs": dict(m.get("kwargs", {}) or {}),
+                "params": dict(m.get("params", {}) or {})}
                for m in env_config.get("members", ()) or ()]
     return {"name": env_config["name"], "kwargs": dict(env_config.get("kwargs", {}) or {}),
             "members": members, "params": dict(env_config.get("params", {}) or {})}
 
 
-def _row_params(env, env_config_dict, num_rows):
-    """Default per-row params with `config.env.params` overrides (as `Trainer.row_params`)."""
-    from arl import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
-
-    params = rollout_lib.default_row_params(env, num_rows, 1)
-    overrides = env_config_dict.get("params", {})
-    if overrides:
-        params = params.replace(**{k: jnp.full_like(getattr(params, k), v)
-                                   for k, v in overrides.items()})
-    return params
-
-
-def _make_env(env_config_dict: Mapping[str, Any]):
-    from arl import train  # pylint: disable=g-import-not-at-top
-
-    config = ml_collections.ConfigDict(
-        {"name": env_config_dict["name"], "kwargs": dict(env_config_dict.get("kwargs", {})),
-         "members": tuple(env_config_dict.get("members", ()))})
-    return train.make_env(config)
+def _task_params(env, env_config: Mapping[str, Any], num_rows: int):
+    """Per-row params of `num_rows` tasks (task i: mixture member i % members)."""
+    return envs_lib.task_params(env, env_config, envs_lib.member_of_task(env, num_rows))
 
 
 # ---------------------------------------------------------------------------- builders
@@ -186,22 +174,13 @@ class TaskSet:
     reset_keys: jax.Array
     env_ids: jax.Array
     prompts: jax.Array  # int32 [N, prompt_len], for inspection
-    # config.env.params the set was built with, as sorted (field, value) pairs.
-    param_overrides: tuple = struct.field(pytree_node=False, default=())
+    # The `config.env` the set was built with (canonical JSON), for its params overrides.
+    env_config_json: str = struct.field(pytree_node=False, default="{}")
 
     def env_params(self, env):
         """Per-row params running each task in its environment (mixture member), with
-        the set's `config.env.params` overrides."""
-        from arl.envs.wrappers import Mixture, broadcast_params  # pylint: disable=g-import-not-at-top
-
-        if isinstance(env, Mixture):
-            params = env.batch_params(self.env_ids)
-        else:
-            params = broadcast_params(env.default_params(), self.env_ids.shape[0])
-        if self.param_overrides:
-            params = params.replace(**{k: jnp.full_like(getattr(params, k), v)
-                                       for k, v in self.param_overrides})
-        return params
+        the set's `config.env` params overrides."""
+        return envs_lib.task_params(env, json.loads(self.env_config_json), self.env_ids)
 
 
 def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> str:
@@ -210,15 +189,13 @@ def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> st
     Task i runs mixture member i % num_members (a single env: member 0)."""
     if not isinstance(num_tasks, int) or num_tasks < 1:
         raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
-    from arl import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
-
     env_config = _env_config_dict(env_config)
-    env = _make_env(env_config)
+    env = envs_lib.make_env(env_config)
     keys = jax.random.split(jax.random.key(seed), num_tasks)
-    params = _row_params(env, env_config, num_tasks)
+    params = _task_params(env, env_config, num_tasks)
     _, timestep = jax.jit(jax.vmap(env.reset))(keys, params)
     key_data = np.asarray(jax.random.key_data(keys))
-    env_ids = np.asarray(rollout_lib._env_ids(timestep, num_tasks))  # pylint: disable=protected-access
+    env_ids = np.asarray(rollout_lib.env_ids_of(timestep, num_tasks))
     prompts = np.asarray(timestep.observation.tokens)
 
     def generate():
@@ -237,11 +214,11 @@ def load_task_set(path: str, *, env_config=None) -> TaskSet:
     """Reads a task set; with `env_config`, checks it was built for that environment."""
     arrays, metadata = _read_all(path)
     _check_env_config(path, metadata, env_config)
-    overrides = (metadata.get("env_config") or {}).get("params", {}) or {}
     return TaskSet(reset_keys=jax.random.wrap_key_data(jnp.asarray(arrays["reset_key"])),
                    env_ids=jnp.asarray(arrays["env_id"], jnp.int32),
                    prompts=jnp.asarray(arrays["prompt"], jnp.int32),
-                   param_overrides=tuple(sorted(overrides.items())))
+                   env_config_json=json.dumps(metadata.get("env_config") or {},
+                                              sort_keys=True))
 
 
 def _check_env_config(path, metadata, env_config):
@@ -271,21 +248,19 @@ def build_demonstrations(data_dir, env_config, *, num_episodes: int, seed: int =
 
     Returns the dataset directory (what `loss.sft_dataset` and `load_demonstrations`
     take). Episodes are generated `chunk_size` at a time by one compiled rollout."""
-    from arl import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
-
     if action_source not in ("oracle", "demonstrator"):
         raise ValueError(f"action_source={action_source!r}; allowed values are "
                          "('oracle', 'demonstrator')")
     if not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"num_episodes must be an integer >= 1, got {num_episodes!r}")
     env_config = _env_config_dict(env_config)
-    env = _make_env(env_config)
+    env = envs_lib.make_env(env_config)
     chunk_size = min(chunk_size, num_episodes)
     base_key = jax.random.key(seed)
     play = jax.jit(lambda key, env_params: rollout_lib.rollout(
         env, key, num_tasks=chunk_size, group_size=1, action_source=action_source,
         env_params=env_params))
-    env_params = _row_params(env, env_config, chunk_size)
+    env_params = _task_params(env, env_config, chunk_size)
 
     def generate():
         index = 0

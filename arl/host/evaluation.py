@@ -1,7 +1,7 @@
 """Evaluation of a trained token-environment policy: restore, roll out, tabulate.
 
     step, config = checkpoint_config(workdir)
-    trainer = experiment.build(config)
+    trainer = trainers.build(config)
     step, params = restore_params(trainer, workdir)
     traj = evaluate_policy(trainer, params, key, num_tasks=64, greedy=True)
     print(format_table({"greedy": success_table(trainer.env_names, traj)}))
@@ -13,7 +13,6 @@ environment (mixture member) and over all tasks.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 
@@ -21,36 +20,31 @@ import jax
 import ml_collections
 import numpy as np
 
-from arl import checkpoint as checkpoint_lib
 from arl import rollout as rollout_lib
-
-_METADATA_FILE = os.path.join("metadata", "metadata")  # orbax JsonSave layout
+from arl.host import checkpoint as checkpoint_lib
+from arl.host.experiment import CHECKPOINT_DIR
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     """The newest checkpoint step in ``workdir/checkpoints`` with readable metadata, and
-    the config stored in it (as written by `arl.experiment.run`)."""
-    directory = os.path.join(workdir, "checkpoints")
-    steps = sorted((int(name) for name in (os.listdir(directory) if os.path.isdir(directory)
-                                           else []) if name.isdigit()), reverse=True)
-    for step in steps:
-        try:
-            with open(os.path.join(directory, str(step), _METADATA_FILE), encoding="utf-8") as f:
-                metadata = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(metadata, dict) and "config" in metadata:
-            return step, ml_collections.ConfigDict(metadata["config"])
-    raise FileNotFoundError(f"no checkpoint with a stored config under {directory!r}")
+    the config stored in it (as written by `arl.host.experiment.run`)."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    found = None
+    if os.path.isdir(directory):
+        with checkpoint_lib.Checkpointer(directory, read_only=True) as ckpt:
+            found = ckpt.latest_metadata()
+    if found is None or "config" not in found[1]:
+        raise FileNotFoundError(f"no checkpoint with a stored config under {directory!r}")
+    step, metadata = found
+    return step, ml_collections.ConfigDict(metadata["config"])
 
 
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:
     """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
     skipped); under LoRA the base with the adapters merged in."""
-    from arl import experiment  # pylint: disable=g-import-not-at-top
-
-    with checkpoint_lib.Checkpointer(os.path.join(workdir, experiment.CHECKPOINT_DIR)) as ckpt:
-        restored = ckpt.restore_latest(experiment.abstract_state(trainer))
+    with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                                     read_only=True) as ckpt:
+        restored = ckpt.restore_latest(trainer.abstract_state())
     if restored is None:
         raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
     step, state, _ = restored
@@ -78,7 +72,7 @@ def evaluate_policy(trainer, params, key: jax.Array, *, num_tasks: int, greedy: 
     if not isinstance(num_tasks, int) or num_tasks < 1:
         raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
     # The run's environment params (config.env.params applied), one row per task.
-    env_params = trainer.row_params(num_tasks, 1)
+    env_params = trainer.task_params(num_tasks, 1)
     if action_source == "model":
         sampling = trainer.sampling.replace(greedy=bool(greedy))
         traj = _rollout(trainer.env, trainer.model, params, key, env_params,

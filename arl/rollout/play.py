@@ -1,0 +1,158 @@
+"""The multi-turn rollout of a token environment, as one traceable function.
+
+Turns are a `lax.scan` (`arl.rollout.turns.TurnPlayer`); inside a turn the policy decodes
+with a KV cache (`arl.models.generate`), then the environment steps on the generated
+chunk and its reply is prefilled into the cache. The result is a `Trajectory`
+(`arl.rollout.trajectory`).
+
+Groups: the `group_size` rows of a task share the reset key, so they see the same task
+(environments sample the task in `reset` from its key) while their step keys differ.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from arl.envs.from_config import member_of_task, task_params
+from arl.models import sampling as sampling_lib
+from arl.models import transformer as transformer_lib
+from arl.rollout.trajectory import SamplingConfig, Trajectory, context_length
+from arl.rollout.turns import ACTION_SOURCES, TurnPlayer, initial_carry, write_rows
+
+
+def task_keys(key, num_tasks: int, group_size: int):
+    """Reset keys `[num_tasks * group_size]`: the rows of a group share one key."""
+    keys = jax.random.split(key, num_tasks)
+    return jnp.repeat(keys, group_size, axis=0)
+
+
+def default_row_params(env, num_tasks: int, group_size: int):
+    """Default params for every row; a mixture gives task i to member i % num_envs."""
+    return task_params(env, None, member_of_task(env, num_tasks, group_size))
+
+
+def env_ids_of(timestep, batch: int) -> jax.Array:
+    """int32 [batch]: each row's environment (mixture member) from a reset timestep."""
+    env_id = timestep.info.get("env_id") if isinstance(timestep.info, dict) else None
+    if env_id is None:
+        return jnp.zeros((batch,), jnp.int32)
+    return env_id.astype(jnp.int32)
+
+
+def rollout(
+    env,
+    key: jax.Array,
+    *,
+    num_tasks: int,
+    group_size: int,
+    model: transformer_lib.Transformer | None = None,
+    params: Any = None,
+    sampling: SamplingConfig = SamplingConfig(),
+    horizon: jax.Array | int | None = None,
+    action_source: str = "model",
+    env_params: Any = None,
+    reset_keys: jax.Array | None = None,
+    record_turn_states: bool = False,
+) -> Trajectory:
+    """Plays `num_tasks * group_size` episodes of `env` and returns their trajectory.
+
+    Args:
+      env: a `TokenEnvironment` (single instance; batched here with vmap).
+      key: PRNG key for tasks, sampling and environment transitions.
+      num_tasks: distinct tasks; group_size: rows per task (same reset key).
+      model, params: the policy, when `action_source == "model"`.
+      sampling: temperature / top-k / top-p / greedy.
+      horizon: maximum number of turns this step (data, so a curriculum can raise it
+        without recompiling); rows still running after `horizon` turns are truncated.
+      action_source: "model" samples from the policy; "oracle" / "demonstrator" use the
+        environment's scripted policies (for SFT demonstrations and baselines).
+      env_params: per-row environment params with a leading batch axis
+        `[num_tasks * group_size]` (default: `default_row_params`).
+      reset_keys: per-row reset keys `[num_tasks * group_size]` that fix the tasks (e.g.
+        a stored evaluation set, `arl.data`); default: drawn from `key`, shared by the
+        rows of a group.
+      record_turn_states: also return the environment state before every turn
+        (`Trajectory.turn_states`), for Monte Carlo branching.
+    """
+    if action_source not in ACTION_SOURCES:
+        raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
+    if action_source == "model" and (model is None or params is None):
+        raise ValueError("action_source='model' needs both `model` and `params`.")
+    if num_tasks < 1 or group_size < 1:
+        raise ValueError(f"num_tasks={num_tasks} and group_size={group_size} must be >= 1.")
+    batch = num_tasks * group_size
+    if env_params is None:
+        env_params = default_row_params(env, num_tasks, group_size)
+    codec = env.codec
+    width = context_length(env)
+    max_turns = env.max_turns
+    horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
+
+    reset_key, turns_key = jax.random.split(key)
+    if reset_keys is None:
+        reset_keys = task_keys(reset_key, num_tasks, group_size)
+    elif reset_keys.shape != (batch,):
+        raise ValueError(f"reset_keys must have shape ({batch},) (num_tasks * group_size), "
+                         f"got {reset_keys.shape}")
+    env_state, timestep = jax.vmap(env.reset)(reset_keys, env_params)
+
+    tokens = jnp.full((batch, width), codec.pad_id, jnp.int32)
+    tokens = tokens.at[:, 0].set(codec.bos_id)
+    prompt = timestep.observation
+    tokens = write_rows(tokens, prompt.tokens, jnp.ones((batch,), jnp.int32), prompt.length)
+    offset = 1 + prompt.length
+    zeros = jnp.zeros((batch, width), jnp.float32)
+
+    use_model = action_source == "model"
+    record_values = use_model and model.config.value_head
+    values = None
+    if use_model:
+        cache = transformer_lib.init_cache(model.config, batch, width)
+        first = jnp.concatenate(
+            [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
+        out = model.apply({"params": params}, first, cache=cache, num_valid=offset)
+        cache = out.cache
+        last_logits = sampling_lib.take_last_valid(out.logits, offset)
+        if record_values:
+            values = write_rows(zeros, out.values, jnp.zeros((batch,), jnp.int32), offset)
+    else:
+        cache, last_logits = None, None
+
+    carry = initial_carry(env_state, tokens, offset, env_ids_of(timestep, batch), cache,
+                          last_logits, values, done=jnp.zeros((batch,), bool))
+    player = TurnPlayer(env, model, params, sampling, action_source, env_params, horizon)
+    carry, per_turn = player.play(carry, jnp.zeros((batch,), jnp.int32), max_turns, turns_key,
+                                  record_states=record_turn_states)
+    return Trajectory(
+        tokens=carry.tokens,
+        agent_mask=carry.agent_mask,
+        observation_mask=carry.observation_mask,
+        behaviour_logp=carry.logp,
+        rewards=carry.rewards,
+        turn_end_mask=carry.turn_end,
+        length=carry.offset,
+        group_ids=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size),
+        env_ids=carry.env_ids,
+        num_turns=carry.num_turns,
+        success=carry.success,
+        terminated=carry.terminated,
+        episode_return=carry.episode_return,
+        format_errors=carry.format_errors,
+        values=carry.values,
+        process_rewards=carry.process_rewards,
+        turn_rewards=per_turn.reward,
+        turn_starts=per_turn.start,
+        turn_active=per_turn.active,
+        turn_states=per_turn.state,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("env", "num_tasks", "group_size", "action_source"))
+def scripted_rollout(env, key, *, num_tasks, group_size, action_source="oracle"):
+    """A jitted rollout of the environment's scripted policy (oracle / demonstrator)."""
+    return rollout(env, key, num_tasks=num_tasks, group_size=group_size,
+                   action_source=action_source)

@@ -1,0 +1,90 @@
+"""The layout of a batch of multi-turn episodes: one left-aligned token buffer per row.
+
+    <bos> prompt | turn 1 (agent) | reply 1 (env) | turn 2 (agent) | reply 2 | ... <pad>
+
+with `S = context_length(env) = 1 + prompt_len + max_turns * (action_len + obs_len)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+@struct.dataclass
+class Trajectory:
+    """A batch of multi-turn episodes in padded token buffers.
+
+    Token-aligned arrays are `[B, S]`; a value at index t belongs to token t (its
+    log-prob is log pi(token_t | tokens_<t)).
+    """
+
+    tokens: jax.Array  # int32 [B, S]
+    agent_mask: jax.Array  # float32 [B, S]: 1 on tokens the policy wrote
+    observation_mask: jax.Array  # float32 [B, S]: 1 on environment replies after the prompt
+    behaviour_logp: jax.Array  # float32 [B, S]: log-prob under the sampling policy
+    rewards: jax.Array  # float32 [B, S]: each turn's reward on its last agent token
+    turn_end_mask: jax.Array  # float32 [B, S]: 1 on the last agent token of each turn
+    length: jax.Array  # int32 [B]: valid tokens in the row
+    group_ids: jax.Array  # int32 [B]: rows with the same id share a task
+    env_ids: jax.Array  # int32 [B]: environment (mixture member) of the row
+    num_turns: jax.Array  # int32 [B]
+    success: jax.Array  # bool [B]
+    terminated: jax.Array  # bool [B]
+    episode_return: jax.Array  # float32 [B]: sum of turn rewards
+    format_errors: jax.Array  # int32 [B]: malformed turns in the episode
+    # float32 [B, S]: the value head's output at each position (value of the state after
+    # token t), recorded while sampling; None when the policy has no value head.
+    values: jax.Array | None = None
+    # float32 [B, S]: each turn's process reward (progress, `info["process_reward"]`) on its
+    # last agent token, kept apart from `rewards`; zero for envs that emit none.
+    process_rewards: jax.Array | None = None
+    # Per-turn arrays [B, max_turns]: the turn's reward, the context offset where its
+    # agent tokens begin, whether it was played; and, with `record_turn_states`, the
+    # environment state before the turn (a pytree with leading [B, max_turns] axes) from
+    # which Monte Carlo branching (`arl.rollout.branching`) forks continuations.
+    turn_rewards: jax.Array | None = None
+    turn_starts: jax.Array | None = None
+    turn_active: jax.Array | None = None
+    turn_states: Any = None
+
+
+def context_length(env) -> int:
+    """The static length S of a rollout's token buffer for `env`."""
+    return 1 + env.prompt_len + env.max_turns * (env.action_len + env.obs_len)
+
+
+def render_trajectory(env, traj: Trajectory, row: int = 0) -> str:
+    """Readable text of one row: the prompt, then alternating agent turns and replies."""
+    tokens = np.asarray(traj.tokens[row])
+    agent = np.asarray(traj.agent_mask[row]) > 0
+    rewards = np.asarray(traj.rewards[row])
+    turn_end = np.asarray(traj.turn_end_mask[row]) > 0
+    length = int(traj.length[row])
+    lines, start = [], 1  # position 0 is <bos>
+    while start < length:
+        end = start
+        while end < length and agent[end] == agent[start]:
+            end += 1
+        text = env.codec.decode(tokens[start:end], stop_at_pad=False)
+        if agent[start]:
+            reward = rewards[start:end][turn_end[start:end]].sum()
+            lines.append(f"[agent] {text}    (reward {reward:+.3f})")
+        else:
+            lines.append(f"[env]   {text}")
+        start = end
+    status = "success" if bool(traj.success[row]) else "failure"
+    lines.append(f"-- {status}, {int(traj.num_turns[row])} turns, "
+                 f"return {float(traj.episode_return[row]):+.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""The policy: a decoder built from the config (fresh or from a Hugging Face checkpoint),
+optional LoRA adapters over a frozen base, and the scoring forward pass.
+
+    policy = Policy.from_config(config, vocab_size=env.codec.vocab_size,
+                                context_length=rollout.context_length(env))
+    scores = policy.score(params, tokens)   # log-probs, entropies, values per token
+
+`score` is what every loss reads: the RL update, the SFT warm start, the KL reference,
+PRIME's implicit PRM. A value at index t belongs to token t (log pi(token_t | tokens_<t)),
+the layout of `arl.rollout.Trajectory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import struct
+
+from arl import algorithms as alg
+from arl.errors import ConfigError
+from arl.models import lora as lora_lib
+from arl.models import transformer as transformer_lib
+from arl.models.logprobs import chunked_token_logprobs
+
+
+@struct.dataclass
+class TokenScores:
+    """Per-token outputs of the policy on a context, aligned to token index `[B, S]`."""
+
+    logp: jax.Array  # float32: log pi(token_t | tokens_<t) (0 at t = 0)
+    entropy: jax.Array  # float32: entropy of the distribution that produced token t
+    values: jax.Array | None = None  # float32: value of the state before token t
+
+
+def shift_right(x):
+    """Pads a [B, S-1] per-prediction array to [B, S] so index t belongs to token t."""
+    return jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
+
+
+def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_length: int,
+                value_head: bool) -> transformer_lib.Transformer:
+    """The decoder of `config.model`: a fresh architecture from its fields, or that of
+    `model.hf_checkpoint` (float32 master weights, activations in `model.dtype`; the
+    weights are loaded by `load_pretrained`). `model.layer_unroll` 0 = all layers."""
+    m = config.model
+    if m.get("hf_checkpoint", ""):
+        from arl.models import hf_import  # pylint: disable=g-import-not-at-top
+        model_config = hf_import.load_hf_config(
+            m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=jnp.float32,
+            max_len=context_length, value_head=value_head)
+        if model_config.vocab_size < vocab_size:
+            raise ConfigError(
+                f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
+                f"{model_config.vocab_size} < the env codec's {vocab_size}: "
+                f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
+    else:
+        model_config = transformer_lib.TransformerConfig(
+            vocab_size=vocab_size,
+            d_model=m.d_model,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            mlp_dim=m.mlp_dim,
+            max_len=context_length,
+            rope_theta=m.rope_theta,
+            tie_embeddings=m.tie_embeddings,
+            value_head=value_head,
+            dtype=jnp.dtype(m.dtype),
+        )
+    return transformer_lib.Transformer(dataclasses.replace(
+        model_config, layer_unroll=m.layer_unroll or model_config.num_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A decoder with its sampling temperature, optional LoRA and log-prob chunking.
+
+    Full fine-tuning: the trainable parameters are the model's tree. LoRA (`lora` set):
+    they are {"lora": adapters} (plus {"value_head": ...} for a critic), applied to a
+    frozen `base` tree by `merge`."""
+
+    model: transformer_lib.Transformer
+    temperature: float = 1.0
+    logprob_chunk: int = 0  # > 0: log-probs from hidden states, this many positions at a time
+    lora: lora_lib.LoraConfig | None = None
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict, *, vocab_size: int,
+                    context_length: int, value_head: bool) -> "Policy":
+        m = config.model
+        lora = None
+        if m.get("lora_rank", 0) > 0:
+            lora = lora_lib.LoraConfig(rank=m.lora_rank, alpha=float(m.lora_alpha),
+                                       targets=tuple(m.lora_targets))
+        model = build_model(config, vocab_size=vocab_size, context_length=context_length,
+                            value_head=value_head)
+        return cls(model=model, temperature=config.rollout.temperature,
+                   logprob_chunk=m.logprob_chunk, lora=lora)
+
+    def init_params(self, key: jax.Array) -> Any:
+        """Fresh parameters of the whole model (unboxed)."""
+        dummy = jnp.zeros((1, self.model.config.max_len), jnp.int32)
+        return nn.unbox(self.model.init(key, dummy)["params"])
+
+    def init_adapters(self, key: jax.Array, base: Any) -> Any:
+        """The trainable tree under LoRA: adapters with B = 0 (the policy starts as the
+        base), plus the base's value head, which trains with them."""
+        params = {"lora": lora_lib.init_lora(key, base, self.lora)}
+        if "value_head" in base:
+            params["value_head"] = base["value_head"]
+        return params
+
+    def merge(self, trainable: Any, base: Any = None) -> Any:
+        """The policy's parameter tree: `trainable` itself, or under LoRA the base with
+        the adapters merged in (and a trained value head)."""
+        if self.lora is None:
+            return trainable
+        merged = lora_lib.merge_lora(base, trainable["lora"], self.lora)
+        if "value_head" in trainable:
+            merged = {**merged, "value_head": trainable["value_head"]}
+        return merged
+
+    def score(self, params: Any, tokens: jax.Array) -> TokenScores:
+        """Per-token log-probs (at the sampling temperature), entropies and values of
+        `tokens` [B, S] under the full parameter tree `params`."""
+        if self.logprob_chunk:
+            return self._chunked_score(params, tokens)
+        out = self.model.apply({"params": params}, tokens)
+        logits = out.logits[:, :-1] / jnp.maximum(self.temperature, 1e-6)
+        logp = shift_right(alg.token_logprobs(logits, tokens[:, 1:]))
+        ent = shift_right(alg.entropy(logits))
+        values = None if out.values is None else shift_right(out.values[:, :-1])
+        return TokenScores(logp=logp, entropy=ent, values=values)
+
+    def _chunked_score(self, params, tokens) -> TokenScores:
+        """`score` without [B, S, V] logits: log-probs and entropies from the hidden
+        states, `logprob_chunk` positions at a time (arl.models.logprobs)."""
+        out = self.model.apply({"params": params}, tokens, return_hidden=True,
+                               compute_logits=False)
+        # (h W) / tau == h (W / tau): scale the [D, V] matrix, not the logits.
+        unembed = transformer_lib.unembedding_matrix(params, self.model.config).astype(
+            jnp.float32) / jnp.maximum(self.temperature, 1e-6)
+        logp, ent = chunked_token_logprobs(out.hidden[:, :-1], unembed, tokens[:, 1:],
+                                           self.logprob_chunk)
+        values = None if out.values is None else shift_right(out.values[:, :-1])
+        return TokenScores(logp=shift_right(logp), entropy=shift_right(ent), values=values)
+
+
+def load_pretrained(config: ml_collections.ConfigDict, model: transformer_lib.Transformer,
+                    mesh) -> Any | None:
+    """The weights of `config.model.hf_checkpoint` placed on `mesh`, or None."""
+    if not config.model.get("hf_checkpoint", ""):
+        return None
+    from arl.models import hf_import  # pylint: disable=g-import-not-at-top
+    _, params = hf_import.load_hf_checkpoint(config.model.hf_checkpoint, config=model.config,
+                                             mesh=mesh)
+    return params

@@ -1,0 +1,41 @@
+"""What the host loop (`arl.host.experiment`) needs from a trainer.
+
+Both trainers implement it: `TokenTrainer` (multi-turn token environments) and
+`VectorPPO` (vector environments). The host loop never looks at which one it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import jax
+import ml_collections
+from flax import struct
+
+
+@struct.dataclass
+class EvaluationReport:
+    """What a periodic evaluation logs: metrics (`eval/...`) and a transcript to save
+    under `samples/` (None when the environment has no text)."""
+
+    metrics: dict[str, Any]
+    transcript: str | None = struct.field(pytree_node=False, default=None)
+
+
+class Trainer(Protocol):
+    config: ml_collections.ConfigDict
+    # One compiled step; the state argument is donated.
+    train_step: Callable[[Any], tuple[Any, dict[str, jax.Array]]]
+
+    def init_state(self, seed: int | None = None) -> Any:
+        """The state before training (sharded on the trainer's mesh)."""
+
+    def abstract_state(self) -> Any:
+        """Shapes, dtypes and shardings of the state: the checkpoint restore target."""
+
+    def warm_start(self, state: Any, *, log: Callable[[str], Any]) -> Any:
+        """The RL start state of a fresh run (`config.warm_start`); `state` itself when
+        the config asks for none."""
+
+    def evaluation_report(self, state: Any, key: jax.Array) -> EvaluationReport:
+        """A greedy evaluation of the current policy on fresh tasks (and samples)."""

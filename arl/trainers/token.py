@@ -1,0 +1,312 @@
+"""The single compiled training step for token environments: rollout + signals + update.
+
+    trainer = TokenTrainer(config)
+    state = trainer.init_state()
+    state, metrics = trainer.train_step(state)      # one jax.jit program, state donated
+
+1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
+               Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
+2. signals   : rewards -> advantages by the algorithm's row of the table
+               (`arl.trainers.signals`), StarPO-S and DAPO filters, KL-in-reward,
+               process rewards (`arl.trainers.credit`).
+3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
+               `arl.trainers.update`; skipped (parameters unchanged) when no advantage in
+               the batch is non-zero and no auxiliary term carries gradient.
+
+The pieces: `Policy` (model, LoRA, scoring forward), `StateLayout` (the `TrainState`, its
+init and shardings), `CreditAssignment` (advantages), `Learner` (loss and update),
+`ProcessModels` (PRMs); this module wires them into one step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from arl import algorithms as alg
+from arl import config as config_lib
+from arl import envs as envs_lib
+from arl import rollout as rollout_lib
+from arl import sharding as sharding_lib
+from arl.optim import make_optimizer
+from arl.data import datasets as datasets_lib
+from arl.errors import ConfigError
+from arl.rollout import branching as branching_lib
+from arl.trainers import signals as signals_lib
+from arl.trainers.credit import ProcessModels
+from arl.trainers import warm_start as warm_start_lib
+from arl.trainers.policy import Policy, load_pretrained, shift_right
+from arl.trainers.protocol import EvaluationReport
+from arl.trainers.state import StateLayout, TrainState
+from arl.trainers.update import Learner, UpdateBatch, sft_weight
+
+
+TRANSCRIPT_ROWS = 2  # sampled episodes rendered into each evaluation's transcript
+
+
+class TokenTrainer:
+    """Static pieces of a token-environment experiment and its jitted `train_step`."""
+
+    def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
+        config_lib.validate(config, num_devices=jax.device_count())
+        self.algorithm = alg.get_algorithm(config.algorithm)
+        if self.algorithm.trainer != "token":
+            raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
+                              f"the {self.algorithm.trainer} trainer, not TokenTrainer "
+                              "(use arl.trainers.build)")
+        self.config = config
+        self.env = envs_lib.make_env(config.env)
+        self.env_names = envs_lib.env_names(self.env)
+        self.num_envs = len(self.env_names)
+        self.context_length = rollout_lib.context_length(self.env)
+        self.task_params(1, 1)  # rejects unknown config.env.params fields before tracing
+        self.policy = Policy.from_config(
+            config, vocab_size=self.env.codec.vocab_size,
+            context_length=self.context_length, value_head=self.algorithm.critic)
+        self.model = self.policy.model
+        self.optimizer = make_optimizer(config)
+        self.sampling = rollout_lib.SamplingConfig(
+            temperature=config.rollout.temperature, top_k=config.rollout.top_k,
+            top_p=config.rollout.top_p)
+        self.batch_size = config.rollout.num_tasks * config.rollout.group_size
+        self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
+        self.process_models = ProcessModels.from_config(config, self.policy)
+        self.uses_reference = (config.loss.kl_coef > 0
+                               or self.process_models.uses_implicit_prm)
+        self.branch_turns = signals_lib.branch_turns(
+            config.process, max_turns=self.env.max_turns,
+            group_size=config.rollout.group_size, env_name=config.env.name)
+        self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
+                                  self.uses_reference, self.process_models)
+        self.credit = signals_lib.CreditAssignment(
+            self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
+            branch_turns=self.branch_turns)
+        self.learner = Learner(self.policy, self.optimizer, config.loss,
+                               epochs=config.updates.epochs,
+                               minibatches=config.updates.minibatches, mesh=self.mesh,
+                               context_length=self.context_length)
+        # Demonstrations for the SFT term: loaded once into device arrays, or None to
+        # generate them on the fly with `loss.sft_source`.
+        self.demonstrations = None
+        if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
+            self.demonstrations = datasets_lib.load_demonstrations(
+                config.loss.sft_dataset, env_config=config.env,
+                context_length=self.context_length)
+        shardings = self.state_shardings()
+        self.train_step = jax.jit(
+            self.step,
+            in_shardings=(shardings,),
+            out_shardings=(shardings, sharding_lib.replicated(self.mesh)),
+            donate_argnums=(0,),
+        )
+
+    @property
+    def lora(self):
+        return self.policy.lora
+
+    def task_params(self, num_tasks: int, group_size: int = 1):
+        """Per-row environment params of `num_tasks` tasks x `group_size` rows: the
+        config's (`env.params`, or `env.members[i].params` for a mixture's member i)."""
+        return envs_lib.task_params(
+            self.env, self.config.env,
+            envs_lib.member_of_task(self.env, num_tasks, group_size))
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, seed: int | None = None) -> TrainState:
+        seed = self.config.seed if seed is None else seed
+        init_key, key = jax.random.split(jax.random.key(seed))
+        pretrained = load_pretrained(self.config, self.model, self.mesh)
+        return jax.jit(self.layout.initial, out_shardings=self.state_shardings())(
+            init_key, key, pretrained)
+
+    def abstract_state(self) -> TrainState:
+        """Shapes, dtypes and shardings of the state (orbax restore target)."""
+        return self.layout.abstract()
+
+    def state_shardings(self) -> TrainState:
+        return self.layout.shardings()
+
+    @functools.cached_property
+    def _merge_fn(self):
+        return jax.jit(self.policy.merge, out_shardings=self.layout.param_shardings)
+
+    def policy_params(self, state: TrainState):
+        """Parameters of the current policy for `model.apply` / `rollout` / `evaluate`,
+        outside jit: `state.params`, or under LoRA the base with the adapters merged (a
+        new array per targeted kernel, with the model's shardings)."""
+        if self.lora is None:
+            return state.params
+        return self._merge_fn(state.params, state.base_params)
+
+    def warm_start(self, state: TrainState, *, log: Callable[[str], Any]) -> TrainState:
+        """The RL start state after `config.warm_start.sft_steps` of behaviour cloning
+        (`arl.trainers.warm_start`); `state` itself when there are none."""
+        ws = self.config.warm_start
+        if not ws.sft_steps:
+            return state
+        log(f"Warm start: {ws.sft_steps} SFT steps on "
+            f"{ws.sft_source or self.config.loss.sft_source!r} demonstrations before RL.")
+        return warm_start_lib.warm_start_state(
+            self, state, log=log, log_every=max(1, min(25, ws.sft_steps // 10 or 1)))
+
+    # ------------------------------------------------------------------ step
+    def horizon(self, step):
+        r = self.config.rollout
+        if not r.horizon_rounds:
+            return jnp.asarray(self.env.max_turns, jnp.int32)
+        return alg.horizon_schedule(step, rounds=tuple(r.horizon_rounds), every=r.horizon_every)
+
+    def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One rollout + signals + update, traced (`train_step` is its jitted, donating
+        form with the state's shardings)."""
+        c = self.config
+        p = c.process
+        key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
+        key, branch_key = jax.random.split(key)
+        horizon = self.horizon(state.step)
+        batch_axes = sharding_lib.batch_sharding(self.mesh)
+        row_params = self.task_params(c.rollout.num_tasks, c.rollout.group_size)
+        policy = self.layout.policy_params(state)
+        traj = rollout_lib.rollout(
+            self.env, rollout_key, num_tasks=c.rollout.num_tasks,
+            group_size=c.rollout.group_size, model=self.model, params=policy,
+            sampling=self.sampling, horizon=horizon, env_params=row_params,
+            record_turn_states=bool(self.branch_turns))
+        traj = jax.lax.with_sharding_constraint(traj, batch_axes)
+        mask = traj.agent_mask
+        metrics = {}
+
+        ref_logp = None
+        if self.uses_reference:
+            ref_logp = self.policy.score(self.layout.reference_params(state), traj.tokens).logp
+            ref_logp = jax.lax.stop_gradient(ref_logp)
+        old_values = None
+        if self.algorithm.critic:
+            # Recorded while sampling with the same parameters: no second forward pass.
+            old_values = shift_right(traj.values[:, :-1]) * mask
+
+        branch = None
+        if self.branch_turns:
+            branch = branching_lib.branch_values(
+                self.env, branch_key, traj, branch_turns=self.branch_turns,
+                num_samples=p.mc_samples, model=self.model, params=policy,
+                sampling=self.sampling, horizon=horizon, env_params=row_params,
+                estimate=p.mc_estimate, gamma=p.turn_gamma)
+            main_steps = jnp.maximum(jnp.sum(traj.num_turns), 1).astype(jnp.float32)
+            metrics.update({
+                "mc/env_steps": branch.env_steps.astype(jnp.float32),
+                "mc/tokens": branch.tokens.astype(jnp.float32),
+                "mc/env_steps_per_rollout_step": branch.env_steps / main_steps,
+                "mc/value_mean": jnp.sum(branch.values) / jnp.maximum(jnp.sum(branch.known), 1),
+            })
+
+        rewards = traj.rewards
+        if self.uses_reference and c.loss.kl_in_reward:
+            rewards = rewards - c.loss.kl_coef * alg.kl_penalty(
+                traj.behaviour_logp, ref_logp, "k1") * mask
+        signals = self.credit(
+            traj, rewards, old_values,
+            process_rewards=self.process_models.process_rewards(state, traj),
+            implicit_rewards=self.process_models.implicit_token_rewards(state, traj, ref_logp),
+            branch=branch)
+        loss_mask = mask * signals.valid[:, None]
+        advantages = signals.advantages * loss_mask
+        process_fields, process_metrics = self.process_models.update(
+            state, traj, ref_logp, branch)
+        metrics.update(process_metrics)
+
+        demo = self._demonstrations(demo_key, batch_axes)
+        batch = UpdateBatch(
+            tokens=traj.tokens, mask=loss_mask, old_logp=traj.behaviour_logp,
+            advantages=advantages, observation_mask=traj.observation_mask,
+            old_values=old_values, returns=signals.returns, ref_logp=ref_logp,
+            demo_tokens=None if demo is None else demo.tokens,
+            demo_mask=None if demo is None else demo.agent_mask)
+
+        has_signal = jnp.any(advantages != 0)
+        if demo is not None or c.loss.echo_coef > 0 or not c.filters.skip_zero_advantage:
+            has_signal = jnp.ones((), bool)  # the auxiliary terms still carry gradient
+
+        def do_update(operand):
+            params, opt_state = operand
+            return self.learner.update(params, opt_state, batch, update_key, state.step,
+                                       state.base_params)
+
+        def skip_update(operand):
+            params, opt_state = operand
+            shapes = jax.eval_shape(do_update, operand)[2]
+            return params, opt_state, jax.tree.map(
+                lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        params, opt_state, update_metrics = jax.lax.cond(
+            has_signal, do_update, skip_update, (state.params, state.opt_state))
+
+        metrics.update(signals_lib.rollout_metrics(traj, self.env_names))
+        metrics.update(signals.metrics)
+        metrics.update(update_metrics)
+        metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
+        metrics["horizon"] = horizon.astype(jnp.float32)
+        if demo is not None:
+            metrics["demo_success_rate"] = jnp.mean(demo.success.astype(jnp.float32))
+            metrics["sft_coef"] = sft_weight(c.loss, state.step)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, step=state.step + 1, key=key,
+            **process_fields)
+        return new_state, metrics
+
+    def _demonstrations(self, key, batch_axes):
+        """The SFT term's demonstrations for this step, or None without one: a minibatch
+        of the stored set (`loss.sft_dataset`), or fresh episodes of `loss.sft_source`."""
+        c = self.config
+        if c.loss.sft_coef <= 0:
+            return None
+        if self.demonstrations is not None:
+            demo = datasets_lib.sample_demonstrations(self.demonstrations, key,
+                                                      self.batch_size)
+        else:
+            demo = rollout_lib.rollout(
+                self.env, key, num_tasks=c.rollout.num_tasks,
+                group_size=c.rollout.group_size, action_source=c.loss.sft_source,
+                env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size))
+        return jax.lax.with_sharding_constraint(demo, batch_axes)
+
+    # ------------------------------------------------------------------ evaluation
+    @functools.cached_property
+    def _evaluate_fn(self):
+        c = self.config
+        num_rows = c.rollout.num_tasks * c.rollout.group_size
+
+        def evaluate(params, key, greedy):
+            sampling = self.sampling.replace(greedy=greedy)
+            traj = rollout_lib.rollout(
+                self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
+                params=params, sampling=sampling, env_params=self.task_params(num_rows, 1))
+            return signals_lib.rollout_metrics(traj, self.env_names), traj
+
+        return jax.jit(evaluate, static_argnames=("greedy",))
+
+    def evaluation_report(self, state: TrainState, key: jax.Array) -> EvaluationReport:
+        """Greedy evaluation metrics (`eval/...`), sampled ones (`eval_sampled/...`) and
+        the transcripts of `TRANSCRIPT_ROWS` sampled episodes."""
+        params = self.policy_params(state)
+        greedy_key, sample_key = jax.random.split(key)
+        greedy_metrics, _ = self.evaluate(params, greedy_key, greedy=True)
+        sampled_metrics, traj = self.evaluate(params, sample_key, greedy=False)
+        rows = sharding_lib.gather_rows(traj, TRANSCRIPT_ROWS)
+        text = "\n\n".join(rollout_lib.render_trajectory(self.env, rows, row)
+                            for row in range(min(TRANSCRIPT_ROWS, rows.tokens.shape[0])))
+        metrics = {f"eval/{k}": v for k, v in greedy_metrics.items()}
+        metrics.update({f"eval_sampled/{k}": v for k, v in sampled_metrics.items()})
+        return EvaluationReport(metrics=metrics, transcript=text)
+
+    def evaluate(self, params: Any, key: jax.Array, *, greedy: bool = True):
+        """Success and reward of the policy on fresh tasks (one sample per task):
+        (metrics, trajectory). `params`: policy parameters (`policy_params(state)`) or a
+        `TrainState`."""
+        if isinstance(params, TrainState):
+            params = self.policy_params(params)
+        return self._evaluate_fn(params, key, greedy=greedy)

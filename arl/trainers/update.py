@@ -1,0 +1,146 @@
+"""The update: the loss of a minibatch and a scan over epochs x minibatches of optimizer
+steps.
+
+    loss = policy (clipped, dual clip) + value_coef * value (critic algorithms)
+           + kl_coef * KL(pi || pi_ref) - entropy_coef * H + echo_coef * CE(observations)
+           + alpha(step) * SFT(demonstrations)
+
+Every term is aggregated with `config.loss.agg` (`arl.algorithms.aggregate`) over the
+minibatch's `UpdateBatch.mask`; a term is present when its input is (a critic's
+`returns`, a reference's `ref_logp`, demonstrations' `demo_tokens`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+
+from arl import algorithms as alg
+from arl import sharding as sharding_lib
+from arl.trainers.policy import Policy
+
+
+@struct.dataclass
+class UpdateBatch:
+    """Token-aligned `[B, S]` inputs of the loss; optional terms are None when off."""
+
+    tokens: jax.Array  # int32: the contexts
+    mask: jax.Array  # float32: agent mask x kept rows (the tokens the loss trains on)
+    old_logp: jax.Array  # float32: behaviour log-probs
+    advantages: jax.Array  # float32
+    observation_mask: jax.Array  # float32: environment replies (ECHO's term)
+    old_values: jax.Array | None = None  # float32: critic values at sampling time
+    returns: jax.Array | None = None  # float32: critic targets
+    ref_logp: jax.Array | None = None  # float32: reference log-probs (KL term)
+    demo_tokens: jax.Array | None = None  # int32: demonstrations (SFT term)
+    demo_mask: jax.Array | None = None  # float32: the demonstrator's tokens
+
+
+def sft_weight(loss_config: ml_collections.ConfigDict, step) -> jax.Array:
+    """alpha of RL + alpha*SFT: constant, or held for `sft_hold_steps` and then decayed
+    linearly to `sft_coef_final` over `sft_decay_steps` (high early, lower later)."""
+    c = loss_config
+    if c.sft_coef_final < 0:
+        return jnp.asarray(c.sft_coef, jnp.float32)
+    frac = jnp.clip((step - c.sft_hold_steps) / max(1, c.sft_decay_steps), 0.0, 1.0)
+    return (c.sft_coef + frac * (c.sft_coef_final - c.sft_coef)).astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Learner:
+    """The loss and the minibatch update of a policy."""
+
+    policy: Policy
+    optimizer: optax.GradientTransformation
+    loss_config: ml_collections.ConfigDict  # config.loss
+    epochs: int
+    minibatches: int
+    mesh: jax.sharding.Mesh
+    context_length: int
+
+    @property
+    def norm(self) -> float | None:
+        """The constant N of `seq-mean-token-sum-norm` (default: the context length)."""
+        if self.loss_config.agg == "seq-mean-token-sum-norm":
+            return self.loss_config.norm or float(self.context_length)
+        return None
+
+    def loss(self, params: Any, mb: UpdateBatch, step, base: Any = None):
+        """(total loss, metrics) of the trainable `params` (under LoRA merged into the
+        frozen `base`) on one minibatch at train step `step`."""
+        c = self.loss_config
+        params = self.policy.merge(params, base)
+        scores = self.policy.score(params, mb.tokens)
+        logp, ent = scores.logp, scores.entropy
+        mask = mb.mask
+        norm = self.norm
+        pg, metrics = alg.policy_loss(
+            logp, mb.old_logp, mb.advantages, mask, clip_low=c.clip_low,
+            clip_high=c.clip_high, dual_clip=c.dual_clip or None, agg=c.agg, norm=norm)
+        metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        total = pg
+        metrics["loss/policy"] = pg
+        metrics["entropy"] = alg.aggregate(ent, mask, "token-mean")
+        if c.entropy_coef > 0:
+            total = total - c.entropy_coef * alg.aggregate(ent, mask, c.agg, norm=norm)
+        if mb.returns is not None:
+            vl, vmetrics = alg.value_loss(
+                scores.values, mb.old_values, mb.returns, mask,
+                clip=c.value_clip or None, agg=c.agg, norm=norm)
+            total = total + c.value_coef * vl
+            metrics["loss/value"] = vl
+            metrics.update({f"value/{k}": v for k, v in vmetrics.items()})
+        if mb.ref_logp is not None:
+            kl = alg.aggregate(alg.kl_penalty(logp, mb.ref_logp, c.kl_kind), mask,
+                               "token-mean")
+            metrics["kl_ref"] = kl
+            if not c.kl_in_reward:
+                total = total + c.kl_coef * alg.aggregate(
+                    alg.kl_penalty(logp, mb.ref_logp, c.kl_kind), mask, c.agg, norm=norm)
+        if c.echo_coef > 0:
+            echo = alg.observation_loss(logp, mb.observation_mask)
+            total = total + c.echo_coef * echo
+            metrics["loss/echo"] = echo
+        if mb.demo_tokens is not None:
+            demo_logp = self.policy.score(params, mb.demo_tokens).logp
+            sft = alg.sft_loss(demo_logp, mb.demo_mask)
+            total = total + sft_weight(c, step) * sft
+            metrics["loss/sft"] = sft
+        metrics["loss/total"] = total
+        return total, metrics
+
+    def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None):
+        """`epochs` passes over `batch` in `minibatches` shuffled minibatches, one
+        optimizer step each; returns (params, opt_state, metrics averaged over steps)."""
+        batch_size = batch.tokens.shape[0]
+        num_mb = self.minibatches
+        mb_size = batch_size // num_mb
+        batch_axes = sharding_lib.batch_sharding(self.mesh)
+        grad_fn = jax.grad(self.loss, has_aux=True)
+
+        def epoch(carry, epoch_key):
+            params, opt_state = carry
+            perm = jax.random.permutation(epoch_key, batch_size)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]),
+                                    batch)
+
+            def minibatch(carry, mb):
+                params, opt_state = carry
+                mb = jax.lax.with_sharding_constraint(mb, batch_axes)
+                grads, metrics = grad_fn(params, mb, step, base)
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+                params = optax.apply_updates(params, updates)
+                metrics["grad_norm"] = optax.global_norm(grads)
+                return (params, opt_state), metrics
+
+            return jax.lax.scan(minibatch, (params, opt_state), shuffled)
+
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (params, opt_state), jax.random.split(key, self.epochs))
+        return params, opt_state, jax.tree.map(jnp.mean, metrics)
