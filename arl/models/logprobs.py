@@ -110,8 +110,9 @@ def model_token_logprobs(model: Transformer, params, tokens: jax.Array,
     given tokens < t; entry 0 (no context) is 0. Same convention as the train step's
     `token_logprobs(logits[:, :-1], tokens[:, 1:])` shifted right by one.
     attention_mask / positions: passed to the model (`Transformer.__call__`), e.g. to
-    score left-padded rows; entries at padding, and at the first real token of a row
-    (whose predecessor is padding), are meaningless.
+    score left-padded rows. Entry t is read from the output at t - 1, so it is
+    meaningful only where both t and t - 1 are real tokens: with left or right padding,
+    every real token but the row's first.
     """
     if not temperature > 0:
         raise ValueError(f"model_token_logprobs: temperature must be > 0, got {temperature}")

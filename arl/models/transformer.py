@@ -48,6 +48,17 @@ KV cache the scan carries the whole cache and each layer updates it in place. A 
 `model.layers.{i}.self_attn.q_proj.weight` of shape [H*head_dim, d_model] is
 `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
 
+Positions and padding: by default token t of a row has position t (cache-free calls) or
+its cache slot (cached calls), i.e. rows are left-aligned and padded at the end only.
+`attention_mask` (1 = real token) handles padding anywhere, e.g. the left padding of
+Hugging Face batched generation: padding is never attended to, real tokens get positions
+counted over their row's real tokens only (cumsum(mask) - 1, as transformers' `generate`
+does), and a cached call writes only the real tokens, packed from the row's current
+length, so the cache never holds padding and decoding continues from each row's own count
+of real tokens. `positions` overrides the RoPE positions (causality stays by sequence
+order). Without either argument the computation is the plain one, operation for
+operation.
+
 Boxed parameters: every parameter is created through `nn.with_logical_partitioning`, so
 `model.init(...)` returns `nn.LogicallyPartitioned` boxes. `model.apply` accepts boxed or
 plain parameters. For optax and arithmetic, unbox once:
@@ -197,7 +208,8 @@ class KVCache:
     keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity).
     length: int32 [B], number of valid positions of each row; position p of row b is
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
-      valid queries.
+      valid queries. Padding (num_valid, attention_mask) is never written, so every
+      slot below length[b] holds a real token.
     """
 
     keys: jax.Array

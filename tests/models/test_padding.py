@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from arl.models import generate, init_cache
+from arl.models.logprobs import model_token_logprobs
 from tests.models.helpers import SMALL, jitted_forward, make
 
 PAD = 0
@@ -59,6 +60,18 @@ def test_padded_rows_score_like_unpadded_rows():
     full = jitted_forward(SMALL)(params, TOKENS)
     ones = _forward()(params, TOKENS, np.ones_like(MASK))
     np.testing.assert_allclose(ones.logits, full.logits, atol=1e-6, rtol=1e-6)
+
+
+def test_model_token_logprobs_of_padded_rows():
+    model, _, params = make(SMALL)
+    logp, ent = jax.jit(lambda p, t, m: model_token_logprobs(model, p, t, 4,
+                                                             attention_mask=m))(
+        params, TOKENS, MASK)
+    for b, row in enumerate(ROWS[:2]):  # right and left padding: contiguous real tokens
+        real = np.flatnonzero(MASK[b])[1:]  # the first real token has no real context
+        ref_logp, ref_ent = model_token_logprobs(model, params, jnp.asarray([row]), 4)
+        np.testing.assert_allclose(logp[b, real], ref_logp[0, 1:], atol=1e-5)
+        np.testing.assert_allclose(ent[b, real], ref_ent[0, 1:], atol=1e-5)
 
 
 def test_padding_tokens_are_never_attended():
