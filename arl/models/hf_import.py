@@ -305,7 +305,7 @@ def _hf_layout(config: TransformerConfig):
     if config.o_bias:
         per_layer.append((("self_attn", "o_proj", "bias"), "self_attn.o_proj.bias", *same))
     if config.mlp_bias:
-        per_layer += [((("mlp", proj, "bias")), f"mlp.{proj}.bias", *same)
+        per_layer += [(("mlp", proj, "bias"), f"mlp.{proj}.bias", *same)
                       for proj in ("gate_proj", "up_proj", "down_proj")]
     layout += [(("layers",) + path, prefix + name, a, b) for path, name, a, b in per_layer]
     layout.append((("norm", "scale"), "model.norm.weight", *same))
@@ -516,8 +516,24 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
 
 
 def hf_state_dict(params, config: TransformerConfig) -> dict[str, np.ndarray]:
-    """The Hugging Face tensor dict (name -> host array, params' own dtype) of `params`."""
+    """The Hugging Face tensor dict (name -> host array, params' own dtype) of `params`.
+
+    `params` must hold exactly the parameters `config` declares: a leaf the config does
+    not export (e.g. an o_proj bias under a config with o_bias=False, or a value head)
+    or a missing one raises ValueError naming it, so nothing is dropped silently."""
     params = nn.unbox(params)
+    declared = {path for path, _, _, _ in _hf_layout(config)}
+    present = {tuple(getattr(k, "key", k) for k in path)
+               for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    for kind, paths in (("has parameters the config does not export", present - declared),
+                        ("lacks parameters the config declares", declared - present)):
+        if paths:
+            names = sorted("/".join(map(str, p)) for p in paths)
+            raise ValueError(f"hf_state_dict: params {kind} (qkv_bias={config.qkv_bias}, "
+                             f"o_bias={config.o_bias}, mlp_bias={config.mlp_bias}, "
+                             f"tie_embeddings={config.tie_embeddings}): {names[:NAMES_SHOWN]}"
+                             + (f" (and {len(names) - NAMES_SHOWN} more)"
+                                if len(names) > NAMES_SHOWN else ""))
     tensors = {}
     for path, name, _, to_hf in _hf_layout(config):
         value = np.asarray(jax.device_get(_nested_get(params, path)))

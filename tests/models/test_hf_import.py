@@ -248,6 +248,17 @@ def test_shape_mismatch_names_the_tensor(tmp_path):
                                                 config_from_hf(hf))
 
 
+def test_export_refuses_parameters_the_config_does_not_declare(saved_checkpoints):
+    config, params = load_hf_checkpoint(str(saved_checkpoints / "biased"))
+    plain = dataclasses.replace(config, qkv_bias=False, o_bias=False)
+    with pytest.raises(ValueError, match=r"does not export .*'layers/self_attn/k_proj/bias', "
+                                         r"'layers/self_attn/o_proj/bias'"):
+        hf_state_dict(params, plain)
+    with pytest.raises(ValueError, match=r"lacks .*\['layers/mlp/down_proj/bias', "
+                                         r"'layers/mlp/gate_proj/bias', 'layers/mlp/up_proj/bias'\]"):
+        hf_state_dict(params, dataclasses.replace(config, mlp_bias=True))
+
+
 def _rewrite(src, dst, tensors=None, config=None):
     """Copy checkpoint `src` to `dst` as one safetensors file, with `tensors(dict)` and
     `config(dict)` edits applied in place."""
