@@ -124,12 +124,16 @@ def test_logits_match_transformers_and_round_trip_is_exact(tmp_path, build, mode
 
 
 def test_load_onto_a_mesh_with_the_parameter_shardings(tmp_path):
-    hf_model = _llama()
+    hf_model = _llama(attention_bias=True, mlp_bias=True)
     hf_model.save_pretrained(tmp_path, safe_serialization=True)
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     config, params = load_hf_checkpoint(str(tmp_path), mesh=mesh)
     q = params["layers"]["self_attn"]["q_proj"]["kernel"]  # [L, D, H, Dh]
     assert q.sharding == NamedSharding(mesh, P(None, "fsdp", "tensor", None))
+    up_bias = params["layers"]["mlp"]["up_proj"]["bias"]  # [L, F]
+    assert up_bias.sharding == NamedSharding(mesh, P(None, "tensor"))
+    o_bias = params["layers"]["self_attn"]["o_proj"]["bias"]  # [L, D]
+    assert o_bias.sharding == NamedSharding(mesh, P(None, "fsdp"))
     assert params["embed_tokens"]["embedding"].sharding == NamedSharding(mesh, P("tensor", "fsdp"))
     logits = jax.jit(lambda p, t: Transformer(config).apply({"params": p}, t).logits)(
         params, TOKENS)
