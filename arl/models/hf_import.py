@@ -15,21 +15,48 @@ the head axes split out; layer i of HF is row i of arl's stacked "layers" axis):
     model.layers.i.self_attn.q_proj.bias     [H*Dh]       -> .../q_proj/bias[i]   = b.reshape(H, Dh)
     (k_proj, v_proj likewise with KV heads)
     model.layers.i.self_attn.o_proj.weight   [D, H*Dh]    -> .../o_proj/kernel[i] = W.T.reshape(H, Dh, D)
+    model.layers.i.self_attn.o_proj.bias     [D]          -> .../o_proj/bias[i]
     model.layers.i.post_attention_layernorm.weight        -> layers/post_attention_layernorm/scale[i]
     model.layers.i.mlp.{gate,up}_proj.weight [F, D]       -> layers/mlp/{gate,up}_proj/kernel[i] = W.T
     model.layers.i.mlp.down_proj.weight      [D, F]       -> layers/mlp/down_proj/kernel[i] = W.T
+    model.layers.i.mlp.{gate,up,down}_proj.bias           -> layers/mlp/{...}/bias[i]
     model.norm.weight                        [D]          -> norm/scale
     lm_head.weight                           [V, D]       -> lm_head [D, V] = W.T (untied only)
 
+Which biases exist follows the architecture, as in transformers' modeling code:
+
+    model_type  config.json               q/k/v bias   o_proj bias   MLP biases
+    qwen2       (always)                  yes          no            no
+    llama       attention_bias=True       yes          yes           -
+    llama       mlp_bias=True             -            -             yes
+
+i.e. `TransformerConfig(qkv_bias, o_bias, mlp_bias)`.
+
+Strictness. Import is all-or-nothing:
+  * every tensor the model needs must be in the checkpoint, and every tensor in the
+    checkpoint must be used, else `CheckpointMismatchError` naming them (first few and
+    the count). Two kinds of extra tensors are checked rather than used: rotary
+    `inv_freq` buffers (older checkpoints) must equal theta^(-2i/head_dim), and a
+    `lm_head.weight` next to tied embeddings must equal the embedding bit for bit;
+  * every tensor's shape is checked against the config before anything is read;
+  * config.json fields that change the function and are not implemented raise
+    ValueError naming the field and its value: model_type other than llama/qwen2,
+    hidden_act other than silu, RoPE scaling of any type but "default" (and unknown
+    RoPE parameters), a Qwen2 sliding window that some layer actually uses, and
+    quantization_config. Fields that leave the function unchanged are ignored:
+    attention_dropout (dropout is off in evaluation; arl never applies it),
+    pretraining_tp (a different summation order of the same products), token ids,
+    use_cache, dtype.
+Export writes exactly the tensors the config declares, and a config.json whose flags
+declare exactly those, so `transformers` loads it with no missing or unexpected keys.
 Every step is a transpose/reshape, so export(import(x)) reproduces x bit for bit.
-Supported `model_type`s: "llama" and "qwen2" (default RoPE only, SiLU MLP, no sliding
-window); anything else raises naming the offending config field.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import jax
@@ -46,26 +73,73 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 CONFIG_NAME = "config.json"
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# transformers' Qwen2Config defaults: with use_sliding_window, the layers
+# i >= max_window_layers attend within a window of sliding_window tokens.
+QWEN2_DEFAULT_MAX_WINDOW_LAYERS = 28
+QWEN2_DEFAULT_SLIDING_WINDOW = 4096
+# How many tensor names an error message lists before "(and N more)".
+NAMES_SHOWN = 5
 
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's tensors are not exactly the ones the model config declares."""
 
 
 # ------------------------------------------------------------------------------ config
 
 
+def _required(hf: dict, field: str):
+    if hf.get(field) is None:
+        raise ValueError(f"config.json: required field {field!r} is missing")
+    return hf[field]
+
+
 def _rope_theta(hf: dict) -> float:
     """rope_theta from either the classic top-level field or transformers>=5's
-    `rope_parameters` dict; non-default RoPE scaling is rejected."""
-    scaling = hf.get("rope_scaling")
+    `rope_parameters` dict. Only the default (unscaled) RoPE is implemented: any other
+    rope_type, and any RoPE parameter besides rope_type / rope_theta, is refused."""
     params = hf.get("rope_parameters")
-    for field, value in (("rope_scaling", scaling), ("rope_parameters", params)):
-        if value:
-            kind = value.get("rope_type", value.get("type", "default"))
-            if kind != "default":
-                raise ValueError(f"config.json: {field}.rope_type={kind!r} is not supported "
-                                 f"(allowed: 'default')")
-    if params and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(hf.get("rope_theta", 10000.0))
+    for field in ("rope_scaling", "rope_parameters"):
+        value = hf.get(field)
+        if not value:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"config.json: {field}={value!r} is not supported (allowed: a "
+                             f"dict with rope_type 'default')")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"config.json: {field}.rope_type={kind!r} is not supported "
+                             f"(allowed: 'default')")
+        for key, item in value.items():
+            if key in ("rope_type", "type", "rope_theta") or item is None:
+                continue
+            if key == "partial_rotary_factor" and item == 1.0:
+                continue
+            raise ValueError(f"config.json: {field}.{key}={item!r} is not supported (the "
+                             f"default RoPE takes only rope_type and rope_theta)")
+    top = hf.get("rope_theta")
+    nested = params.get("rope_theta") if params else None
+    if top is not None and nested is not None and float(top) != float(nested):
+        raise ValueError(f"config.json: rope_theta={top!r} disagrees with "
+                         f"rope_parameters.rope_theta={nested!r}")
+    if nested is not None:
+        return float(nested)
+    return float(10000.0 if top is None else top)
+
+
+def _qwen2_sliding_layers(hf: dict, num_layers: int) -> list[int]:
+    """Layers where transformers' Qwen2 applies its sliding window: none unless
+    use_sliding_window is set and sliding_window is not null (absent means 4096); then
+    the layers `layer_types` marks "sliding_attention", or by default the layers
+    i >= max_window_layers."""
+    if not hf.get("use_sliding_window", False) or \
+            hf.get("sliding_window", QWEN2_DEFAULT_SLIDING_WINDOW) is None:
+        return []
+    layer_types = hf.get("layer_types")
+    if layer_types is not None:
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    first = hf.get("max_window_layers", QWEN2_DEFAULT_MAX_WINDOW_LAYERS)
+    return list(range(first, num_layers))
 
 
 def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
@@ -76,6 +150,8 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
     max_len: KV-cache capacity (default: max_position_embeddings, capped at 4096 so a
     32k-context checkpoint does not ask for a 32k cache by default).
     overrides: any other TransformerConfig field (e.g. value_head=True, remat=True).
+    Raises ValueError naming the field for config fields that change the model's
+    function and are not implemented (see the module docstring).
     """
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -84,31 +160,45 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"config.json: hidden_act={act!r} is not supported (allowed: 'silu')")
-    if hf.get("mlp_bias", False):
-        raise ValueError("config.json: mlp_bias=True is not supported (allowed: False)")
-    if hf.get("use_sliding_window", False):
-        raise ValueError("config.json: use_sliding_window=True is not supported (allowed: False)")
-    num_heads = int(hf["num_attention_heads"])
-    d_model = int(hf["hidden_size"])
+    if hf.get("quantization_config"):
+        raise ValueError(f"config.json: quantization_config={hf['quantization_config']!r} "
+                         f"is not supported (import an unquantized checkpoint)")
+    num_layers = int(_required(hf, "num_hidden_layers"))
+    num_heads = int(_required(hf, "num_attention_heads"))
+    d_model = int(_required(hf, "hidden_size"))
     head_dim = hf.get("head_dim") or d_model // num_heads
     if model_type == "qwen2":
-        qkv_bias = True
+        sliding = _qwen2_sliding_layers(hf, num_layers)
+        if sliding:
+            raise ValueError(
+                f"config.json: use_sliding_window=True with sliding_window="
+                f"{hf.get('sliding_window', QWEN2_DEFAULT_SLIDING_WINDOW)!r} applies to "
+                f"layers {sliding} (from "
+                f"{'layer_types' if hf.get('layer_types') is not None else 'max_window_layers'}"
+                f"); sliding-window attention is not supported")
+        # transformers' Qwen2Attention: q/k/v always biased, o_proj and the MLP never
+        # (Qwen2 has no attention_bias / mlp_bias fields).
+        qkv_bias, o_bias, mlp_bias = True, False, False
     else:
-        qkv_bias = bool(hf.get("attention_bias", False))
+        # LlamaAttention: one attention_bias flag for q, k, v and o_proj.
+        qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = bool(hf.get("mlp_bias", False))
     if max_len is None:
         max_len = min(int(hf.get("max_position_embeddings", 4096)), 4096)
     fields: dict[str, Any] = dict(
-        vocab_size=int(hf["vocab_size"]),
+        vocab_size=int(_required(hf, "vocab_size")),
         d_model=d_model,
-        num_layers=int(hf["num_hidden_layers"]),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
         head_dim=int(head_dim),
-        mlp_dim=int(hf["intermediate_size"]),
+        mlp_dim=int(_required(hf, "intermediate_size")),
         max_len=int(max_len),
         rope_theta=_rope_theta(hf),
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         initializer_range=float(hf.get("initializer_range", 0.02)),
         dtype=dtype,
@@ -119,12 +209,28 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
 
 
 def config_to_hf(config: TransformerConfig, model_type: str = "llama") -> dict:
-    """A `config.json` dict that transformers' LlamaForCausalLM / Qwen2ForCausalLM load."""
+    """A `config.json` dict that transformers' LlamaForCausalLM / Qwen2ForCausalLM load
+    with exactly the parameters of `config`.
+
+    llama: qkv_bias and o_bias must be equal (Llama's single attention_bias flag);
+    mlp_bias maps to mlp_bias. qwen2: requires qkv_bias=True, o_bias=False,
+    mlp_bias=False (the only Qwen2 layout). Anything else raises ValueError naming the
+    fields and the model_type that would fit.
+    """
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type must be one of {SUPPORTED_MODEL_TYPES}, got {model_type!r}")
-    if model_type == "qwen2" and not config.qkv_bias:
-        raise ValueError("model_type='qwen2' requires config.qkv_bias=True (Qwen2 always has "
-                         "q/k/v biases); use model_type='llama' with attention_bias instead")
+    flags = (f"qkv_bias={config.qkv_bias}, o_bias={config.o_bias}, "
+             f"mlp_bias={config.mlp_bias}")
+    if model_type == "qwen2" and not (config.qkv_bias and not config.o_bias
+                                      and not config.mlp_bias):
+        raise ValueError(f"model_type='qwen2' requires config.qkv_bias=True, o_bias=False, "
+                         f"mlp_bias=False (Qwen2's fixed layout), got {flags}; use "
+                         f"model_type='llama' when qkv_bias == o_bias")
+    if model_type == "llama" and config.qkv_bias != config.o_bias:
+        raise ValueError(f"model_type='llama' has one attention_bias flag for q/k/v and "
+                         f"o_proj, so it requires config.qkv_bias == config.o_bias, got "
+                         f"{flags}" + ("; use model_type='qwen2'" if config.qkv_bias
+                                      and not config.mlp_bias else ""))
     if config.value_head:
         raise ValueError("config.value_head=True has no Hugging Face equivalent; export the "
                          "policy without the value head")
@@ -149,7 +255,7 @@ def config_to_hf(config: TransformerConfig, model_type: str = "llama") -> dict:
     }
     if model_type == "llama":
         hf["attention_bias"] = config.qkv_bias
-        hf["mlp_bias"] = False
+        hf["mlp_bias"] = config.mlp_bias
     else:
         hf["use_sliding_window"] = False
     return hf
@@ -196,6 +302,11 @@ def _hf_layout(config: TransformerConfig):
             (("self_attn", "k_proj", "bias"), "self_attn.k_proj.bias", *heads_bias(KV)),
             (("self_attn", "v_proj", "bias"), "self_attn.v_proj.bias", *heads_bias(KV)),
         ]
+    if config.o_bias:
+        per_layer.append((("self_attn", "o_proj", "bias"), "self_attn.o_proj.bias", *same))
+    if config.mlp_bias:
+        per_layer += [(("mlp", proj, "bias"), f"mlp.{proj}.bias", *same)
+                      for proj in ("gate_proj", "up_proj", "down_proj")]
     layout += [(("layers",) + path, prefix + name, a, b) for path, name, a, b in per_layer]
     layout.append((("norm", "scale"), "model.norm.weight", *same))
     if not config.tie_embeddings:
@@ -240,13 +351,113 @@ class _TensorReader:
     def names(self):
         return set(self._file_of)
 
-    def get(self, name: str) -> np.ndarray:
+    def _handle(self, name: str):
         if name not in self._file_of:
             raise KeyError(f"checkpoint has no tensor {name!r}")
         path = self._file_of[name]
         if path not in self._handles:
             self._handles[path] = safe_open(path, framework="numpy")
-        return self._handles[path].get_tensor(name)
+        return self._handles[path]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape from the file header, without reading the data."""
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str) -> np.ndarray:
+        return self._handle(name).get_tensor(name)
+
+
+def _natural_key(name: str):
+    """Sort "layers.2" before "layers.10"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _listing(names) -> str:
+    """'N tensors: 'a', 'b', ... (and M more)' for an error message."""
+    names = sorted(names, key=_natural_key)
+    shown = ", ".join(repr(n) for n in names[:NAMES_SHOWN])
+    more = f" (and {len(names) - NAMES_SHOWN} more)" if len(names) > NAMES_SHOWN else ""
+    return f"{len(names)} tensor{'s' if len(names) != 1 else ''}: {shown}{more}"
+
+
+def _expected_names(config: TransformerConfig) -> list[str]:
+    names = []
+    for _, name, _, _ in _hf_layout(config):
+        if "{i}" in name:
+            names += [name.format(i=i) for i in range(config.num_layers)]
+        else:
+            names.append(name)
+    return names
+
+
+_INV_FREQ = re.compile(r"(model\.layers\.(\d+)\.self_attn\.|model\.)rotary_emb\.inv_freq")
+
+
+def _checked_extras(reader: _TensorReader, extra: set, config: TransformerConfig) -> set:
+    """The extra checkpoint tensors that are redundant copies of what the config already
+    says (removed from `extra` when they agree, an error when they do not):
+    rotary inv_freq buffers must equal theta^(-2i/head_dim) (to a few ulps of their
+    dtype: transformers computes them in float32), and lm_head.weight next to tied
+    embeddings must equal model.embed_tokens.weight exactly."""
+    extra = set(extra)
+    dh = config.resolved_head_dim
+    inv_freq = 1.0 / config.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh)
+    for name in sorted(extra, key=_natural_key):
+        match = _INV_FREQ.fullmatch(name)
+        if match and (match.group(2) is None or int(match.group(2)) < config.num_layers):
+            stored = reader.get(name)
+            tolerance = max(1e-5, 4 * float(jnp.finfo(stored.dtype).eps))
+            if stored.shape != inv_freq.shape or not np.allclose(
+                    stored.astype(np.float64), inv_freq, rtol=tolerance, atol=0):
+                raise CheckpointMismatchError(
+                    f"checkpoint tensor {name!r} (RoPE inverse frequencies) does not match "
+                    f"rope_theta={config.rope_theta}, head_dim={dh}: got "
+                    f"{np.asarray(stored).ravel()[:4]}..., expected {inv_freq[:4]}...")
+            extra.discard(name)
+    if config.tie_embeddings and "lm_head.weight" in extra \
+            and "model.embed_tokens.weight" in reader.names():
+        if not np.array_equal(reader.get("lm_head.weight"),
+                              reader.get("model.embed_tokens.weight")):
+            raise CheckpointMismatchError(
+                "checkpoint has tie_word_embeddings=True but its lm_head.weight differs "
+                "from model.embed_tokens.weight; load it with tie_word_embeddings=False")
+        extra.discard("lm_head.weight")
+    return extra
+
+
+def _check_names_and_shapes(reader: _TensorReader, config: TransformerConfig,
+                            shapes, directory: str) -> None:
+    """CheckpointMismatchError unless the checkpoint holds exactly the config's tensors
+    (up to `_checked_extras`) with the shapes the config implies."""
+    expected = _expected_names(config)
+    present = reader.names()
+    missing = [n for n in expected if n not in present]
+    unexpected = _checked_extras(reader, present - set(expected), config)
+    if missing or unexpected:
+        flags = (f"qkv_bias={config.qkv_bias}, o_bias={config.o_bias}, "
+                 f"mlp_bias={config.mlp_bias}, tie_embeddings={config.tie_embeddings}, "
+                 f"num_layers={config.num_layers}")
+        parts = []
+        if missing:
+            parts.append(f"missing {_listing(missing)}")
+        if unexpected:
+            parts.append(f"unexpected (the model would not use them) {_listing(unexpected)}")
+        raise CheckpointMismatchError(
+            f"checkpoint {directory!r} does not match the model config ({flags}): "
+            + "; ".join(parts) + ". Biases follow config.json's attention_bias / mlp_bias "
+            "(llama) or are q/k/v only (qwen2); nothing is dropped or zero-filled silently.")
+    for path, name, _, to_hf in _hf_layout(config):
+        arl_shape = _nested_get(shapes, path).shape
+        per_layer = "{i}" in name
+        hf_shape = jax.eval_shape(
+            to_hf, jax.ShapeDtypeStruct(arl_shape[1:] if per_layer else arl_shape,
+                                        jnp.float32)).shape
+        for tensor in ([name.format(i=i) for i in range(config.num_layers)] if per_layer
+                       else [name]):
+            if reader.shape(tensor) != hf_shape:
+                raise ValueError(f"tensor {tensor!r} has shape {reader.shape(tensor)} but the "
+                                 f"config expects {hf_shape} (for {'/'.join(path)} "
+                                 f"{arl_shape})")
 
 
 def load_hf_config(directory: str, **kwargs) -> TransformerConfig:
@@ -264,9 +475,14 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
     parameter is placed with `param_shardings(abstract_params(model), mesh, rules)`
     as soon as it is assembled; without, on the default device.
     config: use this TransformerConfig instead of reading config.json (it must agree
-    with the tensors' shapes); config_kwargs go to `config_from_hf` otherwise.
-    Unused checkpoint tensors (e.g. rotary inv_freq buffers) are ignored; a missing one
-    raises KeyError naming it.
+    with the tensors); config_kwargs go to `config_from_hf` otherwise.
+
+    Strict (checked from the file headers before any tensor is read): a tensor the
+    config needs but the checkpoint lacks, or a checkpoint tensor the config does not
+    use, raises `CheckpointMismatchError` naming them (the first few and the count);
+    rotary `inv_freq` buffers and a tied model's duplicate `lm_head.weight` are
+    accepted only when they agree with the config. A tensor of the wrong shape raises
+    ValueError naming it.
     """
     if config is None:
         config = load_hf_config(directory, **config_kwargs)
@@ -274,8 +490,9 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
         raise ValueError(f"pass either config or config kwargs, not both: {sorted(config_kwargs)}")
     reader = _TensorReader(directory)
     boxed = abstract_params(Transformer(config))
-    shardings = param_shardings(boxed, mesh, rules) if mesh is not None else None
     shapes = nn.unbox(boxed)
+    _check_names_and_shapes(reader, config, shapes, directory)
+    shardings = param_shardings(boxed, mesh, rules) if mesh is not None else None
     param_dtype = jnp.dtype(config.param_dtype)
     params: dict = {}
     for path, name, to_arl, _ in _hf_layout(config):
@@ -285,9 +502,7 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
                               for i in range(config.num_layers)])
         else:
             value = to_arl(reader.get(name))
-        if value.shape != expected:
-            raise ValueError(f"tensor {name!r} maps to shape {value.shape} but the config "
-                             f"expects {expected} at {'/'.join(path)}")
+        assert value.shape == expected, (name, value.shape, expected)  # shapes checked above
         value = np.ascontiguousarray(value.astype(param_dtype))
         if shardings is not None:
             array = jax.device_put(value, _nested_get(shardings, path))
@@ -301,8 +516,24 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
 
 
 def hf_state_dict(params, config: TransformerConfig) -> dict[str, np.ndarray]:
-    """The Hugging Face tensor dict (name -> host array, params' own dtype) of `params`."""
+    """The Hugging Face tensor dict (name -> host array, params' own dtype) of `params`.
+
+    `params` must hold exactly the parameters `config` declares: a leaf the config does
+    not export (e.g. an o_proj bias under a config with o_bias=False, or a value head)
+    or a missing one raises ValueError naming it, so nothing is dropped silently."""
     params = nn.unbox(params)
+    declared = {path for path, _, _, _ in _hf_layout(config)}
+    present = {tuple(getattr(k, "key", k) for k in path)
+               for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    for kind, paths in (("has parameters the config does not export", present - declared),
+                        ("lacks parameters the config declares", declared - present)):
+        if paths:
+            names = sorted("/".join(map(str, p)) for p in paths)
+            raise ValueError(f"hf_state_dict: params {kind} (qkv_bias={config.qkv_bias}, "
+                             f"o_bias={config.o_bias}, mlp_bias={config.mlp_bias}, "
+                             f"tie_embeddings={config.tie_embeddings}): {names[:NAMES_SHOWN]}"
+                             + (f" (and {len(names) - NAMES_SHOWN} more)"
+                                if len(names) > NAMES_SHOWN else ""))
     tensors = {}
     for path, name, _, to_hf in _hf_layout(config):
         value = np.asarray(jax.device_get(_nested_get(params, path)))

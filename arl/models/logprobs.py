@@ -100,7 +100,8 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
 
 
 def model_token_logprobs(model: Transformer, params, tokens: jax.Array,
-                         chunk_size: int = 256, temperature: float = 1.0
+                         chunk_size: int = 256, temperature: float = 1.0, *,
+                         attention_mask=None, positions=None
                          ) -> tuple[jax.Array, jax.Array]:
     """Next-token (log-prob, entropy) of `tokens` [B, T] under `model`, chunked, of the
     tempered distribution softmax(z / temperature) (the rollout's sampling distribution).
@@ -108,10 +109,15 @@ def model_token_logprobs(model: Transformer, params, tokens: jax.Array,
     Returns float32 [B, T] arrays aligned with `tokens`: entry t > 0 is about token t
     given tokens < t; entry 0 (no context) is 0. Same convention as the train step's
     `token_logprobs(logits[:, :-1], tokens[:, 1:])` shifted right by one.
+    attention_mask / positions: passed to the model (`Transformer.__call__`), e.g. to
+    score left-padded rows. Entry t is read from the output at t - 1, so it is
+    meaningful only where both t and t - 1 are real tokens: with left or right padding,
+    every real token but the row's first.
     """
     if not temperature > 0:
         raise ValueError(f"model_token_logprobs: temperature must be > 0, got {temperature}")
-    out = model.apply({"params": params}, tokens, return_hidden=True, compute_logits=False)
+    out = model.apply({"params": params}, tokens, return_hidden=True, compute_logits=False,
+                      attention_mask=attention_mask, positions=positions)
     # (h W) / tau == h (W / tau): scaling the [D, V] matrix is cheaper than the logits.
     unembed = unembedding_matrix(params, model.config).astype(jnp.float32) / temperature
     logp, ent = chunked_token_logprobs(out.hidden[:, :-1], unembed, tokens[:, 1:], chunk_size)

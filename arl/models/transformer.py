@@ -1,6 +1,8 @@
 """Decoder-only transformer language model (Llama / Qwen2 family) with a KV cache.
 
-Architecture (Touvron et al. 2023, "LLaMA", arXiv 2302.13971; Qwen2 adds QKV bias):
+Architecture (Touvron et al. 2023, "LLaMA", arXiv 2302.13971; Qwen2 adds q/k/v biases,
+Hugging Face Llama's `attention_bias` adds q/k/v and o_proj biases, its `mlp_bias` biases
+on the three MLP projections):
 
     h_0 = E[tokens]
     for each layer l:
@@ -29,10 +31,13 @@ Parameter tree (names mirror Hugging Face so checkpoint import is a rename + res
     layers/self_attn/k_proj/kernel         [L, d_model, KV, head_dim]  ("layers", "embed", "kv_heads", "head_dim")
     layers/self_attn/v_proj/kernel         [L, d_model, KV, head_dim]
     layers/self_attn/o_proj/kernel         [L, H, head_dim, d_model]   ("layers", "heads", "head_dim", "embed")
+    layers/self_attn/o_proj/bias           [L, d_model]                (o_bias only)
     layers/post_attention_layernorm/scale  [L, d_model]
     layers/mlp/gate_proj/kernel            [L, d_model, mlp_dim]       ("layers", "embed", "mlp")
     layers/mlp/up_proj/kernel              [L, d_model, mlp_dim]
     layers/mlp/down_proj/kernel            [L, mlp_dim, d_model]       ("layers", "mlp", "embed")
+    layers/mlp/{gate,up}_proj/bias         [L, mlp_dim]                (mlp_bias only)
+    layers/mlp/down_proj/bias              [L, d_model]                (mlp_bias only)
     norm/scale                             [d_model]
     lm_head                                [d_model, vocab]            ("embed", "vocab"), untied only
     value_head/kernel, value_head/bias     [d_model, 1], [1]           (value_head only)
@@ -42,6 +47,17 @@ whatever the depth, or `layer_unroll` layers per iteration in cache-free calls. 
 KV cache the scan carries the whole cache and each layer updates it in place. A HF tensor
 `model.layers.{i}.self_attn.q_proj.weight` of shape [H*head_dim, d_model] is
 `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
+
+Positions and padding: by default token t of a row has position t (cache-free calls) or
+its cache slot (cached calls), i.e. rows are left-aligned and padded at the end only.
+`attention_mask` (1 = real token) handles padding anywhere, e.g. the left padding of
+Hugging Face batched generation: padding is never attended to, real tokens get positions
+counted over their row's real tokens only (cumsum(mask) - 1, as transformers' `generate`
+does), and a cached call writes only the real tokens, packed from the row's current
+length, so the cache never holds padding and decoding continues from each row's own count
+of real tokens. `positions` overrides the RoPE positions (causality stays by sequence
+order). Without either argument the computation is the plain one, operation for
+operation.
 
 Boxed parameters: every parameter is created through `nn.with_logical_partitioning`, so
 `model.init(...)` returns `nn.LogicallyPartitioned` boxes. `model.apply` accepts boxed or
@@ -105,7 +121,11 @@ class TransformerConfig:
       max_len: default KV-cache capacity (`init_cache` callers may pass their own).
       rope_theta: RoPE base (10_000 for Llama 2, 500_000 for Llama 3, 1e6 for Qwen2).
       norm_eps: RMSNorm epsilon.
-      qkv_bias: biases on q/k/v projections (Qwen2).
+      qkv_bias: biases on the q/k/v projections (Qwen2; with o_bias, HF Llama's
+        `attention_bias=True`).
+      o_bias: a bias on the attention output projection o_proj (HF Llama
+        `attention_bias=True` sets both qkv_bias and o_bias; Qwen2 has none).
+      mlp_bias: biases on gate_proj, up_proj and down_proj (HF Llama `mlp_bias=True`).
       tie_embeddings: logits use the input embedding matrix transposed.
       value_head: add a scalar value head on the final hidden state.
       dtype: activation dtype (float32 or bfloat16). Norms, attention softmax, logits and
@@ -131,6 +151,8 @@ class TransformerConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
     tie_embeddings: bool = False
     value_head: bool = False
     dtype: Any = jnp.float32
@@ -145,6 +167,10 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
+        for name in ("qkv_bias", "o_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"TransformerConfig.{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
         if self.head_dim is None:
             if self.d_model % self.num_heads:
                 raise ValueError(
@@ -182,7 +208,8 @@ class KVCache:
     keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity).
     length: int32 [B], number of valid positions of each row; position p of row b is
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
-      valid queries.
+      valid queries. Padding (num_valid, attention_mask) is never written, so every
+      slot below length[b] holds a real token.
     """
 
     keys: jax.Array
@@ -266,8 +293,9 @@ class Attention(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions):
-        """x [B, T, D]; positions int [B, T] (query positions).
+    def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions,
+                 attend):
+        """x [B, T, D]; positions int [B, T] (query positions, also the RoPE positions).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
         (every layer's keys, values [L, B, S, KV, Dh]) this layer's new keys are scattered
@@ -276,6 +304,10 @@ class Attention(nn.Module):
         (`key_positions` [S]). The whole cache is updated in place (a scatter of the T new
         tokens); slicing one layer out and stacking the layers back would copy the cache
         at every decoded token.
+
+        attend: None (the rule above: key position <= query position), or bool
+        [B or 1, T, S] saying which keys each query may see (explicit positions or a
+        padding mask; built once by `Transformer`).
         """
         cfg = self.config
         num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
@@ -311,15 +343,19 @@ class Attention(nn.Module):
         q = q.reshape(batch, q_len, num_kv, groups, head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
                             preferred_element_type=jnp.float32) / math.sqrt(head_dim)
-        allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+        if attend is None:
+            allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+        else:
+            allowed = attend[:, None, None, :, :]
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
             batch, q_len, num_heads, head_dim)
         out = nn.DenseGeneral(
-            features=cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
             name="o_proj")(out)
         return out, cache_kv
 
@@ -334,9 +370,11 @@ class SwiGLU(nn.Module):
         cfg = self.config
 
         def dense(features, names, name):
-            return nn.Dense(features, use_bias=False, dtype=cfg.dtype,
+            return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=cfg.dtype,
                             param_dtype=cfg.param_dtype,
                             kernel_init=nn.with_logical_partitioning(_normal(cfg), names),
+                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                   names[-1:]),
                             name=name)
 
         gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
@@ -351,16 +389,35 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, carry, layer_index, positions, write_positions, key_positions):
+    def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend):
         cfg = self.config
         h, cache_kv = carry
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
-            key_positions)
+            key_positions, attend)
         h = h + attn_out
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
         return (h, cache_kv), None
+
+
+def _checked_positions(positions, batch: int, seq_len: int) -> jax.Array:
+    positions = jnp.asarray(positions)
+    if positions.shape != (batch, seq_len) or not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise ValueError(f"Transformer: positions must be an integer array [B, T]="
+                         f"({batch}, {seq_len}), got {positions.dtype} {positions.shape}")
+    return positions.astype(jnp.int32)
+
+
+def _checked_mask(attention_mask, batch: int, seq_len: int) -> jax.Array:
+    """The padding mask as bool [B, T] (True = real token)."""
+    mask = jnp.asarray(attention_mask)
+    if mask.shape != (batch, seq_len) or not (
+            mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
+        raise ValueError(f"Transformer: attention_mask must be a bool or integer array [B, T]="
+                         f"({batch}, {seq_len}) (1 = real token, 0 = padding), got "
+                         f"{mask.dtype} {mask.shape}")
+    return mask.astype(bool)
 
 
 class Transformer(nn.Module):
@@ -370,7 +427,8 @@ class Transformer(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, *, cache: KVCache | None = None, num_valid=None,
-                 compute_logits: bool = True, return_hidden: bool = False) -> ModelOutput:
+                 positions=None, attention_mask=None, compute_logits: bool = True,
+                 return_hidden: bool = False) -> ModelOutput:
         """tokens int32 [B, T].
 
         No cache: positions 0..T-1, causal attention over the T tokens (training /
@@ -383,6 +441,29 @@ class Transformer(nn.Module):
           counted": the cache of a row with num_valid 0 is bit-for-bit unchanged); their
           outputs are meaningless and valid queries never see them. This lets one call
           prefill a padded chunk, and lets finished rows idle during decoding.
+
+        attention_mask: optional int/bool [B, T], 1/True = real token, 0/False = padding
+          anywhere in the row (left padding as Hugging Face tokenizers produce for
+          batched generation, right padding, or both). Padding tokens are never attended
+          to and their own outputs are meaningless (finite).
+          * No cache: query t sees the real tokens s <= t. Default positions: each real
+            token's index among its row's real tokens (cumsum(mask) - 1, padding 0), so a
+            padded row scores like the same row unpadded.
+          * With cache: padding is not written at all. Real token t of row b goes to slot
+            cache.length[b] + (number of real tokens of row b before t), so the cache
+            holds only real tokens, packed from slot 0, and later calls (e.g. `generate`)
+            never see the padding; the default position of a token is its slot, i.e.
+            positions continue from each row's own count of real tokens.
+            new_cache.length = length + mask.sum(1). Exclusive with num_valid (which is
+            the special case mask[b, t] = t < num_valid[b]).
+        positions: optional int [B, T] RoPE positions of the T tokens, overriding the
+          defaults above (e.g. Hugging Face `position_ids`). Causality is by sequence
+          order (slot order with a cache), not by position value, as in Hugging Face.
+          With a cache, positions apply to this call only: a later call without them
+          uses slot indices again.
+        With neither positions nor attention_mask the computation is exactly the one
+        described first (the same operations).
+
         compute_logits=False skips the vocabulary projection (logits None);
         return_hidden=True also returns the final-normed hidden states.
 
@@ -395,11 +476,26 @@ class Transformer(nn.Module):
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(f"Transformer: tokens must be an integer array, got {tokens.dtype}")
         batch, seq_len = tokens.shape
+        explicit_positions = positions is not None
+        if explicit_positions:
+            positions = _checked_positions(positions, batch, seq_len)
+        real = None if attention_mask is None else _checked_mask(attention_mask, batch, seq_len)
+        attend = None
 
         if cache is None:
             if num_valid is not None:
                 raise ValueError("Transformer: num_valid only applies together with cache")
-            positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+            if not explicit_positions and real is None:
+                positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
+                                             (batch, seq_len))
+            else:
+                order = jnp.arange(seq_len, dtype=jnp.int32)
+                attend = (order[None, :] <= order[:, None])[None]  # [1, T, T] causal
+                if real is not None:
+                    attend = attend & real[:, None, :]
+                    if not explicit_positions:
+                        positions = jnp.maximum(
+                            jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
             layer_caches = None
             write_positions = key_positions = None
         else:
@@ -412,16 +508,31 @@ class Transformer(nn.Module):
             if cache.length.shape != (batch,):
                 raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
                                  f"{cache.length.shape}")
-            if num_valid is None:
-                num_valid = jnp.full((batch,), seq_len, jnp.int32)
-            num_valid = jnp.asarray(num_valid, jnp.int32)
-            if num_valid.shape != (batch,):
-                raise ValueError(f"Transformer: num_valid must be int32 [B]=({batch},), got "
-                                 f"shape {num_valid.shape}")
-            offsets = jnp.arange(seq_len, dtype=jnp.int32)
-            positions = cache.length[:, None] + offsets  # [B, T]
-            write_positions = jnp.where(offsets < num_valid[:, None], positions, cache.capacity)
+            if real is not None and num_valid is not None:
+                raise ValueError("Transformer: pass either num_valid (padding at the end of "
+                                 "each row) or attention_mask, not both")
+            if real is None:
+                if num_valid is None:
+                    num_valid = jnp.full((batch,), seq_len, jnp.int32)
+                num_valid = jnp.asarray(num_valid, jnp.int32)
+                if num_valid.shape != (batch,):
+                    raise ValueError(f"Transformer: num_valid must be int32 [B]=({batch},), "
+                                     f"got shape {num_valid.shape}")
+                offsets = jnp.arange(seq_len, dtype=jnp.int32)
+                slots = cache.length[:, None] + offsets  # [B, T]
+                write_positions = jnp.where(offsets < num_valid[:, None], slots,
+                                            cache.capacity)
+            else:
+                # Real tokens are packed: the k-th real token of the chunk goes to slot
+                # length + k; padding is dropped (written "past the capacity").
+                slots = cache.length[:, None] + jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
+                write_positions = jnp.where(real, slots, cache.capacity)
+                num_valid = jnp.sum(real, axis=1, dtype=jnp.int32)
             key_positions = jnp.arange(cache.capacity, dtype=jnp.int32)
+            if explicit_positions or real is not None:
+                attend = key_positions[None, None, :] <= slots[:, :, None]  # [B, T, S]
+            if not explicit_positions:
+                positions = slots
             layer_caches = (cache.keys, cache.values)
 
         embed = nn.Embed(
@@ -435,14 +546,15 @@ class Transformer(nn.Module):
             layer_cls = nn.remat(layer_cls, prevent_cse=False)
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers,
             # Cached calls keep one layer per iteration: their in-place cache update
             # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
             unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
         (h, new_layer_caches), _ = layers((h, layer_caches),
                                           jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                                          positions, write_positions, key_positions)
+                                          positions, write_positions, key_positions, attend)
 
         hidden = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h)
 

@@ -32,6 +32,9 @@ MQA_TIED = dataclasses.replace(SMALL, num_kv_heads=1, qkv_bias=True, tie_embeddi
     (dict(norm_eps=0.0), "norm_eps"),
     (dict(dtype=jnp.int32), "dtype"),
     (dict(layer_unroll=0), "layer_unroll"),
+    (dict(qkv_bias=1), "qkv_bias"),
+    (dict(o_bias="yes"), "o_bias"),
+    (dict(mlp_bias=None), "mlp_bias"),
 ])
 def test_config_errors_name_the_field(kwargs, field):
     base = dict(vocab_size=16, d_model=32, num_heads=4, num_kv_heads=4)
@@ -67,7 +70,10 @@ def test_parameter_names_shapes_and_logical_axes():
     layers = params["layers"]
     assert params["embed_tokens"]["embedding"].shape == (64, 32)
     assert layers["self_attn"]["q_proj"]["kernel"].shape == (2, 32, 4, 8)
-    assert "bias" not in layers["self_attn"]["q_proj"]
+    # The default tree has no biases at all.
+    assert not [k for k in jax.tree_util.tree_leaves_with_path(params)
+                if "bias" in jax.tree_util.keystr(k[0]) and "value_head" not in
+                jax.tree_util.keystr(k[0])]
     assert layers["self_attn"]["k_proj"]["kernel"].shape == (2, 32, 2, 8)
     assert layers["self_attn"]["o_proj"]["kernel"].shape == (2, 4, 8, 32)
     assert layers["mlp"]["down_proj"]["kernel"].shape == (2, 64, 32)
@@ -86,6 +92,17 @@ def test_parameter_names_shapes_and_logical_axes():
     biased = abstract_params(Transformer(dataclasses.replace(SMALL, qkv_bias=True)))
     bias = biased["layers"]["self_attn"]["k_proj"]["bias"]
     assert bias.value.shape == (2, 2, 8) and bias.names == ("layers", "kv_heads", "head_dim")
+    assert "bias" not in biased["layers"]["self_attn"]["o_proj"]
+    # HF Llama attention_bias=True + mlp_bias=True.
+    llama = abstract_params(Transformer(dataclasses.replace(SMALL, qkv_bias=True, o_bias=True,
+                                                            mlp_bias=True)))
+    expected = {("self_attn", "o_proj"): ((2, 32), ("layers", "embed")),
+                ("mlp", "gate_proj"): ((2, 64), ("layers", "mlp")),
+                ("mlp", "up_proj"): ((2, 64), ("layers", "mlp")),
+                ("mlp", "down_proj"): ((2, 32), ("layers", "embed"))}
+    for (block, proj), (shape, names) in expected.items():
+        bias = llama["layers"][block][proj]["bias"]
+        assert (bias.value.shape, bias.names) == (shape, names), (block, proj)
     # unboxed params carry no names -> replicated.
     assert all(s == P() for s in jax.tree.leaves(
         param_partition_specs(params), is_leaf=lambda x: isinstance(x, P)))
