@@ -259,11 +259,13 @@ def _supervise(config):
     # The standard library as seen by the worker: after dropping to an unprivileged uid it
     # may not be able to reach the interpreter's directories (e.g. under a 0700 home), so it
     # imports through descriptors opened here, as /proc/self/fd/N.
-    library = [p for p in sys.path if os.path.isdir(p)]
-    roots = [os.path.realpath(p) for p in library]
+    originals = [p for p in sys.path if os.path.isdir(p)]
+    roots = [os.path.realpath(p) for p in originals]
+    library = originals
     if uid is not None:
         library = ["/proc/self/fd/%d" % os.open(p, os.O_RDONLY | os.O_DIRECTORY)
-                   for p in library]
+                   for p in originals]
+        library = list(zip(originals, roots, library))
     for name in config["preload"]:
         try:
             __import__(name)
@@ -290,6 +292,23 @@ def _supervise(config):
     os._exit(0)
 
 
+def _import_through_descriptors(library):
+    """Points `sys.path` and the `__path__` of every imported package (e.g. `encodings`,
+    whose codecs load on first use) at the supervisor's /proc/self/fd/N descriptors."""
+    def rebase(path):
+        for original, real, through_fd in library:
+            for prefix in (original, real):
+                if path == prefix or path.startswith(prefix + "/"):
+                    return through_fd + path[len(prefix):]
+        return path
+
+    sys.path[:] = [through_fd for _, _, through_fd in library]
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if type(search) is list:
+            search[:] = [rebase(p) for p in search]
+
+
 def _work(config, source, library, roots):
     import builtins
     import resource
@@ -304,7 +323,10 @@ def _work(config, source, library, roots):
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("dropping privileges failed")
     workdir = os.path.realpath(config["workdir"])
-    sys.path[:] = library
+    if uid is not None:
+        _import_through_descriptors(library)
+    else:
+        sys.path[:] = library
     sys.pycache_prefix = "/nonexistent/arl-sandbox-pycache"  # compile the library from source
     code = compile(source, "main.py", "exec", dont_inherit=True)
     main = type(sys)("__main__")
