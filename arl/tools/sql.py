@@ -421,7 +421,7 @@ def normalize_answer(text: str) -> str:
     """Canonical form for exact comparison: trimmed, case-folded, inner whitespace
     collapsed, a trailing period and surrounding quotes dropped, numbers written without
     thousands separators, exponent or trailing zeros ("5,200.00" -> "5200")."""
-    text = " ".join(str(text).strip().split()).strip(".").strip("'\"`").strip()
+    text = " ".join(str(text).split()).rstrip(".").strip("'\"`").strip()
     candidate = text.replace(",", "")
     try:
         number = decimal.Decimal(candidate)
