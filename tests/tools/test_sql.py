@@ -74,7 +74,8 @@ def test_empty_result_and_path_database(db_path, company):
 
 
 def test_row_limit_and_cell_and_observation_limits(db_bytes, company):
-    result = run_sql(db_bytes, "SELECT a.id, b.id FROM employees a, employees b ORDER BY a.id, b.id",
+    result = run_sql(db_bytes,
+                     "SELECT a.id, b.id FROM employees a, employees b ORDER BY a.id, b.id",
                      limits=SqlLimits(max_rows=5))
     lines = result.observation.splitlines()
     assert result.ok and result.output_truncated
