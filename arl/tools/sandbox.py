@@ -72,6 +72,7 @@ import enum
 import errno
 import functools
 import json
+import logging
 import os
 import random
 import selectors
@@ -83,6 +84,7 @@ import tempfile
 import threading
 import time
 
+_log = logging.getLogger(__name__)
 _CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   "_sandbox_child.py")
 _BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
@@ -131,7 +133,8 @@ class SandboxLimits:
       from each of stdout and stderr; more kills the program (OUTPUT_LIMIT).
       max_observation_chars: length of `ExecutionResult.observation`, marker included.
       traceback_lines: how many final lines of stderr an error observation keeps
-      (1: "ZeroDivisionError: division by zero").
+      (1: "ZeroDivisionError: division by zero"). max_code_chars: a longer program is
+      not run (ERROR observation).
     """
 
     wall_time_s: float = 5.0
@@ -144,12 +147,13 @@ class SandboxLimits:
     max_output_bytes: int = 1 * _MiB
     max_observation_chars: int = 2000
     traceback_lines: int = 1
+    max_code_chars: int = 100_000
 
     def __post_init__(self):
         positive_numbers = ("wall_time_s", "cpu_time_s")
         positive_ints = ("memory_bytes", "max_processes", "max_file_bytes", "max_disk_bytes",
                          "max_open_files", "max_output_bytes", "max_observation_chars",
-                         "traceback_lines")
+                         "traceback_lines", "max_code_chars")
         for name in positive_numbers:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -304,11 +308,18 @@ _capabilities_lock = threading.Lock()
 @functools.lru_cache(maxsize=None)
 def _probe_capabilities(python: str) -> SandboxCapabilities:
     limits = SandboxLimits(wall_time_s=10.0)
+    failures = []
     for candidate in _candidate_capabilities():
-        result = _execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
-        if result.status is Status.OK and result.stdout == "42\n":
-            return candidate
-    return SandboxCapabilities()  # the last resort: the result will say what fails
+        for _ in range(2):  # a second try, so that a transient failure does not weaken it
+            result = _execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
+            if result.status is Status.OK and result.stdout == "42\n":
+                if failures:
+                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
+                                 "candidates failed: %s", candidate, "; ".join(failures))
+                return candidate
+        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
+    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
+    return SandboxCapabilities()  # the last resort: each result will say what fails
 
 
 def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
@@ -392,6 +403,10 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
     python = _resolve_python(python)
+    if len(code) > limits.max_code_chars:
+        return ExecutionResult(
+            observation=f"program longer than {limits.max_code_chars} characters; not run",
+            status=Status.ERROR)
     capabilities = sandbox_capabilities(python)
     return _execute(code, limits, python, capabilities, audit_hooks=True)
 

@@ -502,6 +502,12 @@ def test_compose_observation_keeps_the_status_line():
     assert len(text) == 90 and text.endswith(sandbox.TRUNCATION_MARKER) and cut
 
 
+def test_overlong_program_is_not_run():
+    result = run_python("x = 1\n" * 10, limits=dataclasses.replace(QUICK, max_code_chars=50))
+    assert result.status is Status.ERROR
+    assert result.observation == "program longer than 50 characters; not run"
+
+
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(TypeError, match="code must be a str"):
         run_python(b"print(1)")
