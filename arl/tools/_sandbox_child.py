@@ -32,6 +32,7 @@ BLOCKED_MODULES = frozenset({
     "_posixshmem",                                     # shm_open writes /dev/shm in C
     "sqlite3", "_sqlite3", "_dbm", "_gdbm",            # open files in C, unaudited
     "readline", "syslog", "_curses", "_curses_panel", "_tkinter",
+    "pwd", "grp", "spwd", "nis",                       # read /etc/passwd etc. in C
     "_xxsubinterpreters", "_xxinterpchannels", "_xxinterpqueues", "_interpreters",
     "_interpchannels", "_interpqueues",
     "_testcapi", "_testinternalcapi", "_testbuffer", "_testimportmultiple",
@@ -309,6 +310,31 @@ def _import_through_descriptors(library):
             search[:] = [rebase(p) for p in search]
 
 
+def _remove_unaudited_escapes():
+    """Takes away what would bypass the audit hook without raising an event: pidfds
+    (`os.pidfd_open` + `signal.pidfd_send_signal` signal any process the uid may signal)
+    and `_imp.create_builtin`/`exec_builtin`, which make a fresh copy of a compiled-in
+    module (e.g. `_posixsubprocess` or `_socket` in some builds, or `posix` with its
+    pidfd_open) without an import event. The other compiled-in modules are imported
+    first, so that importing them later does not need `_imp`."""
+    import _imp
+    import _signal
+    import posix
+    for name in sys.builtin_module_names:
+        if name not in sys.modules and name not in BLOCKED_MODULES:
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+    removals = [(posix, "pidfd_open"), (os, "pidfd_open"), (_signal, "pidfd_send_signal"),
+                (_imp, "create_builtin"), (_imp, "exec_builtin")]
+    if "signal" in sys.modules:
+        removals.append((sys.modules["signal"], "pidfd_send_signal"))
+    for module, name in removals:
+        if hasattr(module, name):
+            delattr(module, name)
+
+
 def _work(config, source, library, roots):
     import builtins
     import resource
@@ -329,6 +355,8 @@ def _work(config, source, library, roots):
         sys.path[:] = library
     sys.pycache_prefix = "/nonexistent/arl-sandbox-pycache"  # compile the library from source
     code = compile(source, "main.py", "exec", dont_inherit=True)
+    if config["audit"]:
+        _remove_unaudited_escapes()
     main = type(sys)("__main__")
     main.__dict__.update(__builtins__=builtins, __file__="main.py")
     sys.modules["__main__"] = main

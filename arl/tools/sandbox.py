@@ -40,7 +40,9 @@ other runs, read the run's secrets, or use the network. The layers, outermost fi
    outside it; no sockets, subprocesses, `os.fork`, `os.system`, `os.exec*`,
    `os.kill`, `os.chdir`, `os.symlink`/`os.link`, `ctypes`, `sqlite3` (which opens files
    in C), native extensions from outside lib-dynload, `sys.settrace`, `gc.get_objects`,
-   hand-made code objects (`code.__new__`, `marshal.loads`), `resource.setrlimit`.
+   hand-made code objects (`code.__new__`, `marshal.loads`), `resource.setrlimit`,
+   `pwd`/`grp`. Unaudited calls that would bypass these are removed before the program
+   runs (`os.pidfd_open`, `signal.pidfd_send_signal`, `_imp.create_builtin`).
    A refusal is a `PermissionError("sandbox: ...")` inside the program.
 
 What is guaranteed (given a correct kernel): the parent process survives and gets a
@@ -59,7 +61,8 @@ with the caller's file permissions (when not root: it could write what the calle
 write, outside /tmp, /var/tmp, /dev/shm, if it got past the hooks; when root without
 namespaces or setuid: everything). Reading world-readable files (e.g. /etc/passwd) is
 refused by the hooks only. `os.stat` and other metadata calls are not audited: the
-program can learn whether a path exists. Without a PID namespace, a program that gets
+program can learn whether a path exists; `os.mkfifo`, `os.setpriority` are not audited
+either. Without a PID namespace, a program that gets
 past the hooks can `os.setsid` and fork out of the process group. RLIMIT_AS bounds
 address space, not resident memory across processes; RLIMIT_NPROC without root is
 counted per user. Run the trainer itself in a container or VM for a hard boundary.

@@ -131,6 +131,13 @@ def programs(port: int, victim: int) -> dict:
                            "os.getcwd = lambda: '/'\nbuiltins.type = lambda x: str\n"
                            f"open({PWNED!r}, 'w').write('x')", QUICK),
         "pathlike_outside": ("import pathlib\npathlib.Path('/etc/passwd').read_text()", QUICK),
+        "pwd": ("import pwd\nprint(pwd.getpwall())", QUICK),
+        "unaudited_escapes": (
+            "import os, signal, sys, _imp\n"
+            "print(hasattr(os, 'pidfd_open'), hasattr(signal, 'pidfd_send_signal'),\n"
+            "      hasattr(_imp, 'create_builtin'), hasattr(_imp, 'exec_builtin'))\n"
+            f"blocked = {sorted(child.BLOCKED_MODULES)!r}\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in blocked))\n", QUICK),
     }
 
 
@@ -332,6 +339,13 @@ def test_network_and_native_code_are_refused(results, env):
         env[0].accept()  # nobody connected
     assert_refused(results["ctypes"], "module 'ctypes' is not available")
     assert_refused(results["hand_made_code"], "code.__new__ is not allowed")
+
+
+def test_unaudited_escapes_are_removed(results):
+    # pidfds would signal any process of the same uid; _imp.create_builtin would load a
+    # compiled-in module (e.g. _posixsubprocess in Debian's build) without an import event.
+    assert results["unaudited_escapes"].observation == "False False False False\n[]\n"
+    assert_refused(results["pwd"], "module 'pwd' is not available")
 
 
 def test_environment_is_empty(results):
