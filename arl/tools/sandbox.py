@@ -618,6 +618,7 @@ def _result(collected: _Collected, limits: SandboxLimits, returncode: int | None
     kind, _, detail = collected.status_line.strip().partition(" ")
     kind = kind or None
     tail = _last_lines(stderr, limits.traceback_lines)
+    last_line = _last_lines(stderr, 1)
     exit_code = None
     truncated = False
 
@@ -631,10 +632,10 @@ def _result(collected: _Collected, limits: SandboxLimits, returncode: int | None
         exit_code = int(detail.split()[0])
         if exit_code == 0:
             status, line = Status.OK, None
-        elif tail.startswith("MemoryError"):
+        elif last_line.startswith("MemoryError"):
             status = Status.MEMORY_LIMIT
             line = f"memory limit exceeded ({_format_bytes(limits.memory_bytes)})"
-        elif "[Errno 27] File too large" in tail or "[Errno 28] No space left" in tail:
+        elif "[Errno 27] File too large" in last_line or "[Errno 28] No space left" in last_line:
             status = Status.FILE_SIZE_LIMIT
             line = tail + "\nfile size limit exceeded"
         else:
