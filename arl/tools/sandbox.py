@@ -1,0 +1,681 @@
+"""Run an untrusted Python program (a policy's tool call) and return an observation.
+
+`run_python(code, limits=SandboxLimits())` executes `code` in a fresh interpreter
+(``python -I -S -B -u -X utf8``: isolated mode, no site-packages, standard library only)
+in a separate process and returns an `ExecutionResult`: its stdout, stderr, exit status,
+how it ended (`Status`), its wall time and the `observation` text a policy reads
+("45\\n", "ZeroDivisionError: division by zero", "timeout after 1.0 s",
+"memory limit exceeded (256 MiB)", ...). Whatever the program does, the caller gets a
+result, never an exception; only bad arguments (a non-str `code`, a bad limit) raise.
+
+Threat model: the program is adversarial (written by a policy being trained, so it will
+find whatever the reward rewards). It must not harm the training process, the machine or
+other runs, read the run's secrets, or use the network. The layers, outermost first:
+
+1. Kernel, always: a new session/process group that is SIGKILLed as a whole when the
+   call ends; resource limits in the worker (RLIMIT_CPU, RLIMIT_AS for memory,
+   RLIMIT_NPROC for processes and threads, RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps);
+   an empty environment (no inherited variable, so no secret in `os.environ`); only
+   stdin (/dev/null), stdout and stderr (pipes) open; a throwaway working directory
+   (`tempfile.mkdtemp`, deleted afterwards); the parent reads at most
+   `max_output_bytes` from each pipe and kills the program beyond that; a wall-time
+   limit enforced twice (by the in-sandbox supervisor and, as a backstop, by the parent).
+2. Kernel, where `unshare` works (root, or unprivileged user namespaces; probed once,
+   see `sandbox_capabilities`): new network namespace (no interface but a down loopback:
+   no network at all), PID namespace (the program sees only its own processes, cannot
+   signal anything outside, and every process it starts dies with the supervisor),
+   mount namespace with a private /proc, a private size-limited tmpfs as the working
+   directory (`max_disk_bytes`, noexec) and /tmp, /var/tmp, /dev/shm replaced by empty
+   file systems it cannot write, and an IPC namespace.
+3. Kernel, when the parent runs as root: the program runs as an ephemeral unprivileged
+   uid (random, in [1.5e9, 2e9)), so RLIMIT_NPROC applies (it does not to root) and file
+   permissions protect the machine's files; the standard library is imported through
+   descriptors the supervisor opened, so this works even when the interpreter lives in
+   a private home directory. Without root, the program runs as the caller's user (as
+   "root" of a user namespace that owns nothing outside it).
+4. CPython audit hooks (PEP 578) installed before the program runs (they cannot be
+   removed): no `open` for writing outside the working directory, no `open` for
+   reading outside it except the standard library (site-packages excluded),
+   /dev/null and /dev/urandom; no `os.open`, `os.remove`, `os.rename`, `os.mkdir`, ...
+   outside it; no sockets, subprocesses, `os.fork`, `os.system`, `os.exec*`,
+   `os.kill`, `os.chdir`, `os.symlink`/`os.link`, `ctypes`, `sqlite3` (which opens files
+   in C), native extensions from outside lib-dynload, `sys.settrace`, `gc.get_objects`,
+   hand-made code objects (`code.__new__`, `marshal.loads`), `resource.setrlimit`,
+   `pwd`/`grp`. Unaudited calls that would bypass these are removed before the program
+   runs (`os.pidfd_open`, `signal.pidfd_send_signal`, `_imp.create_builtin`).
+   A refusal is a `PermissionError("sandbox: ...")` inside the program.
+
+What is guaranteed (given a correct kernel): the parent process survives and gets a
+result within about `wall_time_s` + 1 s; the program's memory (address space) and CPU
+time per process and its output are bounded; the working directory is deleted. With
+layer 2 (this is the case on Linux as root and with unprivileged user namespaces): no
+network, no process outside the sandbox can be seen or signalled, nothing the program
+starts outlives the call, the program cannot write to /tmp, /var/tmp, /dev/shm and its
+working directory cannot exceed `max_disk_bytes`. With layer 3 (root): the number of
+processes/threads is bounded and the program has no privilege over the machine's files.
+
+What is NOT guaranteed: the audit-hook layer is defence in depth, not a security
+boundary (PEP 578 says so): a CPython memory-corruption bug reachable from pure Python
+defeats it, and then only the kernel layers remain. Without layer 3 the program runs
+with the caller's file permissions (when not root: it could write what the caller can
+write, outside /tmp, /var/tmp, /dev/shm, if it got past the hooks; when root without
+namespaces or setuid: everything). Reading world-readable files (e.g. /etc/passwd) is
+refused by the hooks only. `os.stat` and other metadata calls are not audited: the
+program can learn whether a path exists; `os.mkfifo`, `os.setpriority` are not audited
+either. Without a PID namespace, a program that gets
+past the hooks can `os.setsid` and fork out of the process group. RLIMIT_AS bounds
+address space, not resident memory across processes; RLIMIT_NPROC without root is
+counted per user. Run the trainer itself in a container or VM for a hard boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import errno
+import functools
+import json
+import logging
+import os
+import random
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_log = logging.getLogger(__name__)
+_CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "_sandbox_child.py")
+_BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
+_MiB = 2 ** 20
+
+# Imported by the supervisor before it forks the worker, so the program finds them loaded
+# (the worker compiles any other module from source: it refuses cached bytecode).
+PRELOADED_MODULES = ("collections", "re", "math", "itertools", "functools", "json",
+                     "random", "string", "heapq", "bisect", "statistics", "fractions",
+                     "decimal", "datetime", "operator", "copy")
+
+
+class Status(str, enum.Enum):
+    """How a call ended."""
+
+    OK = "ok"                          # exit status 0
+    ERROR = "error"                    # the program failed (exception, nonzero exit)
+    TIMEOUT = "timeout"                # wall-time limit
+    CPU_LIMIT = "cpu_limit"            # RLIMIT_CPU (SIGXCPU)
+    MEMORY_LIMIT = "memory_limit"      # RLIMIT_AS (MemoryError)
+    OUTPUT_LIMIT = "output_limit"      # more than max_output_bytes on stdout or stderr
+    FILE_SIZE_LIMIT = "file_size_limit"  # RLIMIT_FSIZE or the working directory is full
+    KILLED = "killed"                  # ended by another signal (e.g. SIGSEGV)
+    INTERNAL_ERROR = "internal_error"  # the sandbox itself failed to run the call
+
+    def __str__(self):
+        return self.value
+
+
+LIMIT_STATUSES = frozenset({Status.TIMEOUT, Status.CPU_LIMIT, Status.MEMORY_LIMIT,
+                            Status.OUTPUT_LIMIT, Status.FILE_SIZE_LIMIT})
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one `run_python` call (defaults suit a code-interpreter tool call).
+
+    wall_time_s: wall-clock seconds the program may run (from its start; the parent
+      adds about 1 s of backstop). cpu_time_s: RLIMIT_CPU, whole seconds (rounded up;
+      hard limit one second later). memory_bytes: RLIMIT_AS, address space of each
+      process (the interpreter itself needs ~30 MiB). max_processes: RLIMIT_NPROC,
+      processes plus threads (effective when run as root or in a user namespace; see
+      the module docstring). max_file_bytes: RLIMIT_FSIZE, size of any file written.
+      max_disk_bytes: size of the private working directory (tmpfs; with the mount
+      namespace only). max_open_files: RLIMIT_NOFILE. max_output_bytes: bytes read
+      from each of stdout and stderr; more kills the program (OUTPUT_LIMIT).
+      max_observation_chars: length of `ExecutionResult.observation`, marker included.
+      traceback_lines: how many final lines of stderr an error observation keeps
+      (1: "ZeroDivisionError: division by zero"). max_code_chars: a longer program is
+      not run (ERROR observation).
+    """
+
+    wall_time_s: float = 5.0
+    cpu_time_s: float = 5.0
+    memory_bytes: int = 512 * _MiB
+    max_processes: int = 16
+    max_file_bytes: int = 16 * _MiB
+    max_disk_bytes: int = 32 * _MiB
+    max_open_files: int = 64
+    max_output_bytes: int = 1 * _MiB
+    max_observation_chars: int = 2000
+    traceback_lines: int = 1
+    max_code_chars: int = 100_000
+
+    def __post_init__(self):
+        positive_numbers = ("wall_time_s", "cpu_time_s")
+        positive_ints = ("memory_bytes", "max_processes", "max_file_bytes", "max_disk_bytes",
+                         "max_open_files", "max_output_bytes", "max_observation_chars",
+                         "traceback_lines", "max_code_chars")
+        for name in positive_numbers:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < float("inf")):
+                raise ValueError(f"SandboxLimits.{name} must be a finite number > 0, "
+                                 f"got {value!r}")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be an int > 0, got {value!r}")
+        if self.memory_bytes < 64 * _MiB:
+            raise ValueError("SandboxLimits.memory_bytes must be at least 64 MiB (the "
+                             f"interpreter needs ~30 MiB), got {self.memory_bytes}")
+        if self.max_open_files < 16:
+            raise ValueError("SandboxLimits.max_open_files must be at least 16, got "
+                             f"{self.max_open_files}")
+        if self.max_observation_chars < 80:
+            raise ValueError("SandboxLimits.max_observation_chars must be at least 80, "
+                             f"got {self.max_observation_chars}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionResult:
+    """What a tool call produced.
+
+    observation: the text the policy reads (at most the limit's max_observation_chars).
+    status: how it ended. stdout / stderr: decoded (UTF-8, errors replaced), at most
+    max_output_bytes each. exit_code: the program's exit status (negative: killed by
+    that signal; None: not known, e.g. killed by the wall-time limit). wall_time_s: time
+    the call took in the parent. output_truncated: the observation or the captured
+    output was cut.
+    """
+
+    observation: str
+    status: Status
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    wall_time_s: float = 0.0
+    output_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status is Status.TIMEOUT
+
+    @property
+    def limit_exceeded(self) -> bool:
+        return self.status in LIMIT_STATUSES
+
+
+def internal_error_result(message: str, wall_time_s: float = 0.0) -> ExecutionResult:
+    return ExecutionResult(observation=f"sandbox error: {message}",
+                           status=Status.INTERNAL_ERROR, wall_time_s=wall_time_s)
+
+
+TRUNCATION_MARKER = "[output truncated]"
+
+
+def truncate_text(text: str, max_chars: int, marker: str = TRUNCATION_MARKER) -> tuple[str, bool]:
+    """`text` cut to at most `max_chars` characters, ending in `marker` if cut."""
+    if len(text) <= max_chars:
+        return text, False
+    keep = max(0, max_chars - len(marker) - 1)
+    return text[:keep] + "\n" + marker if keep else marker[:max_chars], True
+
+
+def compose_observation(body: str, status_line: str | None, max_chars: int) -> tuple[str, bool]:
+    """`body` (program output) followed by `status_line`, within `max_chars`: the body is
+    cut first (with the truncation marker) so that the status line always survives."""
+    if not status_line:
+        return truncate_text(body, max_chars)
+    status_line = status_line[:max_chars]
+    separator = "" if not body or body.endswith("\n") else "\n"
+    budget = max_chars - len(status_line) - len(separator)
+    if len(body) > budget:
+        body, _ = truncate_text(body, max(budget - 1, 0))
+        return (body + "\n" if body else "") + status_line, True
+    return body + separator + status_line, False
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxCapabilities:
+    """Which kernel layers `run_python` uses on this machine (probed once per
+    interpreter path; see the module docstring)."""
+
+    user_namespace: bool = False      # non-root: unshare --user --map-root-user
+    network_namespace: bool = False
+    pid_namespace: bool = False
+    mount_namespace: bool = False     # private /proc, tmpfs working dir, shadowed /tmp
+    uid_drop: bool = False            # root: runs as an ephemeral unprivileged uid
+    unshare_path: str | None = None
+    mount_path: str | None = None
+
+    @property
+    def unshare_args(self) -> tuple[str, ...]:
+        if not self.unshare_path:
+            return ()
+        args = [self.unshare_path]
+        if self.user_namespace:
+            args += ["--user", "--map-root-user"]
+        if self.network_namespace:
+            args += ["--net"]
+        if self.pid_namespace:
+            args += ["--pid", "--fork", "--kill-child"]
+        if self.mount_namespace:
+            args += ["--mount", "--mount-proc", "--ipc"]
+        return tuple(args) + ("--",) if len(args) > 1 else ()
+
+
+def _find_executable(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _candidate_capabilities() -> list[SandboxCapabilities]:
+    """From strongest to weakest; the first that runs a probe program is used."""
+    unshare = _find_executable("unshare") if sys.platform.startswith("linux") else None
+    mount = _find_executable("mount") if unshare else None
+    root = os.geteuid() == 0
+    candidates = []
+    if unshare:
+        full = SandboxCapabilities(
+            user_namespace=not root, network_namespace=True, pid_namespace=True,
+            mount_namespace=mount is not None, uid_drop=root, unshare_path=unshare,
+            mount_path=mount)
+        candidates.append(full)
+        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None))
+        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None,
+                                              pid_namespace=False))
+    candidates.append(SandboxCapabilities(uid_drop=root))
+    if root:
+        candidates.append(SandboxCapabilities())
+    return candidates
+
+
+_capabilities_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_capabilities(python: str) -> SandboxCapabilities:
+    limits = SandboxLimits(wall_time_s=10.0)
+    failures = []
+    for candidate in _candidate_capabilities():
+        for _ in range(2):  # a second try, so that a transient failure does not weaken it
+            result = _execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
+            if result.status is Status.OK and result.stdout == "42\n":
+                if failures:
+                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
+                                 "candidates failed: %s", candidate, "; ".join(failures))
+                return candidate
+        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
+    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
+    return SandboxCapabilities()  # the last resort: each result will say what fails
+
+
+def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
+    """The isolation `run_python` uses with interpreter `python` (default: this one).
+    The first call probes the candidates (a few tens of ms); later calls are cached."""
+    python = _resolve_python(python)
+    with _capabilities_lock:
+        return _probe_capabilities(python)
+
+
+def _resolve_python(python: str | None) -> str:
+    if python is None:
+        return os.path.realpath(sys.executable)
+    if not isinstance(python, str) or not os.access(python, os.X_OK):
+        raise ValueError(f"python must be the path of an executable interpreter, got "
+                         f"{python!r}")
+    return python
+
+
+@functools.lru_cache(maxsize=1)
+def _child_source() -> str:
+    with open(_CHILD_SOURCE_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+def _fstab_escape(path: str) -> str:
+    return (path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+            .replace("\n", "\\012"))
+
+
+def _fstab(workdir: str, limits: SandboxLimits, uid: int | None) -> str:
+    """The private file systems: an empty, unwritable tmpfs over each world-writable
+    directory (an inode budget that fits only the path to the working directory when it
+    lies below one of them), and a size-limited tmpfs as the working directory."""
+    options = "nosuid,nodev,noexec"
+    lines = []
+    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+        if not os.path.isdir(shared) or os.path.islink(shared):
+            continue
+        relative = os.path.relpath(workdir, shared)
+        if relative.startswith(".."):
+            lines.append(f"arl-sandbox {shared} tmpfs ro,{options},size=4k,mode=0755 0 0")
+        else:
+            inodes = 1 + len(relative.split(os.sep))
+            lines.append(f"arl-sandbox {_fstab_escape(shared)} tmpfs rw,{options},size=64k,"
+                         f"nr_inodes={inodes},mode=0755 0 0")
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    lines.append(f"arl-sandbox {_fstab_escape(workdir)} tmpfs rw,{options},"
+                 f"size={limits.max_disk_bytes},mode=0700{owner},X-mount.mkdir 0 0")
+    return "\n".join(lines) + "\n"
+
+
+_UID_RANGE = (1_500_000_000, 2_000_000_000)
+_uid_random = random.SystemRandom()
+
+
+def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
+    cpu = max(1, int(-(-limits.cpu_time_s // 1)))
+    return {
+        "CORE": (0, 0),
+        "CPU": (cpu, cpu + 1),
+        "AS": (limits.memory_bytes, limits.memory_bytes),
+        "FSIZE": (limits.max_file_bytes, limits.max_file_bytes),
+        "NOFILE": (limits.max_open_files, limits.max_open_files),
+        "NPROC": (limits.max_processes, limits.max_processes),
+    }
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
+               python: str | None = None) -> ExecutionResult:
+    """Runs the Python program `code` in the sandbox (module docstring) and returns its
+    `ExecutionResult`. Never raises for anything the program does; raises TypeError /
+    ValueError for a non-str `code`, non-`SandboxLimits` `limits` or a bad `python`
+    (path of the interpreter to use, default: this one; its standard library only).
+    Thread-safe (no `preexec_fn`): calls may run concurrently, see `arl.tools.pool`."""
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, got {type(code).__name__}")
+    if not isinstance(limits, SandboxLimits):
+        raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
+    python = _resolve_python(python)
+    if len(code) > limits.max_code_chars:
+        return ExecutionResult(
+            observation=f"program longer than {limits.max_code_chars} characters; not run",
+            status=Status.ERROR)
+    capabilities = sandbox_capabilities(python)
+    return _execute(code, limits, python, capabilities, audit_hooks=True)
+
+
+def _execute(code: str, limits: SandboxLimits, python: str,
+             capabilities: SandboxCapabilities, audit_hooks: bool) -> ExecutionResult:
+    """`run_python` with the isolation chosen explicitly (tests use it to check each
+    layer on its own, e.g. the kernel limits without the audit hooks)."""
+    start = time.monotonic()
+    workdir = None
+    try:
+        workdir = tempfile.mkdtemp(prefix="arl-sandbox-")
+        os.chmod(workdir, 0o755 if capabilities.uid_drop else 0o700)
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8",
+                  errors="surrogatepass") as f:
+            f.write(code)
+        uid = _uid_random.randrange(*_UID_RANGE) if capabilities.uid_drop else None
+        return _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid,
+                                  start)
+    except Exception as exc:  # the sandbox failed (e.g. no memory to fork): report it
+        return internal_error_result(f"{type(exc).__name__}: {exc}",
+                                     time.monotonic() - start)
+    finally:
+        if workdir is not None:
+            _remove_tree(workdir)
+
+
+def _remove_tree(path: str) -> None:
+    def make_writable_and_retry(function, failed_path, _):
+        try:
+            os.chmod(os.path.dirname(failed_path), 0o700)
+            if os.path.isdir(failed_path) and not os.path.islink(failed_path):
+                os.chmod(failed_path, 0o700)
+            function(failed_path)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
+def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, start):
+    status_read, status_write = os.pipe()
+    config = {
+        "workdir": workdir,
+        "status_fd": status_write,
+        "wall_time_s": float(limits.wall_time_s),
+        "rlimits": _rlimits(limits),
+        "uid": uid,
+        "fstab": _fstab(workdir, limits, uid) if capabilities.mount_namespace else None,
+        "mount": capabilities.mount_path,
+        "audit": audit_hooks,
+        "preload": list(PRELOADED_MODULES),
+    }
+    command = list(capabilities.unshare_args) + [
+        python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _child_source(),
+        json.dumps(config)]
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=workdir, env={}, close_fds=True,
+            pass_fds=(status_write,), start_new_session=True)
+    except BaseException:
+        os.close(status_read)
+        raise
+    finally:
+        os.close(status_write)
+    try:
+        collected = _collect(process, status_read, limits,
+                             deadline=start + limits.wall_time_s + _BACKSTOP_GRACE_S)
+    finally:
+        _kill_group(process)
+        process.wait()
+        os.close(status_read)
+        process.stdout.close()
+        process.stderr.close()
+    return _result(collected, limits, process.returncode, time.monotonic() - start)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the call's process group. Safe from pid reuse: the group leader is our
+    unreaped child, so its id (the group id) cannot have been recycled."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclasses.dataclass
+class _Collected:
+    stdout: bytearray
+    stderr: bytearray
+    status_line: str
+    output_exceeded: bool
+    backstop_timeout: bool
+
+
+def _exit_watcher(process: subprocess.Popen):
+    """A pollable fd that becomes readable when `process` exits (without reaping it),
+    or None where pidfd_open is unavailable."""
+    try:
+        return os.pidfd_open(process.pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _has_exited(process: subprocess.Popen) -> bool:
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _collect(process, status_read, limits, deadline) -> _Collected:
+    """Reads stdout, stderr (each up to max_output_bytes) and the status pipe until the
+    process exits, the output limit is hit or the backstop deadline passes."""
+    buffers = {process.stdout.fileno(): bytearray(), process.stderr.fileno(): bytearray()}
+    status = bytearray()
+    output_exceeded = backstop_timeout = False
+    pidfd = _exit_watcher(process)
+    selector = selectors.DefaultSelector()
+    try:
+        for fd in list(buffers) + [status_read]:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        if pidfd is not None:
+            selector.register(pidfd, selectors.EVENT_READ)
+        open_fds = set(buffers) | {status_read}
+        exited = False
+        while not exited and not output_exceeded:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                backstop_timeout = True
+                break
+            timeout = remaining if pidfd is not None else min(remaining, 0.01)
+            for key, _ in selector.select(timeout):
+                if key.fd == pidfd:
+                    exited = True
+                    continue
+                output_exceeded |= _read_available(key.fd, buffers, status, limits,
+                                                   open_fds, selector)
+            if pidfd is None:
+                exited = _has_exited(process)
+            if not open_fds:
+                exited = True  # every pipe closed: only the exit status is left
+        if exited and not output_exceeded:
+            # Its writes are all in the pipes now; anything still running (only possible
+            # without a PID namespace) is killed with the group right after.
+            for fd in list(open_fds):
+                output_exceeded |= _read_available(fd, buffers, status, limits, open_fds,
+                                                   selector, drain=True)
+    finally:
+        selector.close()
+        if pidfd is not None:
+            os.close(pidfd)
+    return _Collected(buffers[process.stdout.fileno()], buffers[process.stderr.fileno()],
+                      status.decode("utf-8", "replace"), output_exceeded, backstop_timeout)
+
+
+def _read_available(fd, buffers, status, limits, open_fds, selector, drain=False) -> bool:
+    """Reads what `fd` has (all of it when `drain`); True if an output pipe went over
+    max_output_bytes (the excess is dropped, never buffered)."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EIO, errno.EBADF):
+                raise
+            chunk = b""
+        if not chunk:
+            open_fds.discard(fd)
+            try:
+                selector.unregister(fd)
+            except KeyError:
+                pass
+            return False
+        if fd in buffers:
+            buffer = buffers[fd]
+            room = limits.max_output_bytes - len(buffer)
+            buffer += chunk[:max(room, 0)]
+            if len(chunk) > room:
+                return True
+        elif len(status) < 4096:
+            status += chunk
+        if not drain:
+            return False
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _last_lines(text: str, count: int) -> str:
+    lines = [line for line in text.rstrip("\n").split("\n") if line.strip()]
+    return "\n".join(lines[-count:])
+
+
+def _result(collected: _Collected, limits: SandboxLimits, returncode: int | None,
+            wall_time_s: float) -> ExecutionResult:
+    stdout = collected.stdout.decode("utf-8", "replace")
+    stderr = collected.stderr.decode("utf-8", "replace")
+    kind, _, detail = collected.status_line.strip().partition(" ")
+    kind = kind or None
+    tail = _last_lines(stderr, limits.traceback_lines)
+    last_line = _last_lines(stderr, 1)
+    exit_code = None
+    truncated = False
+
+    if collected.output_exceeded:
+        status = Status.OUTPUT_LIMIT
+        line = f"output limit exceeded (more than {limits.max_output_bytes} bytes)"
+        truncated = True
+    elif kind == "timeout" or (kind is None and collected.backstop_timeout):
+        status, line = Status.TIMEOUT, f"timeout after {format_seconds(limits.wall_time_s)} s"
+    elif kind == "exit":
+        exit_code = int(detail.split()[0])
+        if exit_code == 0:
+            status, line = Status.OK, None
+        elif last_line.startswith("MemoryError"):
+            status = Status.MEMORY_LIMIT
+            line = f"memory limit exceeded ({_format_bytes(limits.memory_bytes)})"
+        elif "[Errno 27] File too large" in last_line or "[Errno 28] No space left" in last_line:
+            status = Status.FILE_SIZE_LIMIT
+            line = tail + "\nfile size limit exceeded"
+        else:
+            status = Status.ERROR
+            line = tail if tail else f"exit status {exit_code}"
+    elif kind == "signal":
+        number, cpu_seconds = int(detail.split()[0]), float(detail.split()[1])
+        exit_code = -number
+        cpu_limit = _rlimits(limits)["CPU"][0]
+        if number == signal.SIGXCPU or (number == signal.SIGKILL and cpu_seconds >= cpu_limit):
+            status = Status.CPU_LIMIT
+            line = f"cpu time limit exceeded ({cpu_limit} s)"
+        elif number == signal.SIGXFSZ:
+            status, line = Status.FILE_SIZE_LIMIT, "file size limit exceeded"
+        elif "MemoryError" in stderr:
+            status = Status.MEMORY_LIMIT
+            line = f"memory limit exceeded ({_format_bytes(limits.memory_bytes)})"
+        else:
+            status, line = Status.KILLED, f"killed by {_signal_name(number)}"
+    elif kind == "error":
+        return internal_error_result(detail, wall_time_s)
+    else:
+        detail = _last_lines(stderr, 3) or f"exit code {returncode}"
+        return internal_error_result(f"no status from the sandbox ({detail})", wall_time_s)
+
+    body = stdout
+    observation, cut = compose_observation(body, line, limits.max_observation_chars)
+    if status is Status.OK and not observation:
+        observation = "(no output)"
+    return ExecutionResult(observation=observation, status=status, stdout=stdout,
+                           stderr=stderr, exit_code=exit_code, wall_time_s=wall_time_s,
+                           output_truncated=truncated or cut)
+
+
+def format_seconds(seconds: float) -> str:
+    """1 -> "1.0", 0.25 -> "0.25": at least one decimal, no float noise."""
+    return f"{seconds:.1f}" if round(seconds, 1) == seconds else f"{seconds:g}"
+
+
+def _format_bytes(count: int) -> str:
+    if count % _MiB == 0:
+        return f"{count // _MiB} MiB"
+    return f"{count} bytes"
