@@ -13,8 +13,10 @@ from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, Tok
                            TokenEnvState, TokenSpace)
 from arl.envs.calculator import Calculator, CalculatorParams, CalculatorState
 from arl.envs.codec import CharCodec, Codec
+from arl.envs.countdown import Countdown, CountdownParams, CountdownState
 from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
+from arl.envs.sokoban import Sokoban, SokobanParams, SokobanState
 from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, TurnHorizon,
                                TurnHorizonParams, TurnHorizonState, VmapWrapper, batch,
                                broadcast_params)
@@ -24,6 +26,8 @@ _REGISTRY: dict[str, Callable[..., Environment]] = {
     "calculator": Calculator,
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
+    "sokoban": Sokoban,
+    "countdown": Countdown,
 }
 
 
@@ -57,10 +61,11 @@ def make(name: str, **kwargs) -> Environment:
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",
-    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Discrete", "Environment",
-    "FrozenLake", "FrozenLakeParams", "FrozenLakeState", "GuessNumber", "GuessNumberParams",
-    "GuessNumberState", "Mixture", "MixtureParams", "MixtureState", "TimeStep", "TokenChunk",
-    "TokenEnvState", "TokenEnvironment", "TokenSpace", "TurnHorizon", "TurnHorizonParams",
-    "TurnHorizonState", "VmapWrapper", "batch", "broadcast_params", "make", "register",
-    "registered_names",
+    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Countdown",
+    "CountdownParams", "CountdownState", "Discrete", "Environment", "FrozenLake",
+    "FrozenLakeParams", "FrozenLakeState", "GuessNumber", "GuessNumberParams",
+    "GuessNumberState", "Mixture", "MixtureParams", "MixtureState", "Sokoban", "SokobanParams",
+    "SokobanState", "TimeStep", "TokenChunk", "TokenEnvState", "TokenEnvironment", "TokenSpace",
+    "TurnHorizon", "TurnHorizonParams", "TurnHorizonState", "VmapWrapper", "batch",
+    "broadcast_params", "make", "register", "registered_names",
 ]
