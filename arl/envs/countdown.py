@@ -1,9 +1,10 @@
 """`countdown`: TinyZero's Countdown, reach a target with + − * / over given numbers.
 
-Prompt: "numbers 3 7 25 50 target 57". A turn is "<answer>EXPR</answer>" then
-end-of-turn, EXPR an arithmetic expression over non-negative integer literals with
-+ − * /, parentheses and single spaces anywhere except inside a number, e.g.
-"<answer>(50-25)*3-7-11</answer>" or "<answer>25 + 50 - 7 / 7</answer>". The grammar is
+Prompt: "numbers 3 7 25 50 target 68". A turn is exactly "<answer>EXPR</answer>" then
+end-of-turn (TinyZero instead takes the last answer tag of a longer completion), EXPR an
+arithmetic expression over non-negative integer literals with + − * /, parentheses and
+spaces (the codec's one-token " ") anywhere except inside a number, e.g.
+"<answer>(50-25)*3-7</answer>" or "<answer>50 + 25 - 7</answer>". The grammar is
 Python's for these tokens: standard precedence (* / bind tighter than + −), left
 associativity, no unary minus, no "**" or "//", no leading zeros ("07" is malformed,
 "0" and "00" are not). It is parsed and evaluated inside `jit` in one `lax.scan` over the
@@ -46,15 +47,16 @@ expression over ALL of them (random adjacent pairs merged with random allowed op
 no division by zero) gives the target, so every task is solvable under either rule. Up to
 256 draws are made (16 at a time) until the target is an integer in [target_min,
 target_max]; if none is, the target is the sum of the last draw's numbers (a fallback the
-tests measure as rare at the defaults). The numbers
-are shown shuffled. Difficulty knobs (params): num_numbers, the number range, the target
-range and the operators the generator may use.
+tests measure as rare at the defaults). The numbers are shown shuffled. Difficulty knobs
+(params): num_numbers, the number range, the target range and the operators the
+generator may use.
 
 Oracle: writes the generating expression (fully parenthesised, outer parentheses
 dropped), correct on the first turn. Demonstrator: a greedy player without search: it
 takes the numbers in a random order and combines them left to right, each time with the
 operator that brings the running value closest to the target; each retry tries a new
-order. It is right on some tasks only (measured in the tests).
+order. At the defaults (3 numbers in [1, 99], targets in [1, 100], 3 turns) the oracle
+solves every task and the demonstrator about half of them (measured in the tests).
 
 Process reward (`info["process_reward"]`, not part of the reward): the improvement of the
 best closeness so far, closeness = 1 − |value − target| / target clipped to [0, 0.99] for
@@ -155,7 +157,8 @@ class ExpressionParser:
 
         def level_value(c):
             d = c["depth"]
-            return apply_operator(c["s_num"][d], c["s_den"][d], jnp.where(c["sign"][d] > 0, ADD, SUB),
+            operator = jnp.where(c["sign"][d] > 0, ADD, SUB)
+            return apply_operator(c["s_num"][d], c["s_den"][d], operator,
                                   c["t_num"][d], c["t_den"][d])
 
         def operand(c, v_num, v_den):
@@ -183,8 +186,9 @@ class ExpressionParser:
 
         def step(c, inputs):
             token, active = inputs
-            digit = jnp.take(jnp.asarray(self.digit_value), jnp.clip(token, 0, len(self.digit_value) - 1))
-            is_digit = (token >= 0) & (token < len(self.digit_value)) & (digit >= 0)
+            vocab = len(self.digit_value)
+            digit = jnp.take(jnp.asarray(self.digit_value), jnp.clip(token, 0, vocab - 1))
+            is_digit = (token >= 0) & (token < vocab) & (digit >= 0)
             operator = jnp.argmax(jnp.asarray(self.operator_ids) == token)
             is_operator = jnp.any(jnp.asarray(self.operator_ids) == token)
             is_open, is_close = token == self.open_id, token == self.close_id
@@ -473,7 +477,8 @@ class Countdown(TokenEnvironment):
         key_task, key_shuffle = jax.random.split(key)
         numbers, n, target, expression = self.generate(key_task, params)
         index = jnp.arange(self.max_numbers)
-        order = jnp.argsort(jnp.where(index < n, jax.random.uniform(key_shuffle, index.shape), 2.0))
+        shown = jnp.where(index < n, jax.random.uniform(key_shuffle, index.shape), 2.0)
+        order = jnp.argsort(shown)
         numbers = numbers[order]
         false = jnp.zeros((), bool)
         zero = jnp.zeros((), jnp.float32)
@@ -485,7 +490,7 @@ class Countdown(TokenEnvironment):
         return state, self.prompt_chunk(numbers, n, target)
 
     def prompt_chunk(self, numbers, n, target) -> TokenChunk:
-        """"numbers 3 7 25 50 target 57"."""
+        """"numbers 3 7 25 50 target 68"."""
         pieces = [self._constant("numbers")]
         for i in range(self.max_numbers):
             shown = i < n
@@ -513,7 +518,8 @@ class Countdown(TokenEnvironment):
         score = jnp.where(correct, params.success_score,
                           jnp.where(well_formed, params.format_score, 0.0))
         target = jnp.maximum(state.target, 1).astype(jnp.float32)
-        value = ev.numerator.astype(jnp.float32) / jnp.maximum(ev.denominator, 1).astype(jnp.float32)
+        value = (ev.numerator.astype(jnp.float32)
+                 / jnp.maximum(ev.denominator, 1).astype(jnp.float32))
         near = jnp.clip(1.0 - jnp.abs(value - target) / target, 0.0, WRONG_CLOSENESS_CAP)
         closeness = jnp.where(correct, 1.0, jnp.where(well_formed & legal & ~ev.undefined,
                                                       near, 0.0))

@@ -8,8 +8,9 @@ Grid legend (RAGEN's symbols; `*` stands for RAGEN's `√`, which no built-in co
 
 The prompt is the rendered grid, one row per line. A turn is 1 to `max_actions_per_turn`
 moves separated by commas, then end-of-turn, e.g. "Up,Left,Left<eot>" (RAGEN writes
-"Up || Left" inside answer tags; a comma is one token in every codec the envs accept,
-and spaces are not allowed, so a subword codec cannot merge them into the words). A move
+"Up || Left" inside answer tags; the constructor checks that the comma is one token of
+the codec, and spaces are not allowed, so a subword codec cannot merge them into the
+words: each word is then its canonical spelling, `codec.encode("Left")`). A move
 is Up/Down/Left/Right, up/down/left/right or U/D/L/R. The reply is the grid after the
 turn's moves. A malformed turn (unknown word, too many moves, empty move, stray space)
 executes no move, costs `format_penalty` and the reply is "invalid" above the unchanged
@@ -54,8 +55,10 @@ exact by construction and costs a few small flood fills per move. It is not opti
 
 Demonstrator: the oracle with each move replaced by a uniformly random one with
 probability `noise`. A random push can take the boxes off the plan, after which it moves
-at random (it has no solver), and random steps eat the turn budget: it succeeds less
-often than the oracle (measured in the tests).
+at random (it has no solver), and random steps eat the turn budget. At the defaults (6 x 6
+room, one box, 12 reverse moves, 4 turns of up to 3 moves) the oracle solves every level
+(about 5.5 moves; a breadth-first search needs about 5.5 too) and the demonstrator about
+70% of them (measured in the tests).
 
 Process reward (`info["process_reward"]`, not part of the reward):
 
@@ -91,7 +94,7 @@ _FAR = 10**6
 @struct.dataclass
 class SokobanParams:
     size: jax.Array  # int32, room side with its outer walls, clipped to [5, max_size]
-    num_boxes: jax.Array  # int32, clipped to [1, max_boxes]
+    num_boxes: jax.Array  # int32, clipped to [1, max_boxes] (fewer only if a room is full)
     num_reverse_moves: jax.Array  # int32 random-walk length, clipped to [1, max_moves]
     wall_prob: jax.Array  # float32, probability of an interior wall per cell
     step_reward: jax.Array  # float32, every move (gym-sokoban: −0.1)

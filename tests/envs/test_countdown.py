@@ -74,7 +74,8 @@ def reference(text, numbers, target, use_all, format_score=0.1, success_score=1.
     except (SyntaxError, _NotInGrammar):
         return "invalid", 0.0, 0.0
     used, given = Counter(literals), Counter(numbers)
-    legal = all(used[v] <= given[v] for v in used) and (not use_all or len(literals) == len(numbers))
+    legal = (all(used[v] <= given[v] for v in used)
+             and (not use_all or len(literals) == len(numbers)))
     if not legal:
         return "illegal numbers", format_score, 0.0
     try:
@@ -328,7 +329,8 @@ def test_multi_turn_rewards_are_the_best_score_improvement():
     assert total == pytest.approx(1.0) and total_process == pytest.approx(1.0, abs=1e-5)
     state = task_states(tasks)
     rewards = []
-    for text in ["<answer>50-7-3-25</answer>", "<answer>50-</answer>", "<answer>50*7*3*25</answer>"]:
+    for text in ["<answer>50-7-3-25</answer>", "<answer>50-</answer>",
+                 "<answer>50*7*3*25</answer>"]:
         state, ts = step_texts(tasks, [text], state=state)
         rewards.append(float(ts.reward[0]))
     assert rewards == pytest.approx([0.1, 0.0, 0.0])
