@@ -8,8 +8,10 @@ from typing import Callable
 from arl.envs.bandit import Bandit
 from arl.envs.base import Environment
 from arl.envs.calculator import Calculator
+from arl.envs.countdown import Countdown
 from arl.envs.frozen_lake import FrozenLake
 from arl.envs.guess_number import GuessNumber
+from arl.envs.sokoban import Sokoban
 
 GYMNAX_PREFIX = "gymnax:"
 
@@ -18,6 +20,8 @@ _REGISTRY: dict[str, Callable[..., Environment]] = {
     "calculator": Calculator,
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
+    "sokoban": Sokoban,
+    "countdown": Countdown,
 }
 
 
