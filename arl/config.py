@@ -95,6 +95,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.optim.warmup_steps = 0
     c.optim.b1 = 0.9
     c.optim.b2 = 0.99
+    c.optim.eps = 1e-8  # Adam's epsilon
     c.optim.weight_decay = 0.0
     c.optim.max_grad_norm = 1.0
 
@@ -230,6 +231,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "optim.max_grad_norm", 0.0)
     _check_range(config, "optim.b1", 0.0, 1.0)
     _check_range(config, "optim.b2", 0.0, 1.0)
+    _check_range(config, "optim.eps", 0.0, low_open=True)
     _check_range(config, "optim.weight_decay", 0.0)
 
     _check_range(config, "loss.clip_low", 0.0, 1.0, low_open=True)

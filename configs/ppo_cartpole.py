@@ -37,4 +37,6 @@ def get_config():
     c.optim.learning_rate = 2.5e-4
     c.optim.schedule = "linear"
     c.optim.max_grad_norm = 0.5
+    c.optim.b2 = 0.999  # PureJaxRL's Adam: optax defaults, eps 1e-5
+    c.optim.eps = 1e-5
     return c

@@ -74,7 +74,12 @@ def _segment_moments(scores, segment_ids, num_segments, valid):
     centred = jnp.where(valid, scores - mean[jnp.clip(segment_ids, 0, num_segments - 1)],
                         0.0)
     sq = jax.ops.segment_sum(centred * centred, ids, num_segments)
-    std = jnp.sqrt(sq / jnp.maximum(countf - 1.0, 1.0))
+    var = sq / jnp.maximum(countf - 1.0, 1.0)
+    # sqrt'(0) is infinite: a constant or singleton segment would send inf * 0 = NaN into
+    # the gradient of every score (segment ops mix the rows). Differentiate sqrt only
+    # where the variance is positive; the values are the same.
+    positive = var > 0
+    std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1.0)), 0.0)
     extremes = jax.ops.segment_max(
         jnp.stack([jnp.where(valid, scores, -jnp.inf), jnp.where(valid, -scores, -jnp.inf)],
                   axis=-1), ids, num_segments)

@@ -197,7 +197,9 @@ def _value_terms(fn, values, old_values, returns, mask, clip):
     if clip is not None:
         values_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
         clipped = jnp.square(values_clipped - returns)
-        clipped_active = mask & (clipped > unclipped)
+        # Counted only where the clip binds: inside the range old + (v - old) may round
+        # away from v, and a rounding difference is not clipping (nor mesh-independent).
+        clipped_active = mask & (jnp.abs(values - old_values) > clip) & (clipped > unclipped)
         loss = jnp.maximum(unclipped, clipped)
     loss = jnp.where(mask, 0.5 * loss, 0.0)
     return loss, mask, values, returns, clipped_active
@@ -265,9 +267,10 @@ def value_loss(values, old_values, returns, mask, *, clip=None, agg: str = "toke
         agg, norm: see `aggregate`.
 
     Returns:
-        (loss, metrics): `clip_fraction` (masked fraction where the clipped term is
-        larger) and `explained_variance` = 1 - Var(R - v) / Var(R) over masked tokens
-        (0 when Var(R) = 0 or fewer than two tokens).
+        (loss, metrics): `clip_fraction` (masked fraction where the clip binds,
+        |v - v_old| > clip, and the clipped term is the larger) and
+        `explained_variance` = 1 - Var(R - v) / Var(R) over masked tokens (0 when
+        Var(R) = 0 or fewer than two tokens).
     """
     fn = "value_loss"
     agg = v.choice(fn, "aggregation mode", agg, AGGREGATIONS)

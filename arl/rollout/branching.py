@@ -166,8 +166,13 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
         last_logits = sampling_lib.take_last_valid(out.logits, prefix)
         if model.config.value_head:  # the loop records them; branching does not use them
             values = jnp.zeros((forked, width), jnp.float32)
+    # A continuation starts in the state it forks from, success included (the success
+    # after the previous turn; none before the first).
+    success_before = jnp.where(
+        start_turn > 0, traj.turn_success[row, jnp.maximum(start_turn - 1, 0)], False)
     carry = turns_lib.initial_carry(env_state, tokens, prefix, traj.env_ids[row], cache,
-                                      last_logits, values, done=~reached)
+                                    last_logits, values, done=~reached,
+                                    success=success_before)
     player = turns_lib.TurnPlayer(env, model, params, sampling, action_source,
                                     row_params, horizon)
     carry, per_turn = player.play(carry, start_turn, max_turns - turns[0], key)

@@ -147,6 +147,7 @@ def rollout(
         turn_rewards=per_turn.reward,
         turn_starts=per_turn.start,
         turn_active=per_turn.active,
+        turn_success=per_turn.success,
         turn_states=per_turn.state,
     )
 

@@ -40,7 +40,7 @@ class Trajectory:
     group_ids: jax.Array  # int32 [B]: rows with the same id share a task
     env_ids: jax.Array  # int32 [B]: environment (mixture member) of the row
     num_turns: jax.Array  # int32 [B]
-    success: jax.Array  # bool [B]
+    success: jax.Array  # bool [B]: the env's success at the end of the episode
     terminated: jax.Array  # bool [B]
     episode_return: jax.Array  # float32 [B]: sum of turn rewards
     format_errors: jax.Array  # int32 [B]: malformed turns in the episode
@@ -51,12 +51,14 @@ class Trajectory:
     # last agent token, kept apart from `rewards`; zero for envs that emit none.
     process_rewards: jax.Array | None = None
     # Per-turn arrays [B, max_turns]: the turn's reward, the context offset where its
-    # agent tokens begin, whether it was played; and, with `record_turn_states`, the
-    # environment state before the turn (a pytree with leading [B, max_turns] axes) from
-    # which Monte Carlo branching (`arl.rollout.branching`) forks continuations.
+    # agent tokens begin, whether it was played, the success after it; and, with
+    # `record_turn_states`, the environment state before the turn (a pytree with leading
+    # [B, max_turns] axes) from which Monte Carlo branching (`arl.rollout.branching`)
+    # forks continuations.
     turn_rewards: jax.Array | None = None
     turn_starts: jax.Array | None = None
     turn_active: jax.Array | None = None
+    turn_success: jax.Array | None = None  # bool [B, max_turns]: success after the turn
     turn_states: Any = None
 
 

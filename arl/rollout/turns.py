@@ -40,7 +40,7 @@ class RolloutCarry:
     turn_end: jax.Array  # float32 [B, S]: 1 on each turn's last agent token
     offset: jax.Array  # int32 [B]: valid tokens in the context
     done: jax.Array  # bool [B]: the episode has ended (or the row plays nothing)
-    success: jax.Array  # bool [B]
+    success: jax.Array  # bool [B]: the env's success after the row's latest turn
     terminated: jax.Array  # bool [B]
     num_turns: jax.Array  # int32 [B]: turns played
     episode_return: jax.Array  # float32 [B]
@@ -73,11 +73,14 @@ def select_rows(pred, on_true, on_false):
 
 
 def initial_carry(env_state, tokens, offset, env_ids, cache, last_logits, values, *,
-                  done) -> RolloutCarry:
+                  done, success=None) -> RolloutCarry:
     """The loop state before the first turn `TurnPlayer.play` plays: the context `tokens`
-    holds `offset` valid tokens per row; rows with `done` set play nothing."""
+    holds `offset` valid tokens per row; rows with `done` set play nothing; `success`
+    (bool [B], default False) is the env's success in the state play starts from."""
     batch, width = tokens.shape
     zeros = jnp.zeros((batch, width), jnp.float32)
+    if success is None:
+        success = jnp.zeros((batch,), bool)
     return RolloutCarry(
         env_state=env_state,
         tokens=tokens,
@@ -89,7 +92,7 @@ def initial_carry(env_state, tokens, offset, env_ids, cache, last_logits, values
         turn_end=zeros,
         offset=offset,
         done=done,
-        success=jnp.zeros((batch,), bool),
+        success=success,
         terminated=jnp.zeros((batch,), bool),
         num_turns=jnp.zeros((batch,), jnp.int32),
         episode_return=jnp.zeros((batch,), jnp.float32),
@@ -109,6 +112,7 @@ class TurnRecord:
     process_reward: jax.Array  # float32: the turn's process reward
     start: jax.Array  # int32: context offset where the turn's agent tokens begin
     active: jax.Array  # bool: the turn was played
+    success: jax.Array  # bool: the env's success after the turn (as before it if not played)
     state: Any = None  # the env state before the turn (with `record_states`)
 
 
@@ -218,7 +222,9 @@ class TurnPlayer:
             turn_end=turn_end,
             offset=offset,
             done=carry.done | (active & ts.done),
-            success=carry.success | (active & info["success"]),
+            # Success is a property of the env's state, which a later turn can undo (e.g.
+            # the bandit's "the last pull chose the better arm"): the latest one counts.
+            success=jnp.where(active, info["success"], carry.success),
             terminated=carry.terminated | (active & ts.terminated),
             num_turns=carry.num_turns + active.astype(jnp.int32),
             episode_return=carry.episode_return + reward,
@@ -230,6 +236,6 @@ class TurnPlayer:
             values=values,
         )
         per_turn = TurnRecord(reward=reward, process_reward=process_reward, start=turn_start,
-                              active=active,
+                              active=active, success=new_carry.success,
                               state=carry.env_state if record_states else None)
         return new_carry, per_turn

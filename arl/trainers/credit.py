@@ -27,6 +27,7 @@ import ml_collections
 import optax
 
 from arl.algorithms import process as process_lib
+from arl.optim import make_optimizer
 from arl.models import transformer as transformer_lib
 from arl.trainers.policy import Policy
 
@@ -105,9 +106,7 @@ class ProcessModels:
         p = config.process
         optimizer = prm_model = None
         if p.train_prm or p.implicit_coef > 0:
-            optimizer = optax.chain(
-                optax.clip_by_global_norm(config.optim.max_grad_norm or 1e9),
-                optax.adam(p.prm_learning_rate))
+            optimizer = make_optimizer(config.optim, learning_rate=p.prm_learning_rate)
         if p.train_prm:
             prm_model = transformer_lib.Transformer(
                 dataclasses.replace(policy.model.config, value_head=True))

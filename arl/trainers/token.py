@@ -32,7 +32,7 @@ from arl import config as config_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
-from arl.optim import make_optimizer
+from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError
 from arl.rollout import branching as branching_lib
@@ -68,7 +68,7 @@ class TokenTrainer:
             config, vocab_size=self.env.codec.vocab_size,
             context_length=self.context_length, value_head=self.algorithm.critic)
         self.model = self.policy.model
-        self.optimizer = make_optimizer(config)
+        self.optimizer = make_optimizer(config.optim, total_updates=rl_updates(config))
         self.sampling = rollout_lib.SamplingConfig(
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
             top_p=config.rollout.top_p)

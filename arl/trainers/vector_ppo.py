@@ -31,6 +31,7 @@ from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
+from arl.optim import make_optimizer, rl_updates
 from arl.trainers.protocol import EvaluationReport
 from arl.models.mlp import ActorCritic
 
@@ -78,13 +79,7 @@ class VectorPPO:
         self.model = ActorCritic(num_actions=space.n, hidden_sizes=tuple(v.hidden_sizes),
                                  activation=v.activation)
         self.critic = self.model.clone(value_only=True)
-        num_updates = config.train_steps * config.updates.epochs * config.updates.minibatches
-        lr = config.optim.learning_rate
-        schedule = (optax.linear_schedule(lr, 0.0, num_updates)
-                    if config.optim.schedule == "linear" else optax.constant_schedule(lr))
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(config.optim.max_grad_norm),
-            optax.adam(schedule, eps=1e-5))
+        self.optimizer = make_optimizer(config.optim, total_updates=rl_updates(config))
         self.batch_size = v.num_envs * v.num_steps
         self.train_step = jax.jit(self.step, donate_argnums=(0,))
 

@@ -30,15 +30,9 @@ import optax
 
 from arl import algorithms as alg
 from arl import rollout as rollout_lib
+from arl.optim import make_optimizer
 
 _SFT_KEY_SALT = 1000  # the SFT key stream: key(seed + 1000), as experiments used before
-
-
-def sft_optimizer(config, learning_rate: float) -> optax.GradientTransformation:
-    """Global-norm clipping at `optim.max_grad_norm` (none when 0), then AdamW."""
-    clip = config.optim.max_grad_norm
-    return optax.chain(optax.clip_by_global_norm(max(clip, 1e-6) if clip else 1e9),
-                       optax.adamw(learning_rate, b1=config.optim.b1, b2=config.optim.b2))
 
 
 def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
@@ -65,7 +59,7 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     source = source or c.loss.sft_source
     lr = learning_rate or c.optim.learning_rate
     batch_size = batch_size or trainer.batch_size
-    optimizer = sft_optimizer(c, lr)
+    optimizer = make_optimizer(c.optim, learning_rate=lr)  # the optim section, a constant rate
     state = trainer.init_state(seed) if init_state is None else init_state
     params = trainer.policy_params(state)  # all weights, also under LoRA
     if init_state is None:
