@@ -323,7 +323,8 @@ class WorkerRunner:
     timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
 
     def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
-                 warmup: int, log_path: str, timeout: float):
+                 warmup: int, log_path: str, timeout: float, torch_threads: int = 0,
+                 script: str | None = None):
         self.name = peer
         self.timeout = timeout
         self._log = open(log_path, "w", encoding="utf-8")
@@ -332,8 +333,11 @@ class WorkerRunner:
         env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
+        if torch_threads > 0:
+            env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
+            env["OMP_NUM_THREADS"] = str(torch_threads)
         self.proc = subprocess.Popen(
-            [python, os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
+            [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
              setting.to_json(), "--checkpoint", checkpoint, "--warmup", str(warmup)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             bufsize=1, env=env)
@@ -403,7 +407,7 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
-                                      log_path, args.step_timeout)
+                                      log_path, args.step_timeout, args.torch_threads)
             runners.append(runner)
         except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
             failures.append((setting.name, peer, f"{type(e).__name__}: {e}".splitlines()[0]))
@@ -526,6 +530,10 @@ def main(argv=None):
                         help="side of the square float32 matmul that measures the peak")
     parser.add_argument("--ready_timeout", type=float, default=900.0)
     parser.add_argument("--step_timeout", type=float, default=600.0)
+    parser.add_argument("--torch_threads", type=int, default=0,
+                        help="intra-op threads of the TRL worker's torch (0: torch's default, "
+                             "one per core). On a loaded 2-core machine torch's 2 OpenMP "
+                             "threads stall each other; 1 shows TRL without that penalty")
     parser.add_argument("--record", action="store_true",
                         help="append the tables to benchmarks/RESULTS.md and write "
                              "benchmarks/peers_results.json")
@@ -540,6 +548,8 @@ def main(argv=None):
         parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
     if args.rounds < 1 or args.warmup < 1:
         parser.error("--rounds and --warmup must be >= 1")
+    if args.torch_threads < 0:
+        parser.error(f"--torch_threads={args.torch_threads}: must be >= 0 (0: torch's default)")
     args.cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir))
     os.makedirs(args.cache_dir, exist_ok=True)
 
@@ -587,7 +597,7 @@ def main(argv=None):
             f"Versions: {versions_line(results)}. Peer environments: "
             f"{', '.join(f'{k} {v}' for k, v in install_notes.items()) or 'none'}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
-            f"side; rollout = generation alone (arl: its rollout compiled on its own), update "
+            f"side; TRL's torch threads: {args.torch_threads or 'default (one per core)'}; rollout = generation alone (arl: its rollout compiled on its own), update "
             f"= step - rollout. FLOP/s: model FLOPs of the update (3 x trained tokens x "
             f"(2 x matmul params + 4 x layers x length x d)) / update time, against the "
             f"measured float32 matmul peak of {peak / 1e9:.1f} GFLOP/s. Compile|setup: arl's "
