@@ -16,9 +16,15 @@ bookkeeping), ended when the updated parameters are ready. The rollout time is t
 spent in `RLCluster.generate`. Generation is forced to its full length by an EOS id
 outside the vocabulary.
 
-Multi-turn settings are not run: tunix's agentic path (`AgenticGRPOLearner`) drives one
-chat-templated conversation per (agent, environment) pair through its own asyncio
-orchestrator; see `benchmarks/RESULTS.md` for why it was not compared.
+Multi-turn settings are not run. tunix 0.1.7's multi-turn path is
+`tunix.rl.agentic.agentic_grpo_learner.GRPOLearner`: an asyncio orchestrator plays each
+(agent, environment) pair on its own, renders every turn through a chat-template parser
+and calls `RLCluster.generate` once per episode per turn (the learner fixes
+`rollout_micro_batch_size = 1`); a turn is capped only by the episode's remaining
+`max_response_length` (which `RolloutConfig.max_tokens_to_generate` must equal). The
+equal-work setting (6 turns of at most 3 tokens, 64 episodes) would need a chat parser
+for a character vocabulary and an override of the learner's `_model_call` to cap each
+turn: not done, so the worker reports the setting as not compared.
 """
 
 from __future__ import annotations
@@ -69,7 +75,9 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
 
     if setting.turns:
         raise NotImplementedError(
-            "multi-turn: tunix's AgenticGRPOLearner is not driven by this worker")
+            "multi-turn not wired: tunix's agentic GRPOLearner generates one episode per "
+            "call and caps turns only by the episode's token budget (see the worker's "
+            "docstring)")
     # Auto-sharded axes, as tunix's examples build them (jax.make_mesh's explicit axes
     # break its embedding gather).
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
