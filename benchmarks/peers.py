@@ -46,13 +46,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import select
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,6 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
 from arl import rollout as rollout_lib  # noqa: E402
-from arl.envs import chunks  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -588,20 +587,26 @@ def main(argv=None):
         blocks.append(f"{setting_line(protocol.SETTINGS[result['setting']['name']])} "
                       f"(load {result['load']['before']:.2f} -> {result['load']['after']:.2f})"
                       f"\n\n{table(result, peak)}\n")
-    failure_lines = "".join(f"- {setting} / {peer}: {reason}\n"
+    def without_log(reason):  # the recorded text names no machine paths
+        return re.sub(r" [(]log: [^)]*[)]", "", reason)
+
+    failure_lines = "".join(f"- {setting} / {peer}: {without_log(reason)}\n"
                             for setting, peer, reason in failures)
+    loaded = max(load_start, load_end) > LOAD_WARNING
+    threads = args.torch_threads or "default (one per core)"
+    environments = ", ".join(f"{k} {v}" for k, v in install_notes.items()) or "none"
     text = (f"### `benchmarks/peers.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "
             f"start, {load_end:.2f} at the end"
-            f"{' (ABOVE %.1f: other jobs were running)' % LOAD_WARNING if max(load_start, load_end) > LOAD_WARNING else ''}. "
-            f"Versions: {versions_line(results)}. Peer environments: "
-            f"{', '.join(f'{k} {v}' for k, v in install_notes.items()) or 'none'}.\n\n"
+            f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
+            f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
-            f"side; TRL's torch threads: {args.torch_threads or 'default (one per core)'}; rollout = generation alone (arl: its rollout compiled on its own), update "
-            f"= step - rollout. FLOP/s: model FLOPs of the update (3 x trained tokens x "
-            f"(2 x matmul params + 4 x layers x length x d)) / update time, against the "
-            f"measured float32 matmul peak of {peak / 1e9:.1f} GFLOP/s. Compile|setup: arl's "
-            f"lower + compile seconds; the peers' trainer construction seconds.\n\n"
+            f"side; TRL's torch threads: {threads}; rollout = generation alone (arl: its "
+            f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
+            f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
+            f"/ update time, against the measured float32 matmul peak of {peak / 1e9:.1f} "
+            f"GFLOP/s. Compile|setup: arl's lower + compile seconds; the peers' trainer "
+            f"construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
     print(text)

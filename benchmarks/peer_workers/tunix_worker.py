@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import traceback
 
