@@ -524,12 +524,17 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps on every side before the rounds (>= 1)")
-    parser.add_argument("--cache_dir", default=os.path.expanduser("~/.cache/arl-bench-peers"))
-    parser.add_argument("--peak_size", type=int, default=1024,
+    parser.add_argument("--cache_dir", "--cache-dir",
+                        default=os.path.expanduser("~/.cache/arl-bench-peers"),
+                        help="where the peers' virtual environments, the shared "
+                             "checkpoints and the workers' logs live")
+    parser.add_argument("--peak_size", "--peak-size", type=int, default=1024,
                         help="side of the square float32 matmul that measures the peak")
-    parser.add_argument("--ready_timeout", type=float, default=900.0)
-    parser.add_argument("--step_timeout", type=float, default=600.0)
-    parser.add_argument("--torch_threads", type=int, default=0,
+    parser.add_argument("--ready_timeout", "--ready-timeout", type=float, default=900.0,
+                        help="seconds a worker may take to build and warm up")
+    parser.add_argument("--step_timeout", "--step-timeout", type=float, default=600.0,
+                        help="seconds one timed step may take")
+    parser.add_argument("--torch_threads", "--torch-threads", type=int, default=0,
                         help="intra-op threads of the TRL worker's torch (0: torch's default, "
                              "one per core). On a loaded 2-core machine torch's 2 OpenMP "
                              "threads stall each other; 1 shows TRL without that penalty")
