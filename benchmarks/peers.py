@@ -431,7 +431,7 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
         for runner in list(alive):
             try:
                 records[runner.name].append(runner.step())
-            except RuntimeError as e:
+            except Exception as e:  # noqa: BLE001 - one side's crash must not stop the rest
                 failures.append((setting.name, runner.name, f"crashed in round "
                                  f"{round_index + 1}: {e}"))
                 log(f"[{setting.name}] {runner.name}: {failures[-1][2]}")
