@@ -8,8 +8,10 @@ forced to exactly `gen_len` tokens (arl: an end-of-turn id outside the vocabular
 `min_new_tokens`; tunix: an EOS id outside the vocabulary). Reward: the share of
 generated tokens equal to a target id, computed by each side on its generated ids.
 Settings (`peer_workers/protocol.py`): toy, modest, multiturn (guess_number, 6 turns:
-arl plays every turn inside its one compiled step, the peers pay a host round trip and a
-`generate` call per turn), tiny (the smoke test's size).
+arl plays every turn inside its one compiled step; the peers pay a host round trip and a
+`generate` call per turn: TRL through its `rollout_func`, one call per turn over the
+unfinished episodes; tunix through its agentic learner, one call per episode per turn),
+tiny (the smoke test's size).
 
 Each peer runs in its own virtual environment under `--cache_dir` (created on first use
 with `python -m venv` and pip: `torch==2.13.0` + `trl`, or `google-tunix`), as a worker
