@@ -1,0 +1,633 @@
+"""Equal-work GRPO step: arl's compiled step against TRL's GRPOTrainer and tunix's GRPOLearner.
+
+Same work on every side: a randomly initialised Qwen2-shaped policy (the SAME weights:
+arl writes one Hugging Face checkpoint per setting, which arl, TRL and tunix all load),
+float32, GRPO without KL (beta 0), one optimizer step per batch of
+`num_prompts x group_size` samples, temperature 1 with no top-k / top-p, and generation
+forced to exactly `gen_len` tokens (arl: an end-of-turn id outside the vocabulary; TRL:
+`min_new_tokens`; tunix: an EOS id outside the vocabulary). Reward: the share of
+generated tokens equal to a target id, computed by each side on its generated ids.
+Settings (`peer_workers/protocol.py`): toy, modest, multiturn (guess_number, 6 turns:
+arl plays every turn inside its one compiled step; the peers pay a host round trip and a
+`generate` call per turn: TRL through its `rollout_func`, one call per turn over the
+unfinished episodes; tunix through its agentic learner, one call per episode per turn),
+tiny (the smoke test's size).
+
+Each peer runs in its own virtual environment under `--cache_dir` (created on first use
+with `python -m venv` and pip: `torch==2.13.0` + `trl`, or `google-tunix`), as a worker
+process (`peer_workers/*_worker.py`) that builds its trainer, warms up, then runs one
+training step per "step" line on stdin and answers with its timings as a JSON line. All
+workers stay alive, so rounds are INTERLEAVED (arl, trl, tunix, arl, ...) and load from
+other jobs on this shared machine hits every side alike. A peer that cannot be installed
+or crashes is reported in one line and the others carry on.
+
+arl's side runs in this process: the compiled `TokenTrainer.train_step` (state donated)
+and, as in `benchmarks/agentic_step.py`, the rollout alone under its own `jax.jit`
+(`arl.rollout.rollout`, same sizes): update time = step - rollout. The peers time
+their own generation (TRL: `GRPOTrainer._generate`; tunix: `RLCluster.generate`).
+
+FLOPs (model FLOPs of the useful work, the same formula for every side, so FLOP/s ratios
+are speed ratios): with P = parameters used in matmuls (all but the embedding table:
+attention and MLP projections and the LM head; biases and norms ignored), L layers,
+width d and a sequence of T positions,
+    one forward of one position  = 2 P + 4 L T d          (dense attention over T keys)
+    update (forward + backward)  = 3 x trained tokens x (2 P + 4 L T d)
+    rollout (prefill + decoding) = B x (prompt + generated) x (2 P + 4 L T d)
+where trained tokens = B x T, the positions each side runs forward + backward on (arl:
+its static [B, S] buffer; TRL, tunix: prompt + completion, padded). The update's FLOP/s
+is reported against the float32 matmul peak of a large `jnp.dot` measured in this run.
+
+    python benchmarks/peers.py [--settings=toy,modest,multiturn] [--peers=arl,trl,tunix]
+        [--rounds=5] [--cache_dir=~/.cache/arl-bench-peers] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  pylint: disable=wrong-import-position
+from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
+
+from arl import config as config_lib  # noqa: E402
+from arl import envs as envs_lib  # noqa: E402
+from arl import rollout as rollout_lib  # noqa: E402
+from arl.models import hf_import  # noqa: E402
+from arl.models import transformer as transformer_lib  # noqa: E402
+from arl.trainers import TokenTrainer  # noqa: E402
+
+PEERS = ("arl", "trl", "tunix")
+WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
+# What each peer's virtual environment installs (pip arguments). torch is pinned to the
+# CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
+# of several GB.
+REQUIREMENTS = {
+    "trl": ["torch==2.13.0", "trl"],
+    "tunix": ["google-tunix"],
+}
+LOAD_WARNING = 1.5  # 1-minute load average above which timings are flagged
+
+
+# ------------------------------------------------------------------ arl's single-turn env
+class IdCodec(envs_lib.Codec):
+    """Token ids as their own text ("t5 t17 ..."): the single-turn settings' vocabulary.
+    The end-of-turn id is `vocab_size`, outside the sampled range, so a turn always runs
+    its whole token budget."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = int(vocab_size)
+        self.pad_id = protocol.PAD_ID
+        self.bos_id = protocol.BOS_ID
+        self.eot_id = self.vocab_size
+        self.digit_ids = np.zeros((10,), np.int32)
+        self.digit_value = np.full((self.vocab_size,), -1, np.int32)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(word[1:]) for word in text.split()]
+
+    def decode(self, ids, stop_at_pad: bool = True, show_special: bool = True) -> str:
+        return " ".join(f"t{int(i)}" for i in ids)
+
+
+@struct.dataclass
+class TargetTokenParams:
+    target: jax.Array  # int32: the rewarded token id
+
+
+class TargetToken(envs_lib.TokenEnvironment):
+    """One turn: the prompt is `prompt_len` uniformly random ids in
+    [FIRST_PROMPT_ID, vocab); the agent writes `gen_len` tokens; reward = the share of
+    them equal to `params.target`. Registered as "peers_target_token"."""
+
+    name = "peers_target_token"
+
+    def __init__(self, vocab: int = 64, prompt_len: int = 7, gen_len: int = 16):
+        self.codec = IdCodec(vocab)
+        self.max_turns = 1
+        self.prompt_len = int(prompt_len)
+        self.obs_len = 0  # no reply after the single turn
+        self.action_len = int(gen_len)
+
+    def default_params(self) -> TargetTokenParams:
+        return TargetTokenParams(target=jnp.asarray(protocol.TARGET_ID, jnp.int32))
+
+    def reward_bounds(self, params):
+        return jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
+
+    def _reset(self, key, params):
+        false = jnp.zeros((), bool)
+        state = envs_lib.TokenEnvState(turn=jnp.zeros((), jnp.int32), terminated=false,
+                                       truncated=false, success=false)
+        tokens = jax.random.randint(key, (self.prompt_len,), protocol.FIRST_PROMPT_ID,
+                                    self.codec.vocab_size, jnp.int32)
+        return state, envs_lib.TokenChunk(tokens, jnp.asarray(self.prompt_len, jnp.int32))
+
+    def _transition(self, key, state, content, params):
+        del key
+        valid = jnp.arange(content.tokens.shape[-1]) < content.length
+        hits = jnp.sum((content.tokens == params.target) & valid)
+        reward = hits / jnp.maximum(content.length, 1)
+        state = state.replace(terminated=jnp.ones((), bool), success=reward > 0.5)
+        return state, self.empty_observation(), reward.astype(jnp.float32), jnp.zeros((), bool)
+
+    def oracle_action(self, key, state, params):
+        return envs_lib.TokenChunk(jnp.full((self.action_len,), params.target, jnp.int32),
+                                   jnp.asarray(self.action_len, jnp.int32))
+
+
+envs_lib.register(TargetToken.name, TargetToken)
+
+
+# ------------------------------------------------------------------ model and checkpoint
+def model_config(setting: protocol.Setting, max_len: int) -> transformer_lib.TransformerConfig:
+    return transformer_lib.TransformerConfig(
+        vocab_size=setting.vocab, d_model=setting.d_model, num_layers=setting.num_layers,
+        num_heads=setting.num_heads, num_kv_heads=setting.num_kv_heads,
+        mlp_dim=setting.mlp_dim, max_len=max_len, rope_theta=setting.rope_theta,
+        norm_eps=setting.norm_eps, qkv_bias=True)
+
+
+def write_checkpoint(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
+    """The setting's randomly initialised Qwen2 checkpoint (config.json + safetensors),
+    written once under `cache_dir` and loaded by every side."""
+    tag = hashlib.sha1(f"{setting.to_json()}-{seed}".encode()).hexdigest()[:10]
+    path = os.path.join(cache_dir, "checkpoints", f"{setting.name}-{tag}")
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return path
+    config = model_config(setting, max_len=512)
+    model = transformer_lib.Transformer(config)
+    params = jax.jit(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32)))(
+        jax.random.key(seed))["params"]
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    hf_import.save_hf_checkpoint(tmp, params, config, model_type="qwen2")
+    os.replace(tmp, path)
+    return path
+
+
+def matmul_params(setting: protocol.Setting) -> int:
+    s = setting
+    attention = s.d_model * s.head_dim * (2 * s.num_heads + 2 * s.num_kv_heads)
+    mlp = 3 * s.d_model * s.mlp_dim
+    return s.num_layers * (attention + mlp) + s.d_model * s.vocab
+
+
+def forward_flops_per_position(setting: protocol.Setting, length: float) -> float:
+    return 2 * matmul_params(setting) + 4 * setting.num_layers * length * setting.d_model
+
+
+def update_flops(setting: protocol.Setting, trained_tokens: float) -> float:
+    length = trained_tokens / setting.batch
+    return 3 * trained_tokens * forward_flops_per_position(setting, length)
+
+
+def rollout_flops(setting: protocol.Setting, context: int) -> float:
+    return setting.batch * context * forward_flops_per_position(setting, context)
+
+
+# ------------------------------------------------------------------------- arl runner
+def arl_config(setting: protocol.Setting, checkpoint: str):
+    c = config_lib.default_config()
+    c.algorithm = "grpo"
+    if setting.turns:
+        c.env.name = "guess_number"
+        c.env.kwargs.max_n = 16
+        c.env.kwargs.max_turns = setting.turns
+    else:
+        c.env.name = TargetToken.name
+        c.env.kwargs.vocab = setting.vocab
+        c.env.kwargs.prompt_len = setting.prompt_len - 1  # arl's buffer starts with BOS
+        c.env.kwargs.gen_len = setting.gen_len
+    c.rollout.num_tasks = setting.num_prompts
+    c.rollout.group_size = setting.group_size
+    c.model.hf_checkpoint = checkpoint
+    c.model.dtype = "float32"
+    c.optim.learning_rate = 1e-5
+    c.optim.max_grad_norm = 1.0
+    c.loss.kl_coef = 0.0
+    c.updates.epochs = 1
+    c.updates.minibatches = 1
+    c.filters.skip_zero_advantage = False  # always time a real update
+    return c
+
+
+class ArlRunner:
+    """arl's compiled step and its rollout alone, behind the workers' step() face."""
+
+    name = "arl"
+
+    def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int):
+        start = time.perf_counter()
+        self.setting = setting
+        self.trainer = TokenTrainer(arl_config(setting, checkpoint))
+        state = self.trainer.init_state()
+        self.params = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
+        self.step_program, step_compile = common.compile_jitted(self.trainer.train_step,
+                                                                state)
+        roll = self._rollout_program()
+        self.rollout_program, rollout_compile = common.compile_jitted(
+            roll, self.params, jax.random.key(1))
+        self.metrics = []
+        self._run_step = common.donated_step_runner(self.step_program, state,
+                                                    self.metrics.append)
+        self._keys = iter(jax.random.split(jax.random.key(2), 10_000))
+        first = time.perf_counter()
+        self._run_step()
+        first_step_s = time.perf_counter() - first
+        for _ in range(max(0, warmup - 1)):
+            self._run_step()
+        self._run_rollout()
+        self.ready = dict(
+            setup_s=time.perf_counter() - start - first_step_s, first_step_s=first_step_s,
+            compile_s=step_compile, rollout_compile_s=rollout_compile,
+            context=self.trainer.context_length,
+            temp_mib=(common.temp_bytes(self.step_program) or 0) / 2**20)
+
+    def _rollout_program(self):
+        trainer, c = self.trainer, self.trainer.config
+        row_params = trainer.task_params(c.rollout.num_tasks, c.rollout.group_size)
+
+        def run(params, key):
+            return rollout_lib.rollout(
+                trainer.env, key, num_tasks=c.rollout.num_tasks,
+                group_size=c.rollout.group_size, model=trainer.model, params=params,
+                sampling=trainer.sampling, horizon=trainer.horizon(0), env_params=row_params)
+
+        return jax.jit(run)
+
+    def _run_rollout(self):
+        jax.block_until_ready(self.rollout_program(self.params, next(self._keys)))
+
+    def step(self) -> dict:
+        start = time.perf_counter()
+        self._run_step()
+        step_s = time.perf_counter() - start
+        start = time.perf_counter()
+        self._run_rollout()
+        rollout_s = time.perf_counter() - start
+        m = self.metrics[-1]
+        generated = float(m["response_tokens_mean"]) * self.trainer.batch_size
+        return dict(step_s=step_s, rollout_s=rollout_s, generated_tokens=generated,
+                    trained_tokens=self.trainer.batch_size * self.trainer.context_length,
+                    reward_mean=float(m.get("reward_mean", np.nan)))
+
+    def close(self):
+        pass
+
+
+# ------------------------------------------------------------------- peer environments
+def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
+    """(python of the peer's virtual environment, note), creating it on first use; None
+    and the reason when it cannot be installed."""
+    venv = os.path.join(cache_dir, peer, "venv")
+    python = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, ".arl-bench-installed")
+    wanted = " ".join(REQUIREMENTS[peer])
+    if os.path.isfile(marker) and open(marker, encoding="utf-8").read() == wanted:
+        return python, "cached"
+    log(f"[{peer}] installing {wanted} into {venv} (first use; a few minutes) ...")
+    start = time.perf_counter()
+    install_log = os.path.join(cache_dir, peer, "install.log")
+    os.makedirs(os.path.dirname(install_log), exist_ok=True)
+    with open(install_log, "w", encoding="utf-8") as f:
+        for cmd in ([sys.executable, "-m", "venv", "--clear", venv],
+                    [python, "-m", "pip", "install", "--quiet", *REQUIREMENTS[peer]]):
+            result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
+            if result.returncode:
+                return None, (f"install failed (`{' '.join(cmd[-3:])}` exit "
+                              f"{result.returncode}; see {install_log})")
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(wanted)
+    seconds = time.perf_counter() - start
+    log(f"[{peer}] installed in {seconds:.0f} s")
+    return python, f"installed in {seconds:.0f} s"
+
+
+class WorkerRunner:
+    """A peer's worker process; `step()` asks for one training step and returns its
+    timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
+
+    def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
+                 warmup: int, log_path: str, timeout: float, torch_threads: int = 0,
+                 script: str | None = None):
+        self.name = peer
+        self.timeout = timeout
+        self._log = open(log_path, "w", encoding="utf-8")
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        if torch_threads > 0:
+            env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
+            env["OMP_NUM_THREADS"] = str(torch_threads)
+        self.proc = subprocess.Popen(
+            [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
+             setting.to_json(), "--checkpoint", checkpoint, "--warmup", str(warmup)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            bufsize=1, env=env)
+        self.log_path = log_path
+        self.ready = None
+
+    def wait_ready(self, timeout: float) -> dict:
+        self.ready = self._expect("ready", timeout)
+        return self.ready
+
+    def _expect(self, event: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise RuntimeError(f"no '{event}' within {timeout:.0f} s (log: {self.log_path})")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 5.0))
+            if not ready:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited with code {self.proc.returncode} "
+                                       f"(log: {self.log_path})")
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait()
+                raise RuntimeError(f"worker exited with code {self.proc.returncode} "
+                                   f"(log: {self.log_path})")
+            message = protocol.parse_event(line)
+            if message is None:
+                continue
+            if message["event"] == "error":
+                self.close()
+                raise RuntimeError(f"{message['message']} (log: {self.log_path})")
+            if message["event"] == event:
+                return message
+
+    def step(self) -> dict:
+        self.proc.stdin.write(json.dumps({"cmd": "step"}) + "\n")
+        self.proc.stdin.flush()
+        return self._expect("step", self.timeout)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=20)
+            except (BrokenPipeError, subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+# --------------------------------------------------------------------------- measuring
+def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) -> dict:
+    """Builds every side for one setting, then interleaves `args.rounds` rounds."""
+    checkpoint = write_checkpoint(setting, args.cache_dir)
+    runners = []
+    for peer in peers:
+        if peer != "arl" and pythons.get(peer) is None:
+            continue
+        start = time.perf_counter()
+        try:
+            if peer == "arl":
+                runner = ArlRunner(setting, checkpoint, args.warmup)
+            else:
+                log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
+                runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
+                                      log_path, args.step_timeout, args.torch_threads)
+            runners.append(runner)
+        except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
+            failures.append((setting.name, peer, f"{type(e).__name__}: {e}".splitlines()[0]))
+            log(f"[{setting.name}] {peer}: could not start: {failures[-1][2]}")
+            continue
+        log(f"[{setting.name}] {peer}: started ({time.perf_counter() - start:.0f} s)")
+    alive = []
+    for runner in runners:
+        if isinstance(runner, WorkerRunner):
+            try:
+                runner.wait_ready(args.ready_timeout)
+            except RuntimeError as e:
+                failures.append((setting.name, runner.name, str(e)))
+                log(f"[{setting.name}] {runner.name}: failed before its first timed step: {e}")
+                continue
+        alive.append(runner)
+        log(f"[{setting.name}] {runner.name}: ready {json.dumps(runner.ready, default=str)}")
+
+    records = {r.name: [] for r in alive}
+    load = {"before": common.load_average()}
+    for round_index in range(args.rounds):
+        for runner in list(alive):
+            try:
+                records[runner.name].append(runner.step())
+            except Exception as e:  # noqa: BLE001 - one side's crash must not stop the rest
+                failures.append((setting.name, runner.name, f"crashed in round "
+                                 f"{round_index + 1}: {e}"))
+                log(f"[{setting.name}] {runner.name}: {failures[-1][2]}")
+                alive.remove(runner)
+                runner.close()
+        log(f"[{setting.name}] round {round_index + 1}/{args.rounds}: " + ", ".join(
+            f"{name} {recs[-1]['step_s']:.3f} s" for name, recs in records.items() if recs))
+    load["after"] = common.load_average()
+    for runner in runners:
+        runner.close()
+    results = {}
+    for runner in runners:
+        recs = records.get(runner.name)
+        if recs:
+            results[runner.name] = summarise(setting, recs, runner.ready)
+    return dict(setting=dataclasses.asdict(setting), load=load, results=results,
+                checkpoint=checkpoint)
+
+
+def summarise(setting: protocol.Setting, recs, ready) -> dict:
+    steps = [r["step_s"] for r in recs]
+    rollouts = [r["rollout_s"] for r in recs]
+    step_s = statistics.median(steps)
+    rollout_s = statistics.median(rollouts)
+    generated = statistics.mean(r["generated_tokens"] for r in recs)
+    trained = statistics.mean(r["trained_tokens"] for r in recs)
+    update_s = max(step_s - rollout_s, 1e-9)
+    rewards = [r["reward_mean"] for r in recs if r.get("reward_mean") is not None]
+    return dict(reward_mean=statistics.mean(rewards) if rewards else float("nan"),
+        step_s=step_s, step_min=min(steps), step_max=max(steps), rollout_s=rollout_s,
+        update_s=update_s, generated_tokens=generated, trained_tokens=trained,
+        generated_per_s=generated / step_s, trained_per_s=trained / step_s,
+        update_flops=update_flops(setting, trained),
+        update_flops_per_s=update_flops(setting, trained) / update_s,
+        first_step_s=ready.get("first_step_s"), setup_s=ready.get("setup_s"),
+        compile_s=ready.get("compile_s"), ready=ready, rounds=recs)
+
+
+def fmt_s(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def table(result: dict, peak: float) -> str:
+    rows = []
+    for name, r in result["results"].items():
+        compile_note = (f"{r['compile_s']:.1f} + {r['first_step_s']:.2f}" if name == "arl"
+                        else f"{r['setup_s']:.1f} + {r['first_step_s']:.2f}")
+        rows.append((
+            name, f"{r['step_s']:.3f}", f"{r['step_min']:.3f}-{r['step_max']:.3f}",
+            f"{r['rollout_s']:.3f}", f"{r['update_s']:.3f}",
+            common.fmt_rate(r["generated_per_s"]), common.fmt_rate(r["trained_per_s"]),
+            f"{r['update_flops_per_s'] / 1e9:.2f}",
+            f"{100 * r['update_flops_per_s'] / peak:.1f}%", compile_note,
+            f"{r['reward_mean']:.3f}"))
+    return common.markdown_table(
+        ["side", "s/step (median)", "min-max", "rollout s", "update s", "generated tok/s",
+         "trained tok/s", "update GFLOP/s", "of peak", "compile|setup + first step (s)",
+         "reward mean"],
+        rows)
+
+
+def setting_line(s: protocol.Setting) -> str:
+    model = (f"{s.num_layers} layers, d {s.d_model}, MLP {s.mlp_dim}, vocab {s.vocab}, "
+             f"{s.num_heads} heads / {s.num_kv_heads} KV heads, q/k/v biases")
+    if s.turns:
+        work = (f"guess_number (max_n 16), {s.turns} turns of up to {s.gen_len} tokens; "
+                f"{s.num_prompts} prompts x {s.group_size} samples")
+    else:
+        work = (f"{s.num_prompts} prompts x {s.group_size} samples, {s.prompt_len} prompt + "
+                f"{s.gen_len} generated tokens")
+    return f"**{s.name}**: {model}; {work}"
+
+
+def versions_line(results) -> str:
+    parts = [f"JAX {jax.__version__} (arl)"]
+    for run in results:
+        for name, r in run["results"].items():
+            v = r["ready"].get("versions")
+            if v:
+                parts.append(f"{name}: " + ", ".join(f"{k} {x}" for k, x in v.items()))
+    return "; ".join(dict.fromkeys(parts))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--settings", default="toy,modest,multiturn",
+                        help=f"comma-separated, from {sorted(protocol.SETTINGS)}")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"comma-separated, from {PEERS}")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps on every side before the rounds (>= 1)")
+    parser.add_argument("--cache_dir", "--cache-dir",
+                        default=os.path.expanduser("~/.cache/arl-bench-peers"),
+                        help="where the peers' virtual environments, the shared "
+                             "checkpoints and the workers' logs live")
+    parser.add_argument("--peak_size", "--peak-size", type=int, default=1024,
+                        help="side of the square float32 matmul that measures the peak")
+    parser.add_argument("--ready_timeout", "--ready-timeout", type=float, default=900.0,
+                        help="seconds a worker may take to build and warm up")
+    parser.add_argument("--step_timeout", "--step-timeout", type=float, default=600.0,
+                        help="seconds one timed step may take")
+    parser.add_argument("--torch_threads", "--torch-threads", type=int, default=0,
+                        help="intra-op threads of the TRL worker's torch (0: torch's default, "
+                             "one per core). On a loaded 2-core machine torch's 2 OpenMP "
+                             "threads stall each other; 1 shows TRL without that penalty")
+    parser.add_argument("--record", action="store_true",
+                        help="append the tables to benchmarks/RESULTS.md and write "
+                             "benchmarks/peers_results.json")
+    args = parser.parse_args(argv)
+    settings = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in settings if s not in protocol.SETTINGS]
+    if unknown or not settings:
+        parser.error(f"--settings: unknown {unknown}; allowed values are "
+                     f"{sorted(protocol.SETTINGS)}")
+    peers = [p for p in args.peers.split(",") if p]
+    if not peers or any(p not in PEERS for p in peers):
+        parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
+    if args.rounds < 1 or args.warmup < 1:
+        parser.error("--rounds and --warmup must be >= 1")
+    if args.torch_threads < 0:
+        parser.error(f"--torch_threads={args.torch_threads}: must be >= 0 (0: torch's default)")
+    args.cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir))
+    os.makedirs(args.cache_dir, exist_ok=True)
+
+    def log(text):
+        print(text, flush=True)
+
+    load_start = common.load_average()
+    log(f"machine: {common.machine_line()}")
+    if load_start > LOAD_WARNING:
+        log(f"WARNING: 1-minute load average {load_start:.2f} > {LOAD_WARNING}: other jobs "
+            "share this machine; read the ratios of the interleaved rounds, not the times")
+    failures = []
+    pythons = {}
+    install_notes = {}
+    for peer in peers:
+        if peer == "arl":
+            continue
+        pythons[peer], install_notes[peer] = peer_python(peer, args.cache_dir, log)
+        if pythons[peer] is None:
+            failures.append(("all", peer, install_notes[peer]))
+            log(f"[{peer}] skipped: {install_notes[peer]}")
+
+    peak = common.matmul_peak_flops(args.peak_size)
+    log(f"measured float32 matmul peak ({args.peak_size}^2 jnp.dot): {peak / 1e9:.1f} GFLOP/s")
+    results = []
+    for name in settings:
+        setting = protocol.SETTINGS[name]
+        log(f"== {setting_line(setting)}")
+        result = run_setting(setting, peers, args, log, pythons, failures)
+        results.append(result)
+        log(table(result, peak))
+    load_end = common.load_average()
+
+    blocks = []
+    for result in results:
+        blocks.append(f"{setting_line(protocol.SETTINGS[result['setting']['name']])} "
+                      f"(load {result['load']['before']:.2f} -> {result['load']['after']:.2f})"
+                      f"\n\n{table(result, peak)}\n")
+    def without_log(reason):  # the recorded text names no machine paths
+        return re.sub(r" [(]log: [^)]*[)]", "", reason)
+
+    failure_lines = "".join(f"- {setting} / {peer}: {without_log(reason)}\n"
+                            for setting, peer, reason in failures)
+    loaded = max(load_start, load_end) > LOAD_WARNING
+    threads = args.torch_threads or "default (one per core)"
+    environments = ", ".join(f"{k} {v}" for k, v in install_notes.items()) or "none"
+    text = (f"### `benchmarks/peers.py` — {common.utc_now()}\n\n"
+            f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "
+            f"start, {load_end:.2f} at the end"
+            f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
+            f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
+            f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
+            f"side; TRL's torch threads: {threads}; rollout = generation alone (arl: its "
+            f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
+            f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
+            f"/ update time, against the measured float32 matmul peak of {peak / 1e9:.1f} "
+            f"GFLOP/s. Compile|setup: arl's lower + compile seconds; the peers' trainer "
+            f"construction seconds.\n\n"
+            + "\n".join(blocks)
+            + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
+    print(text)
+    if args.record:
+        common.append_section("Peers: arl vs TRL vs tunix, equal-work GRPO step", text)
+        out = os.path.join(common.output_dir(), "peers_results.json")
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(dict(date=common.utc_now(), machine=common.machine_line(),
+                           load_start=load_start, load_end=load_end, peak_flops=peak,
+                           install=install_notes, failures=failures, results=results),
+                      f, indent=1, default=str)
+        log(f"recorded: RESULTS.md section and {out}")
+    return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Smoke test of `benchmarks/peers.py` without any peer install: arl's side at the tiny
+size, the driver's worker protocol against a stand-in worker, the FLOP count, and the
+peers' plain-Python guess_number against arl's environment."""
+
+import json
+import os
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def peers():
+    sys.path.insert(0, BENCH)
+    try:
+        import peers as module  # pylint: disable=import-outside-toplevel
+        yield module
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp_path):
+    out = peers.main(["--settings=tiny", "--peers=arl", "--rounds=2", "--warmup=1",
+                      f"--cache_dir={tmp_path}", "--peak_size=64"])
+    setting = peers.protocol.SETTINGS["tiny"]
+    result = out["results"][0]
+    arl = result["results"]["arl"]
+    assert out["failures"] == []
+    # Every sample writes exactly gen_len tokens: the end-of-turn id is never sampled.
+    assert arl["generated_tokens"] == setting.batch * setting.gen_len
+    # arl trains on its [B, S] buffer: BOS + (prompt_len - 1) prompt ids + gen_len.
+    assert arl["trained_tokens"] == setting.batch * (setting.prompt_len + setting.gen_len)
+    assert 0.0 <= arl["reward_mean"] <= 1.0
+    assert len(arl["rounds"]) == 2 and 0 < arl["step_min"] <= arl["step_s"] <= arl["step_max"]
+    assert 0 < arl["rollout_s"] and arl["update_flops_per_s"] > 0
+    # The shared checkpoint is a Qwen2 config with q/k/v biases, loadable by arl.
+    with open(os.path.join(result["checkpoint"], "config.json"), encoding="utf-8") as f:
+        hf = json.load(f)
+    assert hf["model_type"] == "qwen2" and hf["vocab_size"] == setting.vocab
+    assert hf["num_key_value_heads"] == setting.num_kv_heads
+
+
+def test_target_token_reward_is_the_share_of_target_ids(peers):
+    env = peers.TargetToken(vocab=16, prompt_len=3, gen_len=4)
+    params = env.default_params()
+    state, ts = env.reset(jax.random.key(0), params)
+    prompt = np.asarray(ts.observation.tokens)
+    assert prompt.shape == (3,) and ((prompt >= 4) & (prompt < 16)).all()
+    tokens = jnp.asarray([3, 7, 3, 3], jnp.int32)
+    action = peers.envs_lib.TokenChunk(tokens, jnp.asarray(4, jnp.int32))
+    _, ts = jax.jit(env.step)(jax.random.key(1), state, action, params)
+    assert float(ts.reward) == pytest.approx(0.75)
+    assert float(ts.reward) == pytest.approx(peers.protocol.target_share([3, 7, 3, 3]))
+    assert bool(ts.terminated)
+
+
+def test_update_flops_by_hand(peers):
+    s = peers.protocol.SETTINGS["toy"]
+    # attention: 128 x 32 x (2 x 4 + 2 x 2) = 49152; MLP 3 x 128 x 256 = 98304 per layer;
+    # 2 layers + LM head 128 x 64 = 8192.
+    assert peers.matmul_params(s) == 2 * (49152 + 98304) + 8192
+    trained = 64 * 24
+    per_position = 2 * peers.matmul_params(s) + 4 * 2 * 24 * 128
+    assert peers.update_flops(s, trained) == 3 * trained * per_position
+
+
+FAKE_WORKER = textwrap.dedent("""
+    import argparse, os, sys
+    sys.path.insert(0, {worker_dir!r})
+    import protocol
+    parser = argparse.ArgumentParser()
+    for flag in ("--setting", "--checkpoint", "--warmup"):
+        parser.add_argument(flag)
+    args = parser.parse_args()
+    channel = protocol.Channel()
+    print("library chatter on stdout must not reach the driver")
+    setting = protocol.Setting.from_json(args.setting)
+    channel.send("ready", setup_s=0.5, first_step_s=0.25)
+    steps = 0
+    while channel.next_command() == "step":
+        steps += 1
+        if steps == 3:
+            channel.send("error", message="ValueError: boom")
+            sys.exit(1)
+        channel.send("step", step_s=0.1 * steps, rollout_s=0.05,
+                     generated_tokens=setting.batch * setting.gen_len,
+                     trained_tokens=setting.batch, reward_mean=0.5)
+""")
+
+
+def test_worker_protocol_round_trip_and_crash_report(peers, tmp_path):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER.format(worker_dir=peers.WORKER_DIR))
+    setting = peers.protocol.SETTINGS["tiny"]
+    runner = peers.WorkerRunner("fake", sys.executable, setting, str(tmp_path), 1,
+                                str(tmp_path / "worker.log"), timeout=30, script=str(script))
+    assert runner.wait_ready(30)["first_step_s"] == 0.25
+    first, second = runner.step(), runner.step()
+    assert [first["step_s"], second["step_s"]] == pytest.approx([0.1, 0.2])
+    assert first["generated_tokens"] == setting.batch * setting.gen_len
+    with pytest.raises(RuntimeError, match="ValueError: boom"):
+        runner.step()
+    runner.close()
+    assert "library chatter" in (tmp_path / "worker.log").read_text()
+
+
+def test_host_guess_number_replies_like_arl_guess_number(peers):
+    from arl.envs import GuessNumber  # pylint: disable=import-outside-toplevel
+
+    protocol = peers.protocol
+    env = GuessNumber(max_n=16, max_turns=6)
+    params = env.default_params()
+    state, ts = env.reset(jax.random.key(3), params)
+    hidden = int(state.hidden)
+    assert hidden not in (7, 15)  # so that only the last guess below is correct
+    host = protocol.GuessNumberHost(hidden, max_turns=6)
+    np.testing.assert_array_equal(
+        host.prompt_ids()[1:], np.asarray(ts.observation.tokens)[:int(ts.observation.length)])
+    step = jax.jit(env.step)
+    actions = ["7<eot>", "x<eot>", "-3<eot>", "15", f"{hidden}<eot>"]
+    for text in actions:
+        ids = env.codec.encode(text)
+        padded = np.full((env.action_len,), env.codec.pad_id, np.int32)
+        padded[:len(ids)] = ids
+        chunk = peers.envs_lib.TokenChunk(jnp.asarray(padded), jnp.asarray(len(ids), jnp.int32))
+        state, ts = step(jax.random.key(4), state, chunk, params)
+        reply = host.step(ids)
+        assert reply == np.asarray(ts.observation.tokens)[:int(ts.observation.length)].tolist()
+        assert host.done == bool(ts.done)
+    # 5 turns at 0.05, two invalid ones ("x", "-3") at 0.1 more, success 1.0.
+    assert host.done and host.episode_return == pytest.approx(1.0 - 5 * 0.05 - 2 * 0.1)
