@@ -65,6 +65,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.mlp_dim = 256
     c.model.rope_theta = 10000.0
     c.model.tie_embeddings = False
+    # Projection biases of a fresh model: q/k/v (Qwen2), o_proj (with qkv_bias: HF Llama's
+    # attention_bias), the MLP's (HF Llama's mlp_bias). A checkpoint brings its own.
+    c.model.qkv_bias = False
+    c.model.o_bias = False
+    c.model.mlp_bias = False
     # Layers per iteration of the layer loop of the training forward and backward passes
     # (KV-cached decoding always loops over one layer at a time); 0 = all of them (no
     # loop). Unrolled, the default 2-layer model's gradient ran about 1.2x faster on CPU
@@ -332,6 +337,9 @@ def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     if m.num_heads % m.num_kv_heads:
         _fail("model.num_kv_heads", m.num_kv_heads,
               f"must divide model.num_heads={m.num_heads}")
+    for field in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias"):
+        if not isinstance(m.get(field, False), bool):
+            _fail(f"model.{field}", m.get(field), "allowed values are (True, False)")
     if m.dtype not in ("float32", "bfloat16"):
         _fail("model.dtype", m.dtype, "allowed values are ('float32', 'bfloat16')")
     _check_range(config, "model.logprob_chunk", 0, integer=True)

@@ -6,6 +6,7 @@ import importlib
 import os
 import stat
 
+import jax
 import pytest
 
 from arl import config as config_lib
@@ -126,3 +127,27 @@ def test_shipped_configs_are_valid_on_one_device(name):
     config_lib.validate(config, num_devices=1)
     # Every shipped config starts from the defaults: no unknown keys.
     assert set(config.keys()) == set(config_lib.default_config().keys())
+
+
+def test_fresh_model_projection_biases():
+    """model.qkv_bias / o_bias / mlp_bias give a fresh model those parameters (Qwen2-shaped
+    policies without a checkpoint); they must be booleans."""
+    from arl.trainers.policy import Policy
+
+    c = config_lib.default_config()
+    c.env.name = "bandit"
+    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
+    plain = Policy.from_config(c, vocab_size=64, context_length=16, value_head=False)
+    c.model.qkv_bias, c.model.o_bias, c.model.mlp_bias = True, True, True
+    biased = Policy.from_config(c, vocab_size=64, context_length=16, value_head=False)
+    params = biased.init_params(jax.random.key(0))
+    layer = params["layers"]
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(layer["self_attn"])
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert "bias" in layer["self_attn"][name], name
+        assert "bias" not in plain.init_params(jax.random.key(0))["layers"]["self_attn"][name]
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        assert "bias" in layer["mlp"][name], name
+    c.model.qkv_bias = 1
+    with pytest.raises(config_lib.ConfigError, match=r"config\.model\.qkv_bias=1"):
+        config_lib.validate(c)

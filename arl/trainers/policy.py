@@ -69,6 +69,9 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
             max_len=context_length,
             rope_theta=m.rope_theta,
             tie_embeddings=m.tie_embeddings,
+            qkv_bias=m.get("qkv_bias", False),
+            o_bias=m.get("o_bias", False),
+            mlp_bias=m.get("mlp_bias", False),
             value_head=value_head,
             dtype=jnp.dtype(m.dtype),
         )
