@@ -7,6 +7,7 @@ import os
 import stat
 
 import jax
+import ml_collections
 import pytest
 
 from arl import config as config_lib
@@ -148,6 +149,7 @@ def test_fresh_model_projection_biases():
         assert "bias" not in plain.init_params(jax.random.key(0))["layers"]["self_attn"][name]
     for name in ("gate_proj", "up_proj", "down_proj"):
         assert "bias" in layer["mlp"][name], name
-    c.model.qkv_bias = 1
+    # ml_collections refuses `c.model.qkv_bias = 1`; a section built from a dict does not.
+    c.model = ml_collections.ConfigDict({**c.model.to_dict(), "qkv_bias": 1})
     with pytest.raises(config_lib.ConfigError, match=r"config\.model\.qkv_bias=1"):
         config_lib.validate(c)
