@@ -50,6 +50,18 @@ def registered_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def factory(name: str) -> Callable[..., Environment]:
+    """What `make(name, ...)` calls: the registered class or function, or for
+    "gymnax:<id>" the gymnax adapter class."""
+    if name.startswith(GYMNAX_PREFIX):
+        from arl.envs.gymnax_adapter import GymnaxEnvironment  # pylint: disable=g-import-not-at-top
+        return GymnaxEnvironment
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env name {name!r}; known names: {registered_names()} "
+                         "or 'gymnax:<id>' (e.g. 'gymnax:CartPole-v1')")
+    return _REGISTRY[name]
+
+
 def make(name: str, **kwargs) -> Environment:
     """Build environment `name` (see `registered_names()`, or "gymnax:<gymnax id>").
 

@@ -252,6 +252,14 @@ class Mixture(TokenEnvironment):
     def num_envs(self) -> int:
         return len(self.envs)
 
+    @property
+    def has_oracle(self) -> bool:
+        return all(e.has_oracle for e in self.envs)
+
+    @property
+    def has_demonstrator(self) -> bool:
+        return all(e.has_demonstrator for e in self.envs)
+
     def default_params(self, env_id: int = 0) -> MixtureParams:
         if not 0 <= env_id < self.num_envs:
             raise ValueError(f"env_id must be in [0, {self.num_envs}), got {env_id}")

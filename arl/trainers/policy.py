@@ -12,6 +12,7 @@ the layout of `arl.rollout.Trajectory`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -22,7 +23,7 @@ import ml_collections
 from flax import struct
 
 from arl import algorithms as alg
-from arl.errors import ConfigError
+from arl.errors import ConfigError, one_line
 from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
 from arl.models.logprobs import chunked_token_logprobs
@@ -50,9 +51,10 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
     m = config.model
     if m.get("hf_checkpoint", ""):
         from arl.models import hf_import  # pylint: disable=g-import-not-at-top
-        model_config = hf_import.load_hf_config(
-            m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=jnp.float32,
-            max_len=context_length, value_head=value_head)
+        with checkpoint_errors_as_config_errors(m.hf_checkpoint):
+            model_config = hf_import.load_hf_config(
+                m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=jnp.float32,
+                max_len=context_length, value_head=value_head)
         if model_config.vocab_size < vocab_size:
             raise ConfigError(
                 f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
@@ -160,6 +162,21 @@ def load_pretrained(config: ml_collections.ConfigDict, model: transformer_lib.Tr
     if not config.model.get("hf_checkpoint", ""):
         return None
     from arl.models import hf_import  # pylint: disable=g-import-not-at-top
-    _, params = hf_import.load_hf_checkpoint(config.model.hf_checkpoint, config=model.config,
-                                             mesh=mesh)
+    with checkpoint_errors_as_config_errors(config.model.hf_checkpoint):
+        _, params = hf_import.load_hf_checkpoint(config.model.hf_checkpoint,
+                                                 config=model.config, mesh=mesh)
     return params
+
+
+@contextlib.contextmanager
+def checkpoint_errors_as_config_errors(path: str):
+    """Re-raises what the Hugging Face import refuses (an unsupported config.json, missing
+    or mismatching tensors: `hf_import.CheckpointMismatchError`, a ValueError; a missing
+    file) as a `ConfigError` naming `config.model.hf_checkpoint`."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, OSError) as error:
+        raise ConfigError(f"config.model.hf_checkpoint={path!r} is invalid: "
+                          f"{one_line(error)}") from error

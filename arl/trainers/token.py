@@ -34,7 +34,7 @@ from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
 from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
-from arl.errors import ConfigError
+from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
 from arl.trainers import signals as signals_lib
 from arl.trainers.credit import ProcessModels
@@ -93,9 +93,13 @@ class TokenTrainer:
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
         if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
-            self.demonstrations = datasets_lib.load_demonstrations(
-                config.loss.sft_dataset, env_config=config.env,
-                context_length=self.context_length)
+            try:
+                self.demonstrations = datasets_lib.load_demonstrations(
+                    config.loss.sft_dataset, env_config=config.env,
+                    context_length=self.context_length)
+            except (ValueError, OSError) as error:  # another env's set, unreadable files
+                raise ConfigError(f"config.loss.sft_dataset={config.loss.sft_dataset!r} is "
+                                  f"invalid: {one_line(error)}") from error
         shardings = self.state_shardings()
         self.train_step = jax.jit(
             self.step,
