@@ -72,6 +72,75 @@ _BAD_CONFIGS = [
      "loss.sft_dataset", None),
     ("bad_horizon_rounds", lambda c: setattr(c.rollout, "horizon_rounds", (2, 0)),
      "rollout.horizon_rounds", None),
+    # Refused since the CLI hardening (accepted before, or failing later with a traceback).
+    ("misspelt_key", lambda c: setattr(c, "trian_steps", 10), "trian_steps", None),
+    ("misspelt_nested_key", lambda c: setattr(c.optim, "learnig_rate", 0.1),
+     "optim.learnig_rate", None),
+    ("infinite_learning_rate", lambda c: setattr(c.optim, "learning_rate", float("inf")),
+     "optim.learning_rate", None),
+    ("nan_learning_rate", lambda c: setattr(c.optim, "learning_rate", float("nan")),
+     "optim.learning_rate", None),
+    ("infinite_unchecked_number", lambda c: setattr(c.loss, "sft_coef_final", float("-inf")),
+     "loss.sft_coef_final", None),
+    ("infinite_clip_high", lambda c: setattr(c.loss, "clip_high", float("inf")),
+     "loss.clip_high", None),
+    ("zero_rope_theta", lambda c: setattr(c.model, "rope_theta", 0.0), "model.rope_theta",
+     None),
+    ("horizon_beyond_max_turns",
+     lambda c: (setattr(c.env.kwargs, "max_n", 8),
+                setattr(c.rollout, "horizon_rounds", (2, 6))),  # max_turns = 3 + 2
+     "rollout.horizon_rounds", None),
+    ("env_param_above_range",
+     lambda c: (setattr(c.env, "name", "bandit"), setattr(c.env.params, "high_prob", 1.5)),
+     "env.params.high_prob", None),
+    ("env_param_infinite",
+     lambda c: setattr(c.env.params, "turn_cost", float("inf")), "env.params.turn_cost", None),
+    ("env_param_not_an_integer",
+     lambda c: setattr(c.env.params, "num_values", 2.5), "env.params.num_values", None),
+    ("env_param_beyond_static_bound",
+     lambda c: setattr(c.env.params, "num_values", 17), "env.params.num_values", None),
+    ("unknown_env_param", lambda c: setattr(c.env.params, "num_value", 8),
+     "env.params.num_value", None),
+    ("env_constructor_refuses_kwarg", lambda c: setattr(c.env.kwargs, "max_n", 1),
+     "env.kwargs", None),
+    ("unknown_env_kwarg", lambda c: setattr(c.env.kwargs, "max_nn", 8), "env.kwargs.max_nn",
+     None),
+    ("mixture_member_constructor_error",
+     lambda c: (setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit"},
+                                           {"name": "guess_number", "kwargs": {"max_n": 1}}))),
+     "env.members[1].kwargs", None),
+    ("mixture_member_param_out_of_range",
+     lambda c: (setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit", "params": {"high_prob": -0.1}},))),
+     "env.members[0].params.high_prob", None),
+    ("mixture_with_env_params",
+     lambda c: (setattr(c.env, "name", "mixture"), setattr(c.env, "members", ({"name": "bandit"},)),
+                setattr(c.env.params, "high_prob", 0.5)),
+     "env.params", None),
+    ("vector_env_with_params",
+     lambda c: (setattr(c, "algorithm", "ppo_vector"),
+                setattr(c.env, "name", "gymnax:CartPole-v1"),
+                setattr(c.env.params, "gravity", 9.8)), "env.params", None),
+    ("unknown_gymnax_id",
+     lambda c: (setattr(c, "algorithm", "ppo_vector"),
+                setattr(c.env, "name", "gymnax:CartPol-v1")), "env.name", None),
+    ("imports_missing_module", lambda c: setattr(c, "imports", ("no_such_pkg.envs",)),
+     "imports", None),
+    ("sft_term_demonstrator_on_env_without_one",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)),
+                setattr(c.env, "name", "say_digit"), setattr(c.loss, "sft_coef", 0.5)),
+     "loss.sft_source", None),
+    ("warm_start_demonstrator_on_env_without_one",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)),
+                setattr(c.env, "name", "say_digit"), setattr(c.warm_start, "sft_steps", 10),
+                setattr(c.warm_start, "sft_source", "demonstrator")),
+     "warm_start.sft_source", None),
+    ("mixture_member_without_demonstrator",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)), setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit"}, {"name": "say_digit"})),
+                setattr(c.warm_start, "sft_steps", 10)),
+     "loss.sft_source", None),
 ]
 
 
@@ -91,7 +160,7 @@ def test_bad_config_is_a_one_line_error_naming_the_field(override, field, num_de
 
 
 def test_enough_bad_configs_are_listed():
-    assert len(_BAD_CONFIGS) >= 15
+    assert len(_BAD_CONFIGS) >= 50
 
 
 def test_unwritable_workdir(tmp_path):
@@ -110,8 +179,77 @@ def test_unwritable_workdir(tmp_path):
 def test_workdir_under_a_file_is_rejected(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(config_lib.ConfigError, match="workdir"):
+    with pytest.raises(config_lib.ConfigError, match=r"^--workdir=.*/file/run'? cannot be "
+                       r"created: .*/file'? is a file"):
         config_lib.validate(config_lib.default_config(), workdir=str(blocker / "run"))
+
+
+def test_workdir_that_is_a_file_is_named_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^--workdir=.*/file'? is a file, not a directory"):
+        config_lib.validate(config_lib.default_config(), workdir=str(blocker))
+
+
+@pytest.mark.parametrize("path,suggestion", [
+    ("trian_steps", "train_steps"),               # a close sibling
+    ("optim.learnig_rate", "optim.learning_rate"),
+    ("learning_rate", "optim.learning_rate"),     # the same name in another section
+    ("optimm.learning_rate", "optim.learning_rate"),
+    ("rollout.horizon_round", "rollout.horizon_rounds"),
+])
+def test_unknown_key_names_the_closest_valid_key(path, suggestion):
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.check_key_path(path)
+    assert str(info.value).startswith(f"config.{path} is invalid: not a config key (did you "
+                                      f"mean config.{suggestion}?)"), str(info.value)
+
+
+def test_unknown_key_without_a_close_one_has_no_suggestion():
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.check_key_path("zzzzzz")
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("path", ["train_steps", "optim.learning_rate", "env.kwargs.max_n",
+                                  "env.params.anything", "imports"])
+def test_schema_and_free_form_keys_are_known(path):
+    config_lib.check_key_path(path)
+
+
+def test_unknown_key_inside_a_new_section_names_its_leaf():
+    config = config_lib.default_config()
+    config.optimm = {"learning_rate": 0.1}
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^config\.optimm\.learning_rate=0\.1 is invalid: not a config key "
+                             r"\(did you mean config\.optim\.learning_rate\?\)"):
+        config_lib.validate(config)
+
+
+def test_env_params_at_the_range_ends_are_accepted():
+    config = config_lib.default_config()
+    config.env.name = "bandit"
+    for value in (0.0, 1.0):
+        config.env.params.high_prob = value
+        config_lib.validate(config, num_devices=1)
+
+
+def test_imports_register_a_user_environment():
+    """The module named in config.imports is imported by validate (as the CLI, resume
+    and evaluation rely on), after which its env name is valid."""
+    import sys
+
+    from arl import envs
+
+    config = config_lib.default_config()
+    config.imports = ["tests.user_envs"]  # a list, as read back from a checkpoint's JSON
+    config.env.name = "say_digit"
+    config.loss.sft_source = "oracle"
+    config_lib.validate(config, num_devices=1)
+    assert "tests.user_envs" in sys.modules
+    assert "say_digit" in envs.registered_names()
+    config_lib.validate(config, num_devices=1)  # importing again is harmless
 
 
 def test_default_config_is_valid(tmp_path):

@@ -143,8 +143,11 @@ def override_params(params, overrides: Mapping[str, Any], field: str,
                 f"field {name!r}{did_you_mean(name, fields)}; its fields are {fields}.")
         _check_param_value(getattr(params, name), value, f"{field}.{name}",
                            (ranges or {}).get(name))
-    return params.replace(**{k: jnp.full_like(getattr(params, k), v)
-                             for k, v in overrides.items()})
+    # Sequences (an array field's per-element values) as arrays: full_like takes no tuple.
+    return params.replace(**{
+        k: jnp.full_like(getattr(params, k), np.asarray(v) if isinstance(v, (tuple, list))
+                         else v)
+        for k, v in overrides.items()})
 
 
 def _check_param_value(default, value, field: str, allowed: ParamRange | None) -> None:

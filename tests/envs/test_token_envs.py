@@ -432,4 +432,6 @@ def test_bad_construction_and_registry():
         E.make("bandit", num_pulls=0)
     with pytest.raises(ValueError, match="hole_prob"):
         E.FrozenLake().default_params(hole_prob=1.0)
-    assert E.registered_names() == sorted(NAMES + ["countdown", "sokoban"])
+    # arl's own registrations (tests may register their own envs, e.g. tests/user_envs.py).
+    own = [n for n in E.registered_names() if E.registry.factory(n).__module__.startswith("arl.")]
+    assert own == sorted(NAMES + ["countdown", "sokoban"])
