@@ -291,3 +291,58 @@ def test_fresh_model_projection_biases():
     c.model = ml_collections.ConfigDict({**c.model.to_dict(), "qkv_bias": 1})
     with pytest.raises(config_lib.ConfigError, match=r"config\.model\.qkv_bias=1"):
         config_lib.validate(c)
+
+
+# ------------------------------------------------- rejections outside `validate`
+def _tiny_hf_checkpoint(directory, **config_json_changes):
+    """A 1-layer Llama checkpoint for the CharCodec vocabulary, with `config.json`
+    fields changed afterwards."""
+    import json
+
+    import jax
+
+    from arl.envs import CharCodec
+    from arl.models import hf_import, transformer
+
+    model_config = transformer.TransformerConfig(
+        vocab_size=CharCodec().vocab_size, d_model=8, num_layers=1, num_heads=2,
+        num_kv_heads=2, mlp_dim=16, max_len=64)
+    params = transformer.Transformer(model_config).init(
+        jax.random.key(0), jax.numpy.zeros((1, 4), jax.numpy.int32))["params"]
+    hf_import.save_hf_checkpoint(str(directory), params, model_config)
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config_json_changes}))
+    return str(directory)
+
+
+def _hf_config(path):
+    config = config_lib.default_config()
+    config.env.name = "bandit"
+    config.model.hf_checkpoint = path
+    return config
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(vocab_size=10), r"has vocab_size 10 < the env codec's"),
+    (dict(hidden_act="gelu"), r"is invalid: config\.json: hidden_act='gelu' is not supported"),
+])
+def test_hf_config_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path, changes, match):
+    from arl.trainers import TokenTrainer
+
+    path = _tiny_hf_checkpoint(tmp_path / "hf", **changes)
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^config\.model\.hf_checkpoint='{path}' .*{match}"):
+        TokenTrainer(_hf_config(path))
+
+
+def test_hf_tensor_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path):
+    """config.json claims 2 layers, the tensors hold 1: refused when the weights load
+    (`hf_import.CheckpointMismatchError`, a ValueError, or a KeyError naming the tensor),
+    before the initial state is compiled."""
+    from arl.trainers import TokenTrainer
+
+    path = _tiny_hf_checkpoint(tmp_path / "hf", num_hidden_layers=2)
+    trainer = TokenTrainer(_hf_config(path))
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^config\.model\.hf_checkpoint='{path}' is invalid: .*layers"):
+        trainer.init_state()

@@ -235,7 +235,10 @@ class TokenEnvironment(Environment):
     `_transition(key, state, content, params) -> (state, obs_chunk, reward, format_error)`
     on a live episode, `_info(state, format_error)`, `oracle_action` and
     `reward_bounds(params)`, and optionally `process_reward(old_state, new_state,
-    params)`. This base class does the shared bookkeeping: sanitising the action, cutting
+    params)`, `demonstrator_action` (a weaker scripted teacher; `has_demonstrator` says
+    whether there is one, and configs asking for its demonstrations are refused up front
+    without one) and `param_ranges()` (the valid values of config overrides of the
+    params). This base class does the shared bookkeeping: sanitising the action, cutting
     it at the first end-of-turn token, counting turns, truncating at `max_turns`,
     keeping finished episodes finished, and adding `info["process_reward"]` (the hook's
     value on a live transition, 0 on reset and on a finished episode's no-op steps).
