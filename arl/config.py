@@ -280,15 +280,14 @@ def _check_section(section, schema, prefix: str) -> None:
                 _fail(path, value, "expected a section of keys (a ConfigDict)")
             _check_section(value, expected, path + ".")
         else:
-            _check_finite(path, value, value)
+            _check_finite(path, value)
 
 
-def _check_finite(path: str, value: Any, shown: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        _fail(path, shown, "expected a finite number")
-    if isinstance(value, (tuple, list)):
-        for item in value:
-            _check_finite(path, item, shown)
+def _check_finite(path: str, value: Any) -> None:
+    """inf and NaN, alone or inside a tuple, are never a valid setting."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        _fail(path, value, "expected a finite number")
 
 
 def _key_paths(schema, prefix: str = "") -> list[str]:

@@ -57,6 +57,9 @@ def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env"):
     """`registry.make(name, **kwargs)`, its rejections raised as `ConfigError`s naming
     `config.<field>.name` / `config.<field>.kwargs`."""
     kwargs = dict(kwargs or {})
+    if not isinstance(name, str):
+        raise ConfigError(f"config.{field}.name={name!r} is invalid: expected an env name "
+                          f"(one of {registry.registered_names()} or 'gymnax:<id>').")
     try:
         factory = registry.factory(name)
     except ValueError as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,6 @@ import numpy as np
 import pytest
 
 import arl.envs as E
-from arl.envs import from_config
 from arl.envs.base import ParamRange
 from arl.errors import ConfigError
 
@@ -91,7 +91,7 @@ def test_bad_override_names_the_field_and_what_is_allowed(field, value, message)
         E.task_params(env, {"params": {field: value}}, _ids())
     text = str(info.value)
     assert text.startswith(f"config.env.params.{field}={value!r} is invalid: "), text
-    assert __import__("re").search(message, text), text
+    assert re.search(message, text), text
 
 
 def test_override_checks_run_while_tracing():
