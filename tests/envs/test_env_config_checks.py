@@ -24,11 +24,17 @@ from arl.errors import ConfigError
 _BUILT_IN = {
     "bandit": E.Bandit(), "guess_number": E.GuessNumber(max_n=16),
     "calculator": E.Calculator(max_digits=2), "frozen_lake": E.FrozenLake(),
+    "sokoban": E.make("sokoban"), "countdown": E.make("countdown"),
 }
 
 
 def _ids(num_rows=1):
     return jnp.zeros((num_rows,), jnp.int32)
+
+
+def test_every_registered_env_is_covered():
+    own = [n for n in E.registered_names() if E.registry.factory(n).__module__.startswith("arl.")]
+    assert sorted(_BUILT_IN) == own
 
 
 @pytest.mark.parametrize("name", sorted(_BUILT_IN))
