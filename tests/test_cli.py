@@ -22,7 +22,7 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _USAGE_ERROR = 2
 _PARALLEL = 6
-_TIMEOUT_S = 120  # a case still running by then accepted its input
+_TIMEOUT_S = 240  # a case still running by then accepted its input (generous: busy hosts)
 
 
 @dataclasses.dataclass(frozen=True)
