@@ -12,6 +12,7 @@ from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, Tok
                            TokenEnvState, TokenSpace)
 from arl.envs.calculator import Calculator, CalculatorParams, CalculatorState
 from arl.envs.codec import CharCodec, Codec
+from arl.envs.dataset_task import DatasetTask, DatasetTaskParams, DatasetTaskState
 from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
 from arl.envs.from_config import env_names, make_env, member_of_task, task_params
@@ -22,7 +23,8 @@ from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, 
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",
-    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Discrete", "Environment",
+    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "DatasetTask",
+    "DatasetTaskParams", "DatasetTaskState", "Discrete", "Environment",
     "FrozenLake", "FrozenLakeParams", "FrozenLakeState", "GuessNumber", "GuessNumberParams",
     "GuessNumberState", "Mixture", "MixtureParams", "MixtureState", "TimeStep", "TokenChunk",
     "TokenEnvState", "TokenEnvironment", "TokenSpace", "TurnHorizon", "TurnHorizonParams",

@@ -8,6 +8,7 @@ from typing import Callable
 from arl.envs.bandit import Bandit
 from arl.envs.base import Environment
 from arl.envs.calculator import Calculator
+from arl.envs.dataset_task import DatasetTask
 from arl.envs.frozen_lake import FrozenLake
 from arl.envs.guess_number import GuessNumber
 
@@ -16,6 +17,7 @@ GYMNAX_PREFIX = "gymnax:"
 _REGISTRY: dict[str, Callable[..., Environment]] = {
     "guess_number": GuessNumber,
     "calculator": Calculator,
+    "dataset_task": DatasetTask,
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
 }
