@@ -231,7 +231,7 @@ class DatasetTask(TokenEnvironment):
         number_chars, number_lengths = tasks.forms["number"]
         self._numeric = verifier == "numeric"
         if self._numeric and np.any(number_lengths < 0):
-            lines = tasks.lines[number_lengths < 0].tolist()
+            lines = sorted(tasks.lines[number_lengths < 0].tolist())
             raise ValueError(f"verifier='numeric' needs a number in every answer; the answers "
                              f"of source lines {lines[:_LISTED]}"
                              f"{' ...' if len(lines) > _LISTED else ''} of {tasks.path!r} "
