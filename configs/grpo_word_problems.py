@@ -13,8 +13,16 @@ for a turn without a number.
 
 Stage 1 behaviour-clones the environment's weak demonstrator (right with probability
 0.5 on each attempt, else the answer with its last digit changed: success 0.75 over two
-attempts); stage 2 is GRPO with a small SFT floor. The model must do the arithmetic
-itself (no tool).
+attempts) for 1000 steps; stage 2 is 200 steps of GRPO with a small SFT floor. The model
+must do the arithmetic itself (no tool).
+
+Measured (seed 0, shared 2-core CPU, 15 + 7 minutes; `learning_stages`, 256 fresh
+training-split tasks, and all 30 eval rows x 8 samples): on the training problems the
+demonstrator succeeds 0.74, the model 0.36 sampled / 0.74 greedy after SFT and 0.74 /
+0.84 after SFT + GRPO (untrained: 0.04). On the held-out eval split it stays at ~0.2
+(0.18 / 0.23 after SFT, 0.21 / 0.20 after GRPO; demonstrator 0.77): a 2-layer
+d_model-64 decoder memorises 270 problems rather than learning the arithmetic. With 400
++ 100 steps: 0.20 / 0.26 after SFT, 0.33 / 0.45 after GRPO on the training problems.
 
     python -m experiments.train --config=configs/grpo_word_problems.py --workdir=/tmp/wp
     python -m experiments.learning_stages --config=configs/grpo_word_problems.py
@@ -41,7 +49,8 @@ def get_config():
     c.env.kwargs.max_turns = 2
     c.rollout.num_tasks = 8
     c.rollout.group_size = 8
-    recipes.warm_start(c, steps=400)  # stage 1: clone the demonstrator
+    c.train_steps = 200
+    recipes.warm_start(c, steps=1000)  # stage 1: clone the demonstrator
     recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: GRPO ...
     recipes.sft_floor(c, 0.05)  # ... with a small SFT floor
     return c
