@@ -12,6 +12,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
+    # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
+    package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7.0",

@@ -13,6 +13,7 @@ from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, Tok
 from arl.envs.calculator import Calculator, CalculatorParams, CalculatorState
 from arl.envs.codec import CharCodec, Codec
 from arl.envs.countdown import Countdown, CountdownParams, CountdownState
+from arl.envs.dataset_task import DatasetTask, DatasetTaskParams, DatasetTaskState
 from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
 from arl.envs.from_config import env_names, make_env, member_of_task, task_params
@@ -24,12 +25,12 @@ from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, 
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",
-    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Countdown",
-    "CountdownParams", "CountdownState", "Discrete", "Environment", "FrozenLake",
-    "FrozenLakeParams", "FrozenLakeState", "GuessNumber", "GuessNumberParams",
-    "GuessNumberState", "Mixture", "MixtureParams", "MixtureState", "Sokoban", "SokobanParams",
-    "SokobanState", "TimeStep", "TokenChunk", "TokenEnvState", "TokenEnvironment", "TokenSpace",
-    "TurnHorizon", "TurnHorizonParams", "TurnHorizonState", "VmapWrapper", "batch",
-    "broadcast_params", "env_names", "make", "make_env", "member_of_task", "register",
-    "registered_names", "task_params",
+    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Countdown", "CountdownParams",
+    "CountdownState", "DatasetTask", "DatasetTaskParams", "DatasetTaskState", "Discrete",
+    "Environment", "FrozenLake", "FrozenLakeParams", "FrozenLakeState", "GuessNumber",
+    "GuessNumberParams", "GuessNumberState", "Mixture", "MixtureParams", "MixtureState",
+    "Sokoban", "SokobanParams", "SokobanState", "TimeStep", "TokenChunk", "TokenEnvState",
+    "TokenEnvironment", "TokenSpace", "TurnHorizon", "TurnHorizonParams", "TurnHorizonState",
+    "VmapWrapper", "batch", "broadcast_params", "env_names", "make", "make_env",
+    "member_of_task", "register", "registered_names", "task_params",
 ]

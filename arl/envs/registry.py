@@ -9,6 +9,7 @@ from arl.envs.bandit import Bandit
 from arl.envs.base import Environment
 from arl.envs.calculator import Calculator
 from arl.envs.countdown import Countdown
+from arl.envs.dataset_task import DatasetTask
 from arl.envs.frozen_lake import FrozenLake
 from arl.envs.guess_number import GuessNumber
 from arl.envs.sokoban import Sokoban
@@ -18,6 +19,7 @@ GYMNAX_PREFIX = "gymnax:"
 _REGISTRY: dict[str, Callable[..., Environment]] = {
     "guess_number": GuessNumber,
     "calculator": Calculator,
+    "dataset_task": DatasetTask,
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
     "sokoban": Sokoban,

@@ -10,7 +10,10 @@ import pytest
 import arl.envs as E
 from arl.envs.base import TokenChunk
 
-NAMES = ["guess_number", "calculator", "frozen_lake", "bandit"]
+NAMES = ["guess_number", "calculator", "frozen_lake", "bandit", "dataset_task"]
+# Constructor kwargs where the defaults would leave a path untested: dataset_task's
+# default is one attempt; three exercise the "wrong, try again" turns.
+KWARGS = {"dataset_task": {"max_turns": 3}}
 CODEC = E.CharCodec()
 
 
@@ -72,7 +75,7 @@ _RUNNERS = {}
 
 def get_runner(name):
     if name not in _RUNNERS:
-        _RUNNERS[name] = Runner(E.make(name))
+        _RUNNERS[name] = Runner(E.make(name, **KWARGS.get(name, {})))
     return _RUNNERS[name]
 
 
