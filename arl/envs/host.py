@@ -50,7 +50,7 @@ A subclass implements, on the host (plain Python, per row):
 
 `host_step` must not raise for anything the agent writes (return a format error or an
 error reply instead); if it does raise, or runs past `step_timeout_s`, the row gets the
-reply "internal error" / "timeout", reward 0, and its episode ends (`info["host_error"]`
+reply "host error" / "timeout", reward 0, and its episode ends (`info["host_error"]`
 is set, the failure is logged and counted in `host_stats`): the trainer keeps running.
 
 Cost and placement (docs/host_environments.md has measurements): each turn is one
@@ -86,7 +86,7 @@ _log = logging.getLogger(__name__)
 
 TRUNCATION_MARK = ".."  # ends a reply cut to obs_len (characters of the built-in codec)
 UNKNOWN_CHAR = "?"      # stands for a character the codec cannot write
-HOST_ERROR_REPLY = "internal error"
+HOST_ERROR_REPLY = "host error"
 HOST_TIMEOUT_REPLY = "timeout"
 POLICY_KINDS = ("oracle", "demonstrator")
 
