@@ -380,20 +380,6 @@ def _validate_process(config) -> None:
               "a PRM reward needs a trained PRM: set process.train_prm=True")
 
 
-def _known_env_name(field: str, name, known) -> bool:
-    """A registered name, or an importable "<module>:<attribute>" (a failed import is
-    reported naming `field`)."""
-    if name in known:
-        return True
-    if not envs_lib.registry.is_import_name(name):
-        return False
-    try:
-        envs_lib.registry.import_factory(name)
-    except ValueError as exc:
-        _fail(field, name, str(exc))
-    return True
-
-
 def _validate_token_env(config) -> None:
     known = envs_lib.registered_names()
     name = config.env.name
@@ -401,16 +387,15 @@ def _validate_token_env(config) -> None:
         if len(config.env.members) < 1:
             _fail("env.members", config.env.members, "a mixture needs at least one member")
         for i, member in enumerate(config.env.members):
-            field = f"env.members[{i}].name"
-            if not hasattr(member, "get") or not _known_env_name(field, member.get("name"),
-                                                                 known):
-                _fail(field, member.get("name") if hasattr(member, "get") else member,
-                      f"allowed values are {known} or '<module>:<class>'")
-    elif not _known_env_name("env.name", name, known):
+            if not hasattr(member, "get") or member.get("name") not in known:
+                _fail(f"env.members[{i}].name",
+                      member.get("name") if hasattr(member, "get") else member,
+                      f"allowed values are {known}")
+    elif name not in known:
         hint = (" (gymnax environments are vector envs: use algorithm='ppo_vector')"
                 if str(name).startswith("gymnax:") else "")
         _fail("env.name", name, f"allowed values for token algorithms are {known + ['mixture']}"
-              f" or '<module>:<class>'{hint}")
+              f"{hint}")
 
 
 def _validate_vector(config) -> None:

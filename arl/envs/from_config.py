@@ -34,16 +34,8 @@ def make_env(env_config: Mapping[str, Any]):
     registered env built with `kwargs`, or for name "mixture" a `Mixture` of `members`
     (each {"name", "kwargs", "params"})."""
     if env_config["name"] == "mixture":
-        members = [registry.make(m["name"], **dict(_get(m, "kwargs", {}) or {}))
-                   for m in env_config["members"]]
-        for i, member in enumerate(members):
-            if getattr(member, "is_host_environment", False):
-                raise ConfigError(
-                    f"config.env.members[{i}].name={member.name!r} is a host environment "
-                    "(arl.envs.host), which cannot be a mixture member: under vmap every "
-                    "member steps every row, so its tool would run on the other members' "
-                    "rows; train it on its own")
-        return Mixture(members)
+        return Mixture([registry.make(m["name"], **dict(_get(m, "kwargs", {}) or {}))
+                        for m in env_config["members"]])
     return registry.make(env_config["name"], **dict(_get(env_config, "kwargs", {}) or {}))
 
 

@@ -1,14 +1,8 @@
 """Environment names: `make(name, **kwargs)` builds a registered environment;
-"gymnax:<id>" wraps a gymnax environment (gymnax is needed by that adapter only);
-"<module>:<attribute>" (e.g. "my_tools:Collatz") imports `module` and builds its
-`attribute`, so an environment in the user's own code works in a config, and in every
-process that reads the config (training, resuming, `experiments.evaluate`), without a
-`register` call."""
+"gymnax:<id>" wraps a gymnax environment (gymnax is needed by that adapter only)."""
 
 from __future__ import annotations
 
-import importlib
-import re
 from typing import Callable
 
 from arl.envs.bandit import Bandit
@@ -22,7 +16,6 @@ from arl.envs.sokoban import Sokoban
 from arl.envs.sql_query import SqlQuery
 
 GYMNAX_PREFIX = "gymnax:"
-_IMPORT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {
     "guess_number": GuessNumber,
@@ -62,36 +55,8 @@ def registered_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def is_import_name(name) -> bool:
-    """Whether `name` has the form "<module>:<attribute>" (and is not a gymnax id)."""
-    return (isinstance(name, str) and not name.startswith(GYMNAX_PREFIX)
-            and _IMPORT_NAME.match(name) is not None)
-
-
-def import_factory(name: str) -> Callable[..., Environment]:
-    """The callable named by "<module>:<attribute>" (a dotted attribute path allowed).
-
-    Raises ValueError naming `name` when the module cannot be imported or has no such
-    attribute, or the attribute is not callable."""
-    module_name, _, attribute = name.partition(":")
-    try:
-        target = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"env name {name!r}: cannot import module {module_name!r} "
-                         f"({exc})") from exc
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"env name {name!r}: module {module_name!r} has no attribute "
-                             f"{attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ValueError(f"env name {name!r}: {attribute!r} is not callable")
-    return target
-
-
 def make(name: str, **kwargs) -> Environment:
-    """Build environment `name` (see `registered_names()`, "gymnax:<gymnax id>" or
-    "<module>:<attribute>").
+    """Build environment `name` (see `registered_names()`, or "gymnax:<gymnax id>").
 
     A string `codec` kwarg is the path of a Hugging Face `tokenizer.json`, wrapped in
     `arl.envs.hf_codec.HFCodec` (so a config can name a tokenizer as plain data).
@@ -103,9 +68,7 @@ def make(name: str, **kwargs) -> Environment:
         # gymnax is imported only when a gymnax env is asked for.
         from arl.envs.gymnax_adapter import GymnaxEnvironment  # pylint: disable=g-import-not-at-top
         return GymnaxEnvironment(name[len(GYMNAX_PREFIX):], **kwargs)
-    if name not in _REGISTRY and is_import_name(name):
-        return import_factory(name)(**kwargs)
     if name not in _REGISTRY:
-        raise ValueError(f"unknown env name {name!r}; known names: {registered_names()}, "
-                         "'gymnax:<id>' (e.g. 'gymnax:CartPole-v1') or '<module>:<class>'")
+        raise ValueError(f"unknown env name {name!r}; known names: {registered_names()} "
+                         "or 'gymnax:<id>' (e.g. 'gymnax:CartPole-v1')")
     return _REGISTRY[name](**kwargs)

@@ -23,7 +23,6 @@ from arl.envs import CharCodec, Mixture, host
 from arl.envs.base import TokenChunk
 from arl.envs.calculator import Calculator
 from arl.envs.host import HostEnvironment, HostTurn
-from arl.errors import ConfigError
 from arl.rollout import branching
 
 
@@ -276,19 +275,11 @@ def test_branching_forks_a_host_state():
     np.testing.assert_array_equal(values.values[:, 1], reached.astype(np.float32))
 
 
-def test_mixtures_refuse_host_members_and_import_names_work():
+def test_mixtures_refuse_host_members():
     with pytest.raises(ValueError, match="cannot be a Mixture member"):
         Mixture([Calculator(), Reverse()])
     c = arl.default_config()
     c.env.name = "mixture"
     c.env.members = ({"name": "calculator"}, {"name": "code_interpreter"})
-    with pytest.raises(ConfigError, match=r"env.members\[1\].name"):
+    with pytest.raises(ValueError, match="code_interpreter.*cannot be a Mixture member"):
         arl.make_env(c.env)
-    env = arl.envs.make("tests.envs.test_host_env:Reverse", max_turns=2)
-    assert isinstance(env, Reverse) and env.max_turns == 2
-    c = arl.default_config()
-    c.env.name = "tests.envs.test_host_env:Reverse"
-    arl.validate(c)
-    c.env.name = "tests.envs.no_such_module:Reverse"
-    with pytest.raises(ConfigError, match="env.name.*cannot import"):
-        arl.validate(c)
