@@ -120,7 +120,7 @@ class CodeInterpreter(ToolEnvironment):
                  families: tuple[str, ...] = tuple(FAMILIES), obs_len: int = 24,
                  action_len: int = 44, wall_time_s: float = 2.0, cpu_time_s: float = 2.0,
                  memory_mb: int = 256, skip_tool: float = 0.3, buggy_program: float = 0.2,
-                 final_output: bool = False, cache_size: int = 8192,
+                 final_output: bool = False, cache_size: int = 16384,
                  max_workers: int | None = None, step_timeout_s: float | None = 30.0):
         families = tuple(families)
         unknown = [f for f in families if f not in FAMILIES]
