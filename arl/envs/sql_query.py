@@ -28,12 +28,29 @@ reference query and answers its result.
 from __future__ import annotations
 
 import random
+import threading
 
 from arl.envs.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask, parse_int
 from arl.tools.sandbox import ExecutionResult
 from arl.tools.sql import (DEPARTMENTS, FIRST_NAMES, SqlLimits, answers_match,
                            make_sql_task, run_sql)
+
+
+class LazyDatabase:
+    """A generated database whose SQLite bytes are built on first use (about 2 ms: only
+    episodes that query pay for it), once."""
+
+    def __init__(self, database):
+        self.database = database
+        self._bytes = None
+        self._lock = threading.Lock()
+
+    def to_bytes(self) -> bytes:
+        with self._lock:
+            if self._bytes is None:
+                self._bytes = self.database.to_bytes()
+            return self._bytes
 
 
 def single_cell(result: ExecutionResult) -> str | None:
@@ -79,10 +96,10 @@ class SqlQuery(ToolEnvironment):
         del params
         db, task = make_sql_task(seed, **self.database_kwargs)
         return ToolTask(prompt=task.question, answer=task.answer,
-                        solution=task.reference_sql, data=db.to_bytes(), data_id=seed)
+                        solution=task.reference_sql, data=LazyDatabase(db), data_id=seed)
 
     def run_tool(self, task: ToolTask, source: str) -> ExecutionResult:
-        return run_sql(task.data, source, limits=self.limits)
+        return run_sql(task.data.to_bytes(), source, limits=self.limits)
 
     def tool_value(self, result: ExecutionResult) -> int | None:
         cell = single_cell(result)

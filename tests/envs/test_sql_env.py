@@ -25,10 +25,10 @@ def test_tasks_fit_and_guesses_are_wrong():
         db, reference = make_sql_task(seed)
         assert (task.prompt, task.answer, task.solution) == (
             reference.question, reference.answer, reference.reference_sql)
-        assert task.data == db.to_bytes() and task.data_id == seed
+        assert task.data.to_bytes() == db.to_bytes() and task.data_id == seed
         assert len(task.prompt) <= env.prompt_len
         assert len(f"<sql>{task.solution}</sql>") + 1 <= env.action_len
-        result = run_sql(task.data, task.solution)
+        result = run_sql(task.data.to_bytes(), task.solution)
         assert env.shows_answer(task, result)
         assert not answers_match(env.guess(task, random.Random(seed)), task.answer)
 
@@ -66,7 +66,7 @@ def test_turns_by_hand():
                                             _chunks(env, texts), params)
     replies = [env.codec.decode(np.asarray(ts.observation.tokens[b])[
         :int(ts.observation.length[b])], stop_at_pad=False) for b in range(rows)]
-    expected = run_sql(tasks[0].data, tasks[0].solution).observation
+    expected = run_sql(tasks[0].data.to_bytes(), tasks[0].solution).observation
     assert replies[0] == host.decode_action(env.codec, *host.encode_reply(
         env.codec, expected, env.obs_len))
     assert replies[1].startswith("error: only read-only queries")
