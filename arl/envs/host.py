@@ -83,6 +83,7 @@ from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
 from arl.envs.codec import CharCodec, Codec
 
 _log = logging.getLogger(__name__)
+_INIT_LOCK = threading.Lock()  # guards the lazy creation of an env's host-side state
 
 TRUNCATION_MARK = ".."  # ends a reply cut to obs_len (characters of the built-in codec)
 UNKNOWN_CHAR = "?"      # stands for a character the codec cannot write
@@ -336,13 +337,18 @@ class HostEnvironment(TokenEnvironment):
 
     # -- host machinery
     def _host_init(self):
+        """Creates the host-side state (lock, task cache, counters; the pool on first
+        use). Lazy, so a subclass's constructor need not call it."""
         if getattr(self, "_host_ready", False):
             return
-        self._lock = threading.Lock()
-        self._tasks: OrderedDict = OrderedDict()
-        self._stats = HostStats()
-        self._pool = None
-        self._host_ready = True
+        with _INIT_LOCK:
+            if getattr(self, "_host_ready", False):
+                return
+            self._lock = threading.Lock()
+            self._tasks: OrderedDict = OrderedDict()
+            self._stats = HostStats()
+            self._pool = None
+            self._host_ready = True
 
     @property
     def host_stats(self) -> HostStats:
