@@ -33,6 +33,7 @@ ATTACKS = (
     ("import os\nos.system('kill -9 -1')", "PermissionError: sandbox"),
     ("import socket\nsocket.socket()", "PermissionError: sandbox"),
     ("raise SystemExit(7)", "exit status 7"),
+    ("import os\nos.environ.get('ARL_HOST_TEST_SECRET')", "(no output)"),  # not inherited
 )
 # The train step plays three of them (a shorter context compiles faster).
 TRAIN_ATTACKS = (ATTACKS[0], ATTACKS[1], ATTACKS[3])
@@ -43,7 +44,8 @@ class AttackInterpreter(CodeInterpreter):
     name = "attack_interpreter"
 
     def __init__(self, attacks=ATTACKS):
-        super().__init__(max_turns=len(attacks), action_len=48, obs_len=40,
+        action_len = max(len(f"<py>{program}</py>") for program, _ in attacks) + 1
+        super().__init__(max_turns=len(attacks), action_len=action_len, obs_len=40,
                          wall_time_s=0.5, cpu_time_s=0.5, memory_mb=128, cache_size=0,
                          step_timeout_s=10.0)
         self.attacks = tuple(attacks)
