@@ -432,4 +432,5 @@ def test_bad_construction_and_registry():
         E.make("bandit", num_pulls=0)
     with pytest.raises(ValueError, match="hole_prob"):
         E.FrozenLake().default_params(hole_prob=1.0)
-    assert E.registered_names() == sorted(NAMES + ["countdown", "sokoban"])
+    assert E.registered_names() == sorted(NAMES + ["code_interpreter", "countdown", "sokoban",
+                                                   "sql"])
