@@ -24,8 +24,9 @@ def test_grpo_code_interpreter_learns_to_run_the_right_program():
     assert result["oracle"][0] == 1.0
     # Skips the tool 30 % of the time, writes a buggy program 20 %: 0.56 expected.
     assert 0.45 <= result["demonstrator"][0] <= 0.65, result
+    # Measured (seed 0): SFT alone 0.41 sampled / 0.93 greedy; SFT + RL 0.91 / 0.98.
     rl_sampled, rl_greedy = result["rl_sampled"][0], result["rl_greedy"][0]
-    assert rl_sampled >= THRESHOLD_RL_SAMPLED, result
+    assert rl_sampled >= 0.85, result
     assert rl_sampled > result["sft_sampled"][0] + 0.15, result
     assert rl_sampled > result["demonstrator"][0] + 0.15, result
-    assert rl_greedy >= THRESHOLD_RL_GREEDY, result
+    assert rl_greedy >= 0.93, result

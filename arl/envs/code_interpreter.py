@@ -108,7 +108,9 @@ class CodeInterpreter(ToolEnvironment):
       families: which task families (`FAMILIES`) to draw from, uniformly.
       obs_len: reply tokens (outputs and one-line errors; longer ones are cut).
       action_len: tokens per agent turn (the longest reference turn needs 42).
-      wall_time_s, cpu_time_s, memory_mb: the sandbox's limits per cell.
+      wall_time_s, cpu_time_s, memory_mb: the sandbox's limits per cell (the CPU
+        limit above the wall limit: a runaway single-threaded cell then always reads
+        "timeout after 2.0 s", whatever the machine's load, so runs replay exactly).
       skip_tool, buggy_program: the demonstrator's weaknesses (module docstring).
       final_output: one turn; the cell's output is the answer.
     """
@@ -118,7 +120,7 @@ class CodeInterpreter(ToolEnvironment):
 
     def __init__(self, codec: Codec | None = None, max_turns: int = 2,
                  families: tuple[str, ...] = tuple(FAMILIES), obs_len: int = 24,
-                 action_len: int = 44, wall_time_s: float = 2.0, cpu_time_s: float = 2.0,
+                 action_len: int = 44, wall_time_s: float = 2.0, cpu_time_s: float = 3.0,
                  memory_mb: int = 256, skip_tool: float = 0.3, buggy_program: float = 0.2,
                  final_output: bool = False, cache_size: int = 16384,
                  max_workers: int | None = None, step_timeout_s: float | None = 30.0):
