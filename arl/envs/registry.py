@@ -8,11 +8,13 @@ from typing import Callable
 from arl.envs.bandit import Bandit
 from arl.envs.base import Environment
 from arl.envs.calculator import Calculator
+from arl.envs.code_interpreter import CodeInterpreter
 from arl.envs.countdown import Countdown
 from arl.envs.dataset_task import DatasetTask
 from arl.envs.frozen_lake import FrozenLake
 from arl.envs.guess_number import GuessNumber
 from arl.envs.sokoban import Sokoban
+from arl.envs.sql_query import SqlQuery
 
 GYMNAX_PREFIX = "gymnax:"
 
@@ -24,6 +26,9 @@ _REGISTRY: dict[str, Callable[..., Environment]] = {
     "bandit": Bandit,
     "sokoban": Sokoban,
     "countdown": Countdown,
+    # Host environments (arl.envs.host): Python tools behind a host callback.
+    "code_interpreter": CodeInterpreter,
+    "sql": SqlQuery,
 }
 
 

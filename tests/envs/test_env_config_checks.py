@@ -25,7 +25,8 @@ _BUILT_IN = {
     "bandit": E.Bandit(), "guess_number": E.GuessNumber(max_n=16),
     "calculator": E.Calculator(max_digits=2), "frozen_lake": E.FrozenLake(),
     "sokoban": E.make("sokoban"), "countdown": E.make("countdown"),
-    "dataset_task": E.make("dataset_task"),
+    "dataset_task": E.make("dataset_task"), "code_interpreter": E.make("code_interpreter"),
+    "sql": E.make("sql"),
 }
 
 

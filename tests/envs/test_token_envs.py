@@ -437,4 +437,4 @@ def test_bad_construction_and_registry():
         E.FrozenLake().default_params(hole_prob=1.0)
     # arl's own registrations (tests may register their own envs, e.g. tests/user_envs.py).
     own = [n for n in E.registered_names() if E.registry.factory(n).__module__.startswith("arl.")]
-    assert own == sorted(NAMES + ["countdown", "sokoban"])
+    assert own == sorted(NAMES + ["code_interpreter", "countdown", "sokoban", "sql"])
