@@ -38,6 +38,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.keep_checkpoints = 3
     c.sample_every = 25  # write rendered sample trajectories every N steps
     c.mesh = (1, 1, 1)  # (data, fsdp, tensor); product must not exceed the device count
+    # Constrain the model's activations to the mesh (arl.models.transformer
+    # ACTIVATION_AXIS_RULES: batch over data x fsdp, heads and MLP width over tensor):
+    # FSDP and tensor-parallel layouts then compile without XLA resharding the residual
+    # stream ("involuntary full rematerialization"). No effect on a one-device mesh; on
+    # larger meshes the numbers move at float rounding level (another partitioning).
+    c.activation_sharding = False
 
     c.env = ml_collections.ConfigDict()
     c.env.name = "guess_number"
@@ -239,6 +245,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "sample_every", 0, integer=True)
 
     mesh = tuple(config.mesh)
+    if not isinstance(config.get("activation_sharding", False), bool):
+        _fail("activation_sharding", config.get("activation_sharding"),
+              "allowed values are (True, False)")
     if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
         _fail("mesh", mesh, f"expected three positive integers for axes {MESH_AXES}")
     if num_devices is not None and math.prod(mesh) > num_devices:

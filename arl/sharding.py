@@ -33,12 +33,12 @@ def make_mesh(shape: Sequence[int], devices=None) -> jax.sharding.Mesh:
                          devices=devices[: math.prod(shape)])
 
 
-def activation_mesh(mesh: jax.sharding.Mesh):
+def activation_mesh(mesh: jax.sharding.Mesh | None):
     """Context in which a step traces with `mesh` as JAX's abstract mesh, so the model's
     activation constraints (`arl.models.transformer.constrain_activation`) take effect;
-    nothing at all on a one-device mesh (the program is then exactly the unsharded one).
-    """
-    if mesh.size == 1:
+    nothing at all for None or a one-device mesh (the program is then exactly the
+    unconstrained one). The trainers pass their mesh when `config.activation_sharding`."""
+    if mesh is None or mesh.size == 1:
         return contextlib.nullcontext()
     return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 

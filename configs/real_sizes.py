@@ -71,6 +71,7 @@ def get_config(shape: str = "qwen2.5-0.5b"):
     c.rollout.num_tasks = 8
     c.rollout.group_size = 8
     c.mesh = (1, 8, 1)
+    c.activation_sharding = True
     for key, value in SHAPES[shape].items():
         c.model[key] = value
     c.model.dtype = "bfloat16"

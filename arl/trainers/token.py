@@ -75,6 +75,8 @@ class TokenTrainer:
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
+        # The mesh the model's activation constraints follow (config.activation_sharding).
+        self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
         self.process_models = ProcessModels.from_config(config, self.policy)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
@@ -163,8 +165,9 @@ class TokenTrainer:
 
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
-        form with the state's shardings), under the mesh's activation sharding rules."""
-        with sharding_lib.activation_mesh(self.mesh):
+        form with the state's shardings), under the mesh's activation sharding rules
+        when `config.activation_sharding`."""
+        with sharding_lib.activation_mesh(self.activation_mesh):
             return self._step(state)
 
     def _step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -287,7 +290,7 @@ class TokenTrainer:
 
         def evaluate(params, key, greedy):
             sampling = self.sampling.replace(greedy=greedy)
-            with sharding_lib.activation_mesh(self.mesh):
+            with sharding_lib.activation_mesh(self.activation_mesh):
                 traj = rollout_lib.rollout(
                     self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
                     params=params, sampling=sampling,

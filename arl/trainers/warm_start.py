@@ -70,7 +70,7 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     env_params = trainer.task_params(batch_size, 1)
 
     def loss_fn(p, tokens, mask):
-        with sharding_lib.activation_mesh(trainer.mesh):
+        with sharding_lib.activation_mesh(trainer.activation_mesh):
             return alg.sft_loss(trainer.policy.score(p, tokens).logp, mask)
 
     @jax.jit
