@@ -17,11 +17,12 @@ and Adam moments, every layer rematerialised, log-probs in chunks of 128 positio
 
     python benchmarks/real_sizes.py                     # 3 shapes x 4 layouts (~45 min here)
     python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" --no-write
-    python benchmarks/real_sizes.py --step              # one real 0.5B step on 8 CPU devices
+    python benchmarks/real_sizes.py --step              # one real 0.5B step, 8 CPU devices
     python benchmarks/real_sizes.py --tiny --no-write   # the smoke-test size
 
-On a GPU/TPU host `--platform default` compiles for the accelerator itself (one device:
-layout (1, 1, 1); benchmarks/accelerator.sh).
+On a GPU/TPU host `--accelerator` compiles every shape for the accelerator itself (one
+device, layout (1, 1, 1)) and runs real steps of those that fit
+(`bash benchmarks/accelerator.sh --real-sizes`).
 """
 
 from __future__ import annotations
@@ -322,14 +323,19 @@ def terms_table(results: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------------------- one real step
+STEP_MESH = (1, 2, 4)  # fsdp x tensor: the vocabulary matrices split 4 ways
+
+
 def real_step(args) -> dict:
-    """One real train step of `args.shapes` (one shape) on mesh (1, 8, 1) of this
-    process's CPU devices, at a small batch and context; prints its metrics."""
+    """One real train step of the first of `args.shapes` on 8 CPU devices (`STEP_MESH`:
+    all 8 fake devices share this machine's memory, and under pure FSDP each would hold
+    the gathered vocabulary matrices), `args.num_tasks` x `args.group_size` episodes of
+    up to `args.max_turns` turns; prints its metrics."""
     import jax
     import numpy as np
 
     shape = args.shapes.split(",")[0]
-    config = make_config(shape, (1, 8, 1), num_tasks=args.num_tasks,
+    config = make_config(shape, STEP_MESH, num_tasks=args.num_tasks,
                          group_size=args.group_size, max_turns=args.max_turns)
     trainer = make_trainer(config)
     start = time.perf_counter()
@@ -350,6 +356,68 @@ def real_step(args) -> dict:
            "metrics": {k: float(v) for k, v in sorted(metrics.items())}}
     print(json.dumps(out, indent=1), flush=True)
     return out
+
+
+# ---------------------------------------------------------------------------- one chip
+def run_accelerator(args) -> list[dict]:
+    """Every shape compiled for the default backend's first device (layout (1, 1, 1),
+    the config's batch and context), its memory set against the estimate and the device's
+    memory; the shapes that fit also run `args.steps` real train steps (the first
+    includes nothing but the step: the program is compiled before)."""
+    import jax
+
+    device = jax.devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit") if hasattr(
+        device, "memory_stats") else None
+    results = []
+    for shape in args.shapes.split(","):
+        result = measure(shape, (1, 1, 1), num_tasks=args.num_tasks,
+                         group_size=args.group_size, max_turns=args.max_turns)
+        result["device"] = f"{device.platform} {device.device_kind}"
+        result["bytes_limit"] = limit
+        print(f"[real_sizes] {summary_line(result)}", flush=True)
+        if args.steps and limit and result["compiler"]["total"] < 0.95 * limit:
+            config = make_config(shape, (1, 1, 1), num_tasks=args.num_tasks,
+                                 group_size=args.group_size, max_turns=args.max_turns)
+            trainer = make_trainer(config)
+            state = trainer.init_state()
+            compiled = trainer.train_step.lower(state).compile()
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                state, metrics = compiled(state)
+                jax.block_until_ready(metrics)
+                times.append(time.perf_counter() - start)
+            result["step_s"] = times
+            result["reward_mean"] = float(metrics["reward_mean"])
+            print(f"[real_sizes]   {shape}: steps {[round(t, 2) for t in times]} s",
+                  flush=True)
+            del state, compiled, trainer
+        results.append(result)
+    return results
+
+
+def accelerator_report(results: list[dict], args) -> str:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    limit = results[0].get("bytes_limit")
+    rows = [[r["shape"], gib(r["compiler"]["temps"]), gib(r["compiler"]["total"]),
+             gib(r["estimate"]["total"]), f"{100 * relative_error(r):+.0f}%",
+             "yes" if limit and r["compiler"]["total"] <= limit else "no",
+             f"{r['lower_s'] + r['compile_s']:.0f}",
+             " / ".join(f"{t:.2f}" for t in r.get("step_s", [])) or "-"]
+            for r in results]
+    table_text = common.markdown_table(
+        ["shape", "temps", "compiler total", "estimate", "error",
+         f"fits this device ({gib(limit) if limit else '?'} GiB)", "lower + compile (s)",
+         "step (s)"], rows)
+    return (f"### `benchmarks/real_sizes.py --accelerator` — {common.utc_now()}\n\n"
+            f"Machine: {common.machine_line()}.\n\n"
+            f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
+            f"{args.num_tasks} tasks x group {args.group_size}, context "
+            f"{results[0]['context']}, compiled for {results[0]['device']}; GiB. Shapes "
+            f"that fit ran {args.steps} real steps.\n\n{table_text}\n")
 
 
 # ---------------------------------------------------------------------------- main
@@ -377,6 +445,11 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="the smoke-test shape")
     parser.add_argument("--step", action="store_true",
                         help="run one real train step of the first shape on 8 CPU devices")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="compile (and, where they fit, run) every shape on the default "
+                             "backend's first device")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="real steps per shape that fits, with --accelerator")
     parser.add_argument("--devices", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default="", help="also write the results to this file")
@@ -389,6 +462,8 @@ def main(argv=None):
     if args.worker:
         return run_worker(args)
     if args.step:
+        if args.num_tasks == 8 and args.group_size == 8 and args.max_turns == 15:
+            args.num_tasks, args.group_size, args.max_turns = 1, 2, 2  # CPU-sized
         if not args.devices:
             cmd = [sys.executable, os.path.abspath(__file__), "--step", "--devices", "8"]
             return subprocess.run(cmd + [a for a in (argv or sys.argv[1:]) if a != "--step"],
@@ -397,6 +472,16 @@ def main(argv=None):
         if not args.no_write:
             write_step(result)
         return result
+    if args.accelerator:
+        results = run_accelerator(args)
+        text = accelerator_report(results, args)
+        print(text)
+        if not args.no_write:
+            sys.path.insert(0, BENCH_DIR)
+            import common  # pylint: disable=g-import-not-at-top
+
+            common.append_section("Real sizes", text)
+        return results
     if args.from_json:
         with open(args.from_json, encoding="utf-8") as f:
             results = json.load(f)
@@ -447,7 +532,7 @@ def write_step(result: dict) -> None:
         f"### `benchmarks/real_sizes.py --step` — {common.utc_now()}\n\n"
         f"Machine: {common.machine_line()}.\n\n"
         f"One real train step of {result['shape']} ({result['parameters']:,} parameters) "
-        f"on mesh (1, 8, 1) of 8 fake CPU devices: {result['batch']} episodes, context "
+        f"on mesh {STEP_MESH} of 8 fake CPU devices: {result['batch']} episodes, context "
         f"{result['context']}. Init {result['init_s']:.0f}s, compile "
         f"{result['compile_s']:.0f}s, step {result['step_s']:.0f}s, temps "
         f"{gib(result['temps'])} GiB per device. Metrics: {metrics}.\n"))
