@@ -246,31 +246,47 @@ def reestimate_in_subprocesses(results: list[dict]) -> None:
 
 
 def compile_in_subprocesses(args) -> list[dict]:
-    """One subprocess per (shape, device count), one compilation at a time."""
-    results = []
-    meshes = parse_meshes(args.meshes)
+    """One subprocess per point (shape, layout), one compilation at a time. With
+    `args.json`, each result is appended to that JSON-lines file as soon as it is known,
+    and points already in it are not compiled again (a long sweep can be resumed)."""
+    done = load_results(args.json) if args.json and os.path.exists(args.json) else []
+    results = list(done)
     for shape in args.shapes.split(","):
-        for devices in sorted({math.prod(m) for m in meshes}):
-            group = ";".join(",".join(map(str, m)) for m in meshes if math.prod(m) == devices)
+        for mesh in parse_meshes(args.meshes):
+            if any(r["shape"] == shape and tuple(r["mesh"]) == mesh for r in done):
+                continue
+            devices = math.prod(mesh)
             cmd = [sys.executable, os.path.abspath(__file__), "--worker",
-                   "--devices", str(devices), "--shapes", shape, "--meshes", group,
+                   "--devices", str(devices), "--shapes", shape,
+                   "--meshes", ",".join(map(str, mesh)),
                    "--num-tasks", str(args.num_tasks), "--group-size", str(args.group_size),
                    "--max-turns", str(args.max_turns)]
-            print(f"[real_sizes] {shape} on {devices} devices: {group}", flush=True)
+            print(f"[real_sizes] {shape} {mesh} on {devices} devices", flush=True)
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR,
                                   check=False)
-            found = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-                     if line.startswith("RESULT ")]
-            warnings = proc.stderr.count("Involuntary full rematerialization")
-            for result in found:
-                result["remat_warnings_in_process"] = warnings
-                print(f"[real_sizes]   {summary_line(result)}", flush=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr[-4000:])
-                raise SystemExit(f"worker for {shape} on {devices} devices failed "
-                                 f"(exit {proc.returncode})")
-            results += found
+                raise SystemExit(f"worker for {shape} {mesh} failed (exit {proc.returncode})")
+            for line in proc.stdout.splitlines():
+                if line.startswith("RESULT "):
+                    result = json.loads(line[len("RESULT "):])
+                    result["remat_warnings"] = proc.stderr.count(
+                        "Involuntary full rematerialization")
+                    print(f"[real_sizes]   {summary_line(result)}", flush=True)
+                    results.append(result)
+                    if args.json:
+                        with open(args.json, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(result) + "\n")
     return results
+
+
+def load_results(path: str) -> list[dict]:
+    """Results stored by `--json` (JSON lines, or one JSON list)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 # ---------------------------------------------------------------------------- report
@@ -452,7 +468,8 @@ def main(argv=None):
                         help="real steps per shape that fits, with --accelerator")
     parser.add_argument("--devices", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--json", default="", help="also write the results to this file")
+    parser.add_argument("--json", default="",
+                        help="append each result to this JSON-lines file; resume from it")
     parser.add_argument("--from-json", default="",
                         help="report these results again, estimates recomputed (no compiling)")
     parser.add_argument("--no-write", action="store_true")
@@ -483,16 +500,12 @@ def main(argv=None):
             common.append_section("Real sizes", text)
         return results
     if args.from_json:
-        with open(args.from_json, encoding="utf-8") as f:
-            results = json.load(f)
+        results = load_results(args.from_json)
         reestimate_in_subprocesses(results)
     else:
         results = compile_in_subprocesses(args)
     text = report(results, args)
     print(text)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
     if not args.no_write:
         sys.path.insert(0, BENCH_DIR)
         import common  # pylint: disable=g-import-not-at-top
@@ -507,7 +520,7 @@ def report(results: list[dict], args) -> str:
 
     first = results[0]
     within = sum(abs(relative_error(r)) <= TOLERANCE for r in results)
-    warnings = sum(r.get("remat_warnings_in_process", 0) for r in results)
+    warnings = sum(r.get("remat_warnings", 0) for r in results)
     return (f"### `benchmarks/real_sizes.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
             f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
