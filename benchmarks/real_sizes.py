@@ -125,11 +125,12 @@ def estimate(trainer) -> dict[str, int]:
                    outputs alias it
       gradients  = P (p + 4)                  in the parameter dtype, and float32 for
                                               clipping and Adam
-      vocabulary = m (V/t) D (2p + 12)        per [V, D] matrix (m = 1 tied, 2 untied),
-                   gathered over fsdp like every FSDP weight: the lookup's and the
-                   log-probs' copies (2p), the float32 copy the chunked log-probs take
-                   (4), the float32 gradient accumulated over chunks (4) and the float32
-                   scatter-add gradient of the lookup (4); alive from the loss head's
+      vocabulary = (V/t) D (2p + 12)          the [V, D] matrices gathered over fsdp
+                   like every FSDP weight: the lookup's and the log-probs' copies (2p),
+                   the float32 copy the chunked log-probs take (4), the float32 gradient
+                   they accumulate over chunks (4) and the float32 scatter-add gradient
+                   of the lookup (4); the same bytes whether the embedding and the
+                   output matrix are one (tied) or two; alive from the loss head's
                    backward pass to the embedding's
       residuals  = L b S D (a + 4)            the residual stream saved at each layer
                    (remat), and the float32 copy XLA:CPU keeps for the RMSNorm
@@ -140,7 +141,8 @@ def estimate(trainer) -> dict[str, int]:
       logits     = 2 b c (V/t) 4              the loss head's backward pass: one chunk's
                                               float32 logits and their gradient
       rollout    = 2 L b S (K/t) Dh a         the KV cache, one decode step's logits
-                 + b (V/t) 4 + m (V/t) D p    and the gathered vocabulary matrix
+                 + b (V/t) 4 + m (V/t) D p    and the gathered vocabulary matrices
+                                              (m = 1 tied, 2 untied)
 
       update     = vocabulary + residuals + max(layer, logits)
       total      = state + gradients + max(update, rollout)
@@ -173,7 +175,7 @@ def estimate(trainer) -> dict[str, int]:
     terms = {
         "state": params_per_device * (p + master + 8),
         "gradients": params_per_device * (p + 4),
-        "vocabulary": matrices * vocab * cfg.d_model * (2 * p + 12),
+        "vocabulary": vocab * cfg.d_model * (2 * p + 12),
         "residuals": cfg.num_layers * rows * seq * cfg.d_model * (a + 4),
         "layer": 3 * rows * heads * seq * seq * 4 + 2 * layer_weights * (p + 4),
         "logits": 2 * rows * chunk * vocab * 4,
