@@ -35,6 +35,8 @@ from arl.rollout.branching import ESTIMATES as MC_ESTIMATES
 from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
 from arl.sharding import MESH_AXES
 
+FLOAT_DTYPES = ("float32", "bfloat16")  # model.dtype and model.param_dtype
+
 
 def default_config() -> ml_collections.ConfigDict:
     """Every key a token-environment experiment reads, with its default."""
@@ -53,6 +55,12 @@ def default_config() -> ml_collections.ConfigDict:
     # resuming and `experiments.evaluate` import them too. Must be importable (installed,
     # or on PYTHONPATH / the working directory).
     c.imports = ()
+    # Constrain the model's activations to the mesh (arl.models.transformer
+    # ACTIVATION_AXIS_RULES: batch over data x fsdp, heads and MLP width over tensor):
+    # FSDP and tensor-parallel layouts then compile without XLA resharding the residual
+    # stream ("involuntary full rematerialization"). No effect on a one-device mesh; on
+    # larger meshes the numbers move at float rounding level (another partitioning).
+    c.activation_sharding = False
 
     c.env = ml_collections.ConfigDict()
     c.env.name = "guess_number"
@@ -93,9 +101,22 @@ def default_config() -> ml_collections.ConfigDict:
     # (benchmarks/RESULTS.md, "Layer scan"); at 8 layers it gained nothing and compiled
     # slower, so set 1 for deep checkpoints.
     c.model.layer_unroll = 0
-    # Activation dtype, "float32" or "bfloat16" (parameters, attention softmax, log-probs
-    # and losses stay float32).
+    # Activation dtype, "float32" or "bfloat16" (attention softmax, log-probs and losses
+    # stay float32).
     c.model.dtype = "float32"
+    # Parameter dtype, "float32" or "bfloat16" (a checkpoint is cast to it). With
+    # bfloat16 parameters the optimizer keeps float32 master weights and float32 Adam
+    # moments (arl.optim.float32_master_weights): an RL-sized update is far below half a
+    # bfloat16 ulp of a weight and would otherwise round away.
+    c.model.param_dtype = "float32"
+    # Rematerialise each decoder layer in the backward pass: only the residual stream
+    # between layers is kept, the rest of a layer is recomputed (real model sizes).
+    c.model.remat = False
+    # Vocabulary of a fresh model; 0 = the env codec's. Larger than the codec's (e.g. a
+    # real model's 151936) gives the real embedding and logits sizes: the codec's ids are
+    # a subset, and ids it does not know are unparseable agent output to the env.
+    c.model.vocab_size = 0
+    c.model.norm_eps = 1e-6  # RMSNorm epsilon of a fresh model (Llama 3: 1e-5)
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
     # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
     c.model.logprob_chunk = 0
@@ -353,6 +374,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "sample_every", 0, integer=True)
 
     mesh = tuple(config.mesh)
+    if not isinstance(config.get("activation_sharding", False), bool):
+        _fail("activation_sharding", config.get("activation_sharding"),
+              "allowed values are (True, False)")
     if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
         _fail("mesh", mesh, f"expected three positive integers for axes {MESH_AXES}")
     if num_devices is not None and math.prod(mesh) > num_devices:
@@ -469,8 +493,15 @@ def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     for field in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias"):
         if not isinstance(m.get(field, False), bool):
             _fail(f"model.{field}", m.get(field), "allowed values are (True, False)")
-    if m.dtype not in ("float32", "bfloat16"):
-        _fail("model.dtype", m.dtype, "allowed values are ('float32', 'bfloat16')")
+    for field in ("dtype", "param_dtype"):
+        if m.get(field, "float32") not in FLOAT_DTYPES:
+            _fail(f"model.{field}", m.get(field), f"allowed values are {FLOAT_DTYPES}")
+    if not isinstance(m.get("remat", False), bool):
+        _fail("model.remat", m.get("remat"), "allowed values are (True, False)")
+    if m.get("vocab_size") is not None:
+        _check_range(config, "model.vocab_size", 0, integer=True)
+    if m.get("norm_eps") is not None:
+        _check_range(config, "model.norm_eps", 0.0, low_open=True)
     _check_range(config, "model.rope_theta", 0.0, low_open=True)
     _check_range(config, "model.logprob_chunk", 0, integer=True)
     _check_range(config, "model.layer_unroll", 0, integer=True)

@@ -12,6 +12,13 @@ import pytest
 
 from arl import config as config_lib
 
+
+def _untyped(section, key, value):
+    """Sets a value of another type than the default's (ml_collections refuses that)."""
+    with section.ignore_type():
+        setattr(section, key, value)
+
+
 # (test id, override applied to a default config, field named in the error, num_devices)
 _BAD_CONFIGS = [
     ("unknown_algorithm", lambda c: setattr(c, "algorithm", "a2c"), "algorithm", None),
@@ -62,6 +69,14 @@ _BAD_CONFIGS = [
      "model.num_heads", None),
     ("negative_layer_unroll", lambda c: setattr(c.model, "layer_unroll", -1),
      "model.layer_unroll", None),
+    ("float16_parameters", lambda c: setattr(c.model, "param_dtype", "float16"),
+     "model.param_dtype", None),
+    ("remat_not_a_bool", lambda c: _untyped(c.model, "remat", 1), "model.remat", None),
+    ("negative_vocab_size", lambda c: setattr(c.model, "vocab_size", -1),
+     "model.vocab_size", None),
+    ("zero_norm_eps", lambda c: setattr(c.model, "norm_eps", 0.0), "model.norm_eps", None),
+    ("activation_sharding_not_a_bool", lambda c: _untyped(c, "activation_sharding", 1),
+     "activation_sharding", None),
     ("zero_train_steps", lambda c: setattr(c, "train_steps", 0), "train_steps", None),
     ("negative_seed", lambda c: setattr(c, "seed", -1), "seed", None),
     ("negative_sample_every", lambda c: setattr(c, "sample_every", -1), "sample_every", None),

@@ -104,6 +104,58 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("length", None),
 )
 
+# Activation logical axis name -> mesh axis, for `constrain_activation`. The batch is
+# split over data x fsdp everywhere (FSDP is data parallelism whose weights are gathered
+# layer by layer); the residual stream's embed dimension stays whole on a device (the
+# weights' "embed" axis is the fsdp-sharded one, not the activations'); attention heads
+# and the MLP width are split over "tensor" (Megatron-style: column-parallel q/k/v and
+# gate/up, row-parallel o_proj and down_proj), as are the logits' vocabulary.
+ACTIVATION_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv_heads", "tensor"),
+    ("activation_head_dim", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+)
+RESIDUAL = ("activation_batch", "activation_length", "activation_embed")
+_HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
+_KV_HEADS = ("activation_batch", "activation_length", "activation_kv_heads",
+             "activation_head_dim")
+_MLP = ("activation_batch", "activation_length", "activation_mlp")
+_LOGITS = ("activation_batch", "activation_length", "activation_vocab")
+
+
+def constrain_activation(x: jax.Array, names: Sequence[str],
+                         rules: Sequence[tuple[str, Any]] = ACTIVATION_AXIS_RULES
+                         ) -> jax.Array:
+    """`x` constrained to the sharding its logical axis `names` map to under `rules`,
+    on the mesh the caller traces under (`jax.sharding.use_abstract_mesh`; the token
+    trainer traces its steps under its mesh).
+
+    Without such a mesh, or on a mesh of one device, `x` is returned as it is (no
+    operation at all). A mesh axis that does not divide its dimension (2 KV heads over a
+    4-way "tensor" axis) or that the mesh lacks is dropped (replicated). Telling XLA
+    where the activations live keeps the partitioner from resharding the residual
+    stream to the weights' layout (the "involuntary full rematerialization" of FSDP
+    layouts); the same idea as MaxText's activation logical axes.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    table = dict(rules)
+    spec = []
+    for name, dim in zip(names, x.shape, strict=True):
+        axes = table[name]
+        names_of = axes if isinstance(axes, tuple) else (axes,)
+        if axes is None or any(a not in mesh.shape for a in names_of) or dim % int(
+                np.prod([mesh.shape[a] for a in names_of])):
+            axes = None
+        spec.append(axes)
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -317,6 +369,9 @@ class Attention(nn.Module):
                         "k_proj")(x)
         v = _projection(cfg, (num_kv, head_dim), ("kv_heads", "head_dim"), cfg.qkv_bias,
                         "v_proj")(x)
+        q = constrain_activation(q, _HEADS)
+        k = constrain_activation(k, _KV_HEADS)
+        v = constrain_activation(v, _KV_HEADS)
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
 
@@ -351,6 +406,7 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
             batch, q_len, num_heads, head_dim)
+        out = constrain_activation(out, _HEADS)
         out = nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
@@ -379,7 +435,8 @@ class SwiGLU(nn.Module):
 
         gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
         up = dense(cfg.mlp_dim, ("embed", "mlp"), "up_proj")(x)
-        return dense(cfg.d_model, ("mlp", "embed"), "down_proj")(nn.silu(gate) * up)
+        hidden = constrain_activation(nn.silu(gate) * up, _MLP)
+        return dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
 
 
 class DecoderLayer(nn.Module):
@@ -392,13 +449,14 @@ class DecoderLayer(nn.Module):
     def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend):
         cfg = self.config
         h, cache_kv = carry
+        h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
             key_positions, attend)
-        h = h + attn_out
+        h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
-        return (h, cache_kv), None
+        return (constrain_activation(h, RESIDUAL), cache_kv), None
 
 
 def _checked_positions(positions, batch: int, seq_len: int) -> jax.Array:
@@ -539,7 +597,10 @@ class Transformer(nn.Module):
             cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
             embedding_init=nn.with_logical_partitioning(_normal(cfg), ("vocab", "embed")),
             name="embed_tokens")
-        h = embed(tokens)
+        # The lookup reads the table gathered over fsdp (as every FSDP weight is), so the
+        # rows come out batch-sharded like the tokens, not split along d_model.
+        table = constrain_activation(embed.embedding, ("activation_vocab", "activation_embed"))
+        h = constrain_activation(jnp.take(table.astype(cfg.dtype), tokens, axis=0), RESIDUAL)
 
         layer_cls = DecoderLayer
         if cfg.remat:
@@ -556,7 +617,8 @@ class Transformer(nn.Module):
                                           jnp.arange(cfg.num_layers, dtype=jnp.int32),
                                           positions, write_positions, key_positions, attend)
 
-        hidden = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h)
+        hidden = constrain_activation(
+            RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
 
         logits = None
         if compute_logits:
@@ -569,6 +631,7 @@ class Transformer(nn.Module):
                     (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
             logits = jnp.einsum("btd,dv->btv", hidden, unembed.astype(cfg.dtype),
                                 preferred_element_type=jnp.float32)
+            logits = constrain_activation(logits, _LOGITS)
 
         values = None
         if cfg.value_head:
