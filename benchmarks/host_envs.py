@@ -12,10 +12,10 @@ Three measurements:
 2. **Scripted rollouts** of `code_interpreter` and `sql` (the oracle: one real tool call
    and one answer per episode, the result cache off so every call runs): turns / s and
    host share = seconds inside the host callbacks / wall seconds.
-3. **Train steps** (`TokenTrainer.train_step`, GRPO, the configs' 2-layer d_model-64
-   decoder, an SFT term on the demonstrator so that real tool calls run inside the
-   step; the untrained policy's own turns are malformed and cost the host nothing):
-   turns / s (policy + demonstration turns) and host share.
+3. **Train steps** (`TokenTrainer.train_step`, GRPO (REINFORCE++ at one row), the
+   configs' 2-layer d_model-64 decoder, an SFT term on the demonstrator so that real
+   tool calls run inside the step; the untrained policy's own turns are malformed and
+   cost the host nothing): turns / s (policy + demonstration turns) and host share.
 
     python benchmarks/host_envs.py [--rows 1,8,64] [--repeats 3] [--no-write]
                                    [--envs code_interpreter,sql] [--skip-train]
@@ -130,11 +130,13 @@ def scripted_rollout(name: str, rows: int, repeats: int):
 
 def _train_config(name: str, rows: int):
     c = config_lib.default_config()
-    c.algorithm = "grpo"
     c.env.name = name
     c.env.kwargs.cache_size = 0
     groups = {1: (1, 1), 8: (4, 2), 64: (8, 8)}.get(rows)
     c.rollout.num_tasks, c.rollout.group_size = groups or (rows, 1)
+    # GRPO needs groups of two or more; a single row trains with REINFORCE++ (the same
+    # rollout and update, another advantage).
+    c.algorithm = "grpo" if c.rollout.group_size >= 2 else "reinforce_pp"
     c.loss.sft_coef, c.loss.sft_source = 0.1, "demonstrator"
     return c
 
@@ -207,8 +209,8 @@ def main(argv=None):
         "Oracle rollouts (one real tool call + one answer per episode, result cache off):",
         common.markdown_table(["env", "rows", "turns / s", "host share", "s / rollout"],
                               rollout_rows),
-        "Train steps (GRPO + SFT term on the demonstrator, 2-layer d_model-64 decoder; "
-        "turns = policy turns):" if train_rows else "",
+        "Train steps (GRPO, REINFORCE++ at one row, + SFT term on the demonstrator, "
+        "2-layer d_model-64 decoder; turns = policy turns):" if train_rows else "",
         common.markdown_table(["env", "rows", "policy turns / s", "host share",
                                "s / step"], train_rows) if train_rows else "",
     ]))
