@@ -42,11 +42,9 @@ Parameter tree (names mirror Hugging Face so checkpoint import is a rename + res
     lm_head                                [d_model, vocab]            ("embed", "vocab"), untied only
     value_head/kernel, value_head/bias     [d_model, 1], [1]           (value_head only)
 
-The layers are stacked on a leading axis and run with `nn.scan` in cache-free calls: one
-compiled layer body whatever the depth, or `layer_unroll` layers per iteration. Calls with
-a KV cache (prefill, decoding) run the layers one after the other, each on its static
-slice of the stacked parameters and its own cache buffer, updated in place (`KVCache`):
-no per-token copy of a layer's weights or cache. A HF tensor
+The layers are stacked on a leading axis and run with `nn.scan`: one compiled layer body
+whatever the depth, or `layer_unroll` layers per iteration in cache-free calls. With a
+KV cache the scan carries the whole cache and each layer updates it in place. A HF tensor
 `model.layers.{i}.self_attn.q_proj.weight` of shape [H*head_dim, d_model] is
 `kernel[i] = weight.T.reshape(d_model, H, head_dim)`.
 
@@ -259,34 +257,20 @@ class TransformerConfig:
 class KVCache:
     """Per-layer keys/values of every position written so far, one row per sequence.
 
-    layer_keys, layer_values: tuples of num_layers arrays [B, num_kv_heads, S, head_dim]
-      (S = capacity): one buffer per layer, in the layout the attention reads, so a
-      decoding step updates each layer's buffer in place and reads it without slicing
-      it out of a stacked array or transposing it (benchmarks/RESULTS.md, "Rollout").
+    keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity).
     length: int32 [B], number of valid positions of each row; position p of row b is
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
       valid queries. Padding (num_valid, attention_mask) is never written, so every
       slot below length[b] holds a real token.
-
-    `keys` / `values` are the same entries stacked as [num_layers, B, S, num_kv_heads,
-    head_dim] (a copy, for inspection and tests).
     """
 
-    layer_keys: tuple[jax.Array, ...]
-    layer_values: tuple[jax.Array, ...]
+    keys: jax.Array
+    values: jax.Array
     length: jax.Array
 
     @property
     def capacity(self) -> int:
-        return self.layer_keys[0].shape[2]
-
-    @property
-    def keys(self) -> jax.Array:
-        return jnp.stack([jnp.swapaxes(k, 1, 2) for k in self.layer_keys])
-
-    @property
-    def values(self) -> jax.Array:
-        return jnp.stack([jnp.swapaxes(v, 1, 2) for v in self.layer_values])
+        return self.keys.shape[2]
 
 
 @struct.dataclass
@@ -309,10 +293,9 @@ def init_cache(config: TransformerConfig, batch_size: int, capacity: int | None 
         raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
     if not isinstance(capacity, (int, np.integer)) or capacity < 1:
         raise ValueError(f"init_cache: capacity must be a positive int, got {capacity!r}")
-    shape = (batch_size, config.num_kv_heads, capacity, config.resolved_head_dim)
-    layers = range(config.num_layers)
-    return KVCache(layer_keys=tuple(jnp.zeros(shape, dtype) for _ in layers),
-                   layer_values=tuple(jnp.zeros(shape, dtype) for _ in layers),
+    shape = (config.num_layers, batch_size, capacity, config.num_kv_heads,
+             config.resolved_head_dim)
+    return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
                    length=jnp.zeros((batch_size,), jnp.int32))
 
 
@@ -358,60 +341,21 @@ def _projection(config, features, names, use_bias, name):
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names), name=name)
 
 
-def cached_attention(q, k, v, layer_cache, positions, write_positions, key_positions,
-                     attend, dtype):
-    """Attention of T new tokens over one layer's KV cache, which receives them first.
-
-    q [B, T, H, Dh], k, v [B, T, KV, Dh] (RoPE applied); layer_cache = (keys, values),
-    each [B, KV, S, Dh]. The new keys/values are scattered to slots `write_positions`
-    [B, T] (out-of-range entries dropped: padding and writes past the capacity), then
-    query t attends to the slots s with key_positions[s] <= positions[b, t] (or, with
-    `attend` bool [B or 1, T, S], to the slots it allows). The cache buffers are
-    updated in place and read in their stored layout: scores contract the head
-    dimension of q [B, KV, G*T, Dh] with keys [B, KV, S, Dh], so no per-step copy or
-    transpose of the cache is needed. Returns (out [B, T, H, Dh], new layer_cache).
-    """
-    keys, values = layer_cache
-    batch, q_len, num_heads, head_dim = q.shape
-    num_kv = keys.shape[1]
-    groups = num_heads // num_kv
-    rows = jnp.arange(batch)[:, None, None]
-    heads = jnp.arange(num_kv)[None, None, :]
-    slots = write_positions[:, :, None]
-    # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
-    # clamping onto the last slot as dynamic_update_slice would.
-    keys = keys.at[rows, heads, slots].set(k.astype(keys.dtype), mode="drop")
-    values = values.at[rows, heads, slots].set(v.astype(values.dtype), mode="drop")
-    # Queries as [B, KV, G*T, Dh]: both products are then plain batched matmuls over
-    # (B, KV), q k^T and p v, that read the cache buffers in their stored layout.
-    q = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(batch, num_kv, groups * q_len, head_dim)
-    scores = jnp.einsum("bkqd,bksd->bkqs", q, keys.astype(dtype),
-                        preferred_element_type=jnp.float32) / math.sqrt(head_dim)
-    if attend is None:
-        allowed = key_positions[None, None, None, :] <= positions[:, None, :, None]
-    else:
-        allowed = attend[:, None]
-    allowed = jnp.tile(allowed, (1, 1, groups, 1))  # [B or 1, 1, G*T, S], g-major like q
-    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, values.astype(dtype))
-    out = out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(0, 3, 1, 2, 4)
-    out = out.reshape(batch, q_len, num_heads, head_dim)
-    return out, (keys, values)
-
-
 class Attention(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, positions, cache_kv, write_positions, key_positions, attend):
+    def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions,
+                 attend):
         """x [B, T, D]; positions int [B, T] (query positions, also the RoPE positions).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
-        (this layer's keys, values [B, KV, S, Dh]) the new keys are written to slots
-        `write_positions` and queries attend to all S slots whose position
-        (`key_positions` [S]) is <= their own: `cached_attention`.
+        (every layer's keys, values [L, B, S, KV, Dh]) this layer's new keys are scattered
+        to `[layer_index, b, write_positions]` (out-of-range entries dropped) and queries
+        attend to all S slots of the layer whose position is <= their own
+        (`key_positions` [S]). The whole cache is updated in place (a scatter of the T new
+        tokens); slicing one layer out and stacking the layers back would copy the cache
+        at every decoded token.
 
         attend: None (the rule above: key position <= query position), or bool
         [B or 1, T, S] saying which keys each query may see (explicit positions or a
@@ -431,25 +375,37 @@ class Attention(nn.Module):
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
 
-        if cache_kv is not None:
-            out, cache_kv = cached_attention(q, k, v, cache_kv, positions, write_positions,
-                                             key_positions, attend, cfg.dtype)
-        else:
+        if cache_kv is None:
             keys, values = k, v
             key_pos = positions  # [B, T]
-            batch, q_len = q.shape[:2]
-            groups = num_heads // num_kv
-            q = q.reshape(batch, q_len, num_kv, groups, head_dim)
-            scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
-                                preferred_element_type=jnp.float32) / math.sqrt(head_dim)
-            if attend is None:
-                allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
-            else:
-                allowed = attend[:, None, None, :, :]
-            scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-            probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
-                batch, q_len, num_heads, head_dim)
+        else:
+            all_keys, all_values = cache_kv
+            batch_index = jnp.arange(x.shape[0])[:, None]
+            # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
+            # clamping onto the last slot as dynamic_update_slice would.
+            all_keys = all_keys.at[layer_index, batch_index, write_positions].set(
+                k.astype(all_keys.dtype), mode="drop")
+            all_values = all_values.at[layer_index, batch_index, write_positions].set(
+                v.astype(all_values.dtype), mode="drop")
+            cache_kv = (all_keys, all_values)
+            keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
+            keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
+            key_pos = jnp.broadcast_to(key_positions, (x.shape[0], key_positions.shape[0]))
+
+        batch, q_len = q.shape[:2]
+        groups = num_heads // num_kv
+        q = q.reshape(batch, q_len, num_kv, groups, head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
+                            preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+        if attend is None:
+            allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+        else:
+            allowed = attend[:, None, None, :, :]
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
+            batch, q_len, num_heads, head_dim)
         out = constrain_activation(out, _HEADS)
         out = nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
@@ -484,21 +440,20 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm layer (carry = the residual stream and this layer's KV cache or None).
-    Cache-free calls scan it over the stacked layer axis; cached calls apply it layer by
-    layer (`Transformer._cached_layers`)."""
+    """One pre-norm layer; scanned over the layer axis (carry = the residual stream and
+    the whole KV cache, which each layer updates in place at its `layer_index`)."""
 
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, carry, positions, write_positions, key_positions, attend):
+    def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
-            norm("input_layernorm")(h), positions, cache_kv, write_positions, key_positions,
-            attend)
+            norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
+            key_positions, attend)
         h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
         return (constrain_activation(h, RESIDUAL), cache_kv), None
@@ -599,18 +554,15 @@ class Transformer(nn.Module):
                     if not explicit_positions:
                         positions = jnp.maximum(
                             jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
+            layer_caches = None
             write_positions = key_positions = None
         else:
-            expected = (batch, cfg.num_kv_heads, cache.capacity, cfg.resolved_head_dim)
-            shapes = [x.shape for x in (*cache.layer_keys, *cache.layer_values)]
-            if (len(cache.layer_keys) != cfg.num_layers
-                    or len(cache.layer_values) != cfg.num_layers
-                    or any(shape != expected for shape in shapes)):
-                raise ValueError(f"Transformer: cache.layer_keys/layer_values must each hold "
-                                 f"num_layers={cfg.num_layers} arrays of shape {expected} "
-                                 f"(batch, kv_heads, capacity, head_dim), got "
-                                 f"{len(cache.layer_keys)} / {len(cache.layer_values)} arrays "
-                                 f"of shapes {sorted(set(shapes))}")
+            expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
+                        cfg.resolved_head_dim)
+            if cache.keys.shape != expected or cache.values.shape != expected:
+                raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
+                                 f"(layers, batch, capacity, kv_heads, head_dim), got "
+                                 f"{cache.keys.shape} / {cache.values.shape}")
             if cache.length.shape != (batch,):
                 raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
                                  f"{cache.length.shape}")
@@ -639,6 +591,7 @@ class Transformer(nn.Module):
                 attend = key_positions[None, None, :] <= slots[:, :, None]  # [B, T, S]
             if not explicit_positions:
                 positions = slots
+            layer_caches = (cache.keys, cache.values)
 
         embed = nn.Embed(
             cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -654,16 +607,15 @@ class Transformer(nn.Module):
             layer_cls = nn.remat(layer_cls, prevent_cse=False)
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-            length=cfg.num_layers, unroll=min(cfg.layer_unroll, cfg.num_layers),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers,
+            # Cached calls keep one layer per iteration: their in-place cache update
+            # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
+            unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
-        if cache is None:
-            (h, _), _ = layers((h, None), positions, None, None, attend)
-        else:
-            if self.is_initializing():  # creates the stacked layer parameters
-                layers((h, None), positions, None, None, None)
-            h, new_keys, new_values = self._cached_layers(
-                h, cache, positions, write_positions, key_positions, attend)
+        (h, new_layer_caches), _ = layers((h, layer_caches),
+                                          jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                                          positions, write_positions, key_positions, attend)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
@@ -691,31 +643,11 @@ class Transformer(nn.Module):
 
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(layer_keys=new_keys, layer_values=new_values,
+            new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
                                 length=cache.length + num_valid)
         return ModelOutput(logits=logits, values=values, cache=new_cache,
                            hidden=hidden if return_hidden else None)
 
-
-    def _cached_layers(self, h, cache, positions, write_positions, key_positions, attend):
-        """The decoder layers of a cached call, one after the other, each on its own cache
-        buffers. The stacked layer parameters are indexed with a static layer number, so
-        inside a decoding loop each layer's weights are loop-invariant slices that XLA
-        hoists out of the loop, where the layer scan sliced (copied) them at every token;
-        and each layer's cache is its own buffer, updated in place. The layer math is
-        `DecoderLayer`, applied to layer i's slice of the parameters."""
-        cfg = self.config
-        stacked = nn.unbox(self.variables["params"]["layers"])
-        layer = DecoderLayer(cfg, parent=None)
-        new_keys, new_values = [], []
-        for i in range(cfg.num_layers):
-            (h, (keys, values)), _ = layer.apply(
-                {"params": jax.tree.map(lambda p, i=i: p[i], stacked)},
-                (h, (cache.layer_keys[i], cache.layer_values[i])), positions,
-                write_positions, key_positions, attend)
-            new_keys.append(keys)
-            new_values.append(values)
-        return h, tuple(new_keys), tuple(new_values)
 
 def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:
     """The [d_model, vocab] output projection: logits = hidden @ W (f32 accumulation).
