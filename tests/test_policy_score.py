@@ -207,3 +207,13 @@ def test_flattened_token_layers_equal_the_plain_formulation():
     g_ref = jax.jit(jax.grad(loss(ref)))(params)
     for got, want in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_ref)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_config_selects_the_attention_implementation():
+    from arl import config as config_lib
+    c = config_lib.default_config()
+    c.model.attention, c.model.attention_block = "blocked", 64
+    policy = Policy.from_config(c, vocab_size=32, context_length=40, value_head=False)
+    assert policy.model.config.attention == "blocked"
+    assert policy.model.config.attention_block == 64
+    assert config_lib.default_config().model.attention == "auto"

@@ -30,7 +30,6 @@ as in the dense path.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -87,8 +86,6 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"causal_self_attention: block_size must be a positive int, got "
                          f"{block_size!r}")
-    if key_mask is None:
-        key_mask = jnp.ones((batch, seq_len), bool)
     block = min(block_size, seq_len)
     num_blocks = -(-seq_len // block)
     padded = num_blocks * block
@@ -96,53 +93,79 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array,
         # Padded keys lie after every real query, so causality already hides them.
         pad = ((0, 0), (0, padded - seq_len), (0, 0), (0, 0))
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
-        key_mask = jnp.pad(key_mask, ((0, 0), (0, padded - seq_len)))
+        if key_mask is not None:
+            key_mask = jnp.pad(key_mask, ((0, 0), (0, padded - seq_len)))
     groups = num_heads // num_kv
-    # Blocked layouts, block index leading: q [n, B, KV, c, G, d], k/v [n, B, KV, c, d],
-    # mask [n, B, c]. Head h = kv * G + g, as in the dense path's reshape.
-    qb = q.reshape(batch, num_blocks, block, num_kv, groups, head_dim).transpose(1, 0, 3, 2, 4, 5)
+    # Blocked layouts, block index leading, the G query heads of a key/value head and the
+    # c queries of a block flattened into M = c * G rows (query-major): q [n, B, KV, M, d],
+    # k/v [n, B, KV, c, d], mask [n, B, c] or None. Head h = kv * G + g, as in the dense
+    # path.
+    # With one row axis and one key axis every block product is a plain batched matmul
+    # (no transposed copies of the [M, c] blocks for the backward's products).
+    qb = q.reshape(batch, num_blocks, block, num_kv, groups, head_dim).transpose(
+        1, 0, 3, 2, 4, 5).reshape(num_blocks, batch, num_kv, block * groups, head_dim)
     kb = k.reshape(batch, num_blocks, block, num_kv, head_dim).transpose(1, 0, 3, 2, 4)
     vb = v.reshape(batch, num_blocks, block, num_kv, head_dim).transpose(1, 0, 3, 2, 4)
-    mb = key_mask.astype(bool).reshape(batch, num_blocks, block).transpose(1, 0, 2)
+    mb = None
+    if key_mask is not None:
+        mb = key_mask.astype(bool).reshape(batch, num_blocks, block).transpose(1, 0, 2)
     out = _blocked_attention(qb, kb, vb, mb)
-    out = out.transpose(1, 0, 3, 2, 4, 5).reshape(batch, padded, num_heads, head_dim)
+    out = out.reshape(num_blocks, batch, num_kv, block, groups, head_dim).transpose(
+        1, 0, 3, 2, 4, 5).reshape(batch, padded, num_heads, head_dim)
     return out[:, :seq_len]
 
 
-def _block_scores(q_i, k_j, mask_j, i, j):
-    """float32 scores [B, KV, c, G, c'] of query block i against key block j, masked
-    (padding keys everywhere, keys after the query on the diagonal block)."""
+def _matmul(x, y, contract_x: int, contract_y: int):
+    """Batched (over the two leading axes) product of two [B, KV, ., .] blocks, float32
+    accumulation, contracting axis `contract_x` of x with `contract_y` of y."""
+    return jax.lax.dot_general(x, y, (((contract_x,), (contract_y,)), ((0, 1), (0, 1))),
+                               preferred_element_type=jnp.float32)
+
+
+def _block_scores(q_i, k_j, mask_j, diagonal: bool):
+    """float32 scores [B, KV, M, c] of a query block (M = c * G rows) against a key block
+    at or before it, masked: padding keys (mask_j [B, c], None = no padding) and, on the
+    diagonal block, keys after the query. Blocks below the diagonal without padding need
+    no mask at all (most of them: the select is skipped)."""
     scale = 1.0 / math.sqrt(q_i.shape[-1])
-    s = jnp.einsum("bkqgd,bksd->bkqgs", q_i, k_j, preferred_element_type=jnp.float32) * scale
-    c = q_i.shape[2]
-    order = jnp.arange(c)
-    causal = (order[None, :] <= order[:, None]) | (j < i)  # [c, c']
-    allowed = causal[None, None, :, None, :] & mask_j[:, None, None, None, :]
-    return jnp.where(allowed, s, _MASKED)
+    s = _matmul(q_i, k_j, 3, 3) * scale
+    allowed = None
+    if diagonal:
+        c = k_j.shape[2]
+        rows = jnp.arange(q_i.shape[2]) // (q_i.shape[2] // c)  # the query of each row
+        allowed = (jnp.arange(c)[None, :] <= rows[:, None])[None, None]  # [1, 1, M, c]
+    if mask_j is not None:
+        padding = mask_j[:, None, None, :]
+        allowed = padding if allowed is None else allowed & padding
+    return s if allowed is None else jnp.where(allowed, s, _MASKED)
+
+
+def _key_block(mb, j):
+    return None if mb is None else mb[j]
 
 
 def _forward(qb, kb, vb, mb):
-    """(out [n, B, KV, c, G, d] in q's dtype, lse float32 [n, B, KV, c, G])."""
+    """(out [n, B, KV, M, d] in q's dtype, lse float32 [n, B, KV, M])."""
     num_blocks = qb.shape[0]
 
     def query_block(args):
         q_i, i = args
-        shape = q_i.shape[:-1]  # [B, KV, c, G]
+        shape = q_i.shape[:-1]  # [B, KV, M]
 
-        def key_block(j, carry):
+        def key_block(j, carry, diagonal=False):
             m, l, acc = carry
-            s = _block_scores(q_i, kb[j], mb[j], i, j)
+            s = _block_scores(q_i, kb[j], _key_block(mb, j), diagonal)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
             alpha = jnp.exp(m - m_new)
             l = alpha * l + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("bkqgs,bksd->bkqgd", p.astype(vb.dtype), vb[j],
-                            preferred_element_type=jnp.float32)
+            pv = _matmul(p.astype(vb.dtype), vb[j], 3, 2)
             return m_new, l, alpha[..., None] * acc + pv
 
         init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(q_i.shape, jnp.float32))
-        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)
+        carry = jax.lax.fori_loop(0, i, key_block, init)  # blocks below the diagonal
+        m, l, acc = key_block(i, carry, diagonal=True)
         return (acc / l[..., None]).astype(qb.dtype), m + jnp.log(l)
 
     return jax.lax.map(query_block, (qb, jnp.arange(num_blocks)))
@@ -162,33 +185,27 @@ def _blocked_attention_bwd(residuals, d_out):
     qb, kb, vb, mb, out, lse = residuals
     num_blocks = qb.shape[0]
     scale = 1.0 / math.sqrt(qb.shape[-1])
-    d_out = d_out.astype(jnp.float32)
     # D_i = rowsum(dO_i * O_i): the softmax backward's per-row correction.
-    delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)
+    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
 
     def key_block(dq, args):
         k_j, v_j, mask_j, j = args
 
-        def query_block(i, carry):
+        def query_block(i, carry, diagonal=False):
             dq, dk, dv = carry
-            q_i = qb[i]
-            do_i = d_out[i]
-            s = _block_scores(q_i, k_j, mask_j, i, j)
-            p = jnp.exp(s - lse[i][..., None])
-            dv = dv + jnp.einsum("bkqgs,bkqgd->bksd", p.astype(vb.dtype),
-                                 do_i.astype(vb.dtype), preferred_element_type=jnp.float32)
-            dp = jnp.einsum("bkqgd,bksd->bkqgs", do_i.astype(vb.dtype), v_j,
-                            preferred_element_type=jnp.float32)
-            ds = p * (dp - delta[i][..., None]) * scale
-            dq_i = jnp.einsum("bkqgs,bksd->bkqgd", ds.astype(kb.dtype), k_j,
-                              preferred_element_type=jnp.float32)
-            dq = jax.lax.dynamic_update_index_in_dim(dq, dq[i] + dq_i, i, 0)
-            dk = dk + jnp.einsum("bkqgs,bkqgd->bksd", ds.astype(qb.dtype), q_i,
-                                 preferred_element_type=jnp.float32)
+            q_i, do_i = qb[i], d_out[i].astype(vb.dtype)
+            s = _block_scores(q_i, k_j, mask_j, diagonal)
+            p = jnp.exp(s - lse[i][..., None])  # [B, KV, M, c]
+            dv = dv + _matmul(p.astype(vb.dtype), do_i, 2, 2)
+            ds = p * (_matmul(do_i, v_j, 3, 3) - delta[i][..., None]) * scale
+            dq = jax.lax.dynamic_update_index_in_dim(
+                dq, dq[i] + _matmul(ds.astype(kb.dtype), k_j, 3, 2), i, 0)
+            dk = dk + _matmul(ds.astype(qb.dtype), q_i, 2, 2)
             return dq, dk, dv
 
         zeros = jnp.zeros(k_j.shape, jnp.float32)
-        dq, dk, dv = jax.lax.fori_loop(j, num_blocks, query_block, (dq, zeros, zeros))
+        carry = query_block(j, (dq, zeros, zeros), diagonal=True)
+        dq, dk, dv = jax.lax.fori_loop(j + 1, num_blocks, query_block, carry)  # below it
         return dq, (dk, dv)
 
     dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qb.shape, jnp.float32),

@@ -74,7 +74,8 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
             dtype=jnp.dtype(m.dtype),
         )
     return transformer_lib.Transformer(dataclasses.replace(
-        model_config, layer_unroll=m.layer_unroll or model_config.num_layers))
+        model_config, layer_unroll=m.layer_unroll or model_config.num_layers,
+        attention=m.get("attention", "auto"), attention_block=m.get("attention_block", 512)))
 
 
 @dataclasses.dataclass(frozen=True)
