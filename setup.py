@@ -12,6 +12,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
+    # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
+    package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7.0",
@@ -34,7 +36,7 @@ setuptools.setup(
     ],
     extras_require={
         "test": [
-            "pytest>=8.0",
+            "pytest>=8.0,<9",  # pytest 9 ignores the node ids xdist uses for --dist loadgroup
             "hypothesis>=6.100",
             "pytest-xdist>=3.5",
             "filelock",  # tests/test_learning_reduced.py: warm start shared by workers

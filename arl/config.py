@@ -3,20 +3,32 @@
 A config is an `ml_collections.ConfigDict`. `configs/<experiment>.py` files start from
 `default_config()` and override what they need; `validate(config)` rejects inconsistent
 settings with a one-line error naming the field and the allowed values, before anything
-is compiled.
+is compiled: keys that are not in `default_config()` (with the closest valid key),
+numbers that are not finite or out of range, names that are not registered, environment
+constructor arguments and params the environment refuses, and settings the environment
+cannot serve (a horizon beyond its `max_turns`, demonstrations it has no demonstrator
+for).
+
+`config.imports` names modules imported first (by `validate` and by everything that
+builds from a config), so environments and algorithms registered by a user's own module
+work in configs, on resume and in `experiments.evaluate`: the key is stored with every
+checkpoint's config.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from typing import Any
 
+import jax
 import ml_collections
 
 from arl import algorithms as alg
 from arl import envs as envs_lib
-from arl.errors import ConfigError, invalid_field
+from arl.envs.registry import GYMNAX_PREFIX
+from arl.errors import ConfigError, closest, did_you_mean, invalid_field, one_line
 from arl.models import lora as lora_lib
 from arl.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from arl.models.mlp import ACTIVATIONS
@@ -24,6 +36,8 @@ from arl.optim import LR_SCHEDULES
 from arl.rollout.branching import ESTIMATES as MC_ESTIMATES
 from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
 from arl.sharding import MESH_AXES
+
+FLOAT_DTYPES = ("float32", "bfloat16")  # model.dtype and model.param_dtype
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -37,6 +51,18 @@ def default_config() -> ml_collections.ConfigDict:
     c.keep_checkpoints = 3
     c.sample_every = 25  # write rendered sample trajectories every N steps
     c.mesh = (1, 1, 1)  # (data, fsdp, tensor); product must not exceed the device count
+    # Modules imported before the config is validated or used, e.g. ("my_pkg.my_envs",):
+    # one that calls `arl.envs.register` (or `arl.algorithms.register_algorithm`) makes
+    # its names valid in `env.name` / `algorithm`. Stored with the checkpoints' config, so
+    # resuming and `experiments.evaluate` import them too. Must be importable (installed,
+    # or on PYTHONPATH / the working directory).
+    c.imports = ()
+    # Constrain the model's activations to the mesh (arl.models.transformer
+    # ACTIVATION_AXIS_RULES: batch over data x fsdp, heads and MLP width over tensor):
+    # FSDP and tensor-parallel layouts then compile without XLA resharding the residual
+    # stream ("involuntary full rematerialization"). No effect on a one-device mesh; on
+    # larger meshes the numbers move at float rounding level (another partitioning).
+    c.activation_sharding = False
 
     c.env = ml_collections.ConfigDict()
     c.env.name = "guess_number"
@@ -66,15 +92,33 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.mlp_dim = 256
     c.model.rope_theta = 10000.0
     c.model.tie_embeddings = False
+    # Projection biases of a fresh model: q/k/v (Qwen2), o_proj (with qkv_bias: HF Llama's
+    # attention_bias), the MLP's (HF Llama's mlp_bias). A checkpoint brings its own.
+    c.model.qkv_bias = False
+    c.model.o_bias = False
+    c.model.mlp_bias = False
     # Layers per iteration of the layer loop of the training forward and backward passes
     # (KV-cached decoding always loops over one layer at a time); 0 = all of them (no
     # loop). Unrolled, the default 2-layer model's gradient ran about 1.2x faster on CPU
     # (benchmarks/RESULTS.md, "Layer scan"); at 8 layers it gained nothing and compiled
     # slower, so set 1 for deep checkpoints.
     c.model.layer_unroll = 0
-    # Activation dtype, "float32" or "bfloat16" (parameters, attention softmax, log-probs
-    # and losses stay float32).
+    # Activation dtype, "float32" or "bfloat16" (attention softmax, log-probs and losses
+    # stay float32).
     c.model.dtype = "float32"
+    # Parameter dtype, "float32" or "bfloat16" (a checkpoint is cast to it). With
+    # bfloat16 parameters the optimizer keeps float32 master weights and float32 Adam
+    # moments (arl.optim.float32_master_weights): an RL-sized update is far below half a
+    # bfloat16 ulp of a weight and would otherwise round away.
+    c.model.param_dtype = "float32"
+    # Rematerialise each decoder layer in the backward pass: only the residual stream
+    # between layers is kept, the rest of a layer is recomputed (real model sizes).
+    c.model.remat = False
+    # Vocabulary of a fresh model; 0 = the env codec's. Larger than the codec's (e.g. a
+    # real model's 151936) gives the real embedding and logits sizes: the codec's ids are
+    # a subset, and ids it does not know are unparseable agent output to the env.
+    c.model.vocab_size = 0
+    c.model.norm_eps = 1e-6  # RMSNorm epsilon of a fresh model (Llama 3: 1e-5)
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
     # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
     c.model.logprob_chunk = 0
@@ -196,8 +240,112 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+# Sections whose keys the schema does not fix: the environment's constructor arguments
+# and params (checked against the environment itself) and the mixture members.
+FREE_FORM_SECTIONS = ("env.kwargs", "env.params", "env.members")
+
+
 def _fail(field: str, value: Any, allowed: str) -> None:
     raise invalid_field(field, value, allowed)
+
+
+def import_modules(config: ml_collections.ConfigDict) -> None:
+    """Imports the modules of `config.imports` (idempotent), so the names they register
+    are known; a module that cannot be imported is a `ConfigError`."""
+    modules = config.get("imports", ()) or ()
+    if isinstance(modules, str) or not isinstance(modules, (tuple, list)) or any(
+            not isinstance(m, str) or not m for m in modules):
+        _fail("imports", modules, "expected a tuple of module names, e.g. ('my_pkg.my_envs',)")
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            _fail("imports", tuple(modules), f"importing {name!r} failed: {one_line(error)} "
+                  "(the module must be installed or on PYTHONPATH)")
+
+
+def check_known_keys(config: ml_collections.ConfigDict) -> None:
+    """Every key of `config` must be a key of `default_config()` (a misspelt key would
+    otherwise be silently ignored), except inside `FREE_FORM_SECTIONS`; every number must
+    be finite. The error names the closest valid key."""
+    _check_section(config, default_config(), "")
+
+
+def unknown_key_error(path: str, value: Any = None) -> ConfigError:
+    """The `ConfigError` for `config.<path>`, which is not a config key."""
+    shown = "" if value is None or isinstance(value, ml_collections.ConfigDict) \
+        else f"={value!r}"
+    suggestion = _closest_key(path, default_config())
+    hint = f" (did you mean config.{suggestion}?)" if suggestion else ""
+    return ConfigError(f"config.{path}{shown} is invalid: not a config key{hint}; every key "
+                       "and its default is in arl.config.default_config().")
+
+
+def check_key_path(path: str) -> None:
+    """`ConfigError` unless `config.<path>` can exist: a key of the schema or a key inside
+    a free-form section (`env.kwargs.<name>`, `env.params.<name>`)."""
+    node, parts = default_config(), path.split(".")
+    for i, part in enumerate(parts):
+        prefix = ".".join(parts[:i + 1])
+        if prefix in FREE_FORM_SECTIONS:
+            return
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise unknown_key_error(path)
+        node = node[part]
+
+
+def _check_section(section, schema, prefix: str) -> None:
+    for key in section.keys():
+        path, value = prefix + key, section[key]
+        if key not in schema:
+            while isinstance(value, ml_collections.ConfigDict) and len(value):
+                inner = next(iter(value.keys()))  # name a whole leaf path: optimm.lr
+                path, value = f"{path}.{inner}", value[inner]
+            raise unknown_key_error(path, value)
+        if path in FREE_FORM_SECTIONS:
+            continue
+        expected = schema[key]
+        if isinstance(expected, ml_collections.ConfigDict):
+            if not isinstance(value, ml_collections.ConfigDict):
+                _fail(path, value, "expected a section of keys (a ConfigDict)")
+            _check_section(value, expected, path + ".")
+        else:
+            _check_finite(path, value)
+
+
+def _check_finite(path: str, value: Any) -> None:
+    """inf and NaN, alone or inside a tuple, are never a valid setting."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        _fail(path, value, "expected a finite number")
+
+
+def _key_paths(schema, prefix: str = "") -> list[str]:
+    out = []
+    for key in schema.keys():
+        out.append(prefix + key)
+        if isinstance(schema[key], ml_collections.ConfigDict):
+            out.extend(_key_paths(schema[key], f"{prefix}{key}."))
+    return out
+
+
+def _closest_key(path: str, schema) -> str | None:
+    """The valid key a misspelt `path` most likely meant: a close sibling
+    (trian_steps -> train_steps), the same name in another section (learning_rate ->
+    optim.learning_rate), or the closest whole path."""
+    paths = _key_paths(schema)
+    parent, _, leaf = path.rpartition(".")
+    node = schema
+    for part in parent.split(".") if parent else ():
+        node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if isinstance(node, ml_collections.ConfigDict):
+        match = closest(leaf, node.keys())
+        if match:
+            return f"{parent}.{match}" if parent else match
+    same_name = [p for p in paths if p.rpartition(".")[2] == leaf]
+    if same_name:
+        return same_name[0]
+    return closest(path, paths)
 
 
 def _check_range(config, field, low=None, high=None, *, low_open=False, integer=False):
@@ -209,6 +357,8 @@ def _check_range(config, field, low=None, high=None, *, low_open=False, integer=
         _fail(field, value, "expected an integer")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
         _fail(field, value, "expected a number")
+    if not math.isfinite(value):
+        _fail(field, value, "expected a finite number")
     if low is not None and (value <= low if low_open else value < low):
         _fail(field, value, f"must be {'>' if low_open else '>='} {low}")
     if high is not None and value > high:
@@ -217,7 +367,13 @@ def _check_range(config, field, low=None, high=None, *, low_open=False, integer=
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
              workdir: str | None = None) -> None:
-    """Rejects inconsistent settings with a `ConfigError` naming the field."""
+    """Rejects inconsistent settings with a `ConfigError` naming the field.
+
+    Imports `config.imports` first (so the names they register are valid). Builds the
+    token environment (cheap, no compilation) to check its constructor arguments,
+    params overrides, `max_turns` and scripted policies against the config."""
+    import_modules(config)
+    check_known_keys(config)
     algorithm = alg.get_algorithm(config.algorithm)
     _check_range(config, "train_steps", 1, integer=True)
     _check_range(config, "log_every", 1, integer=True)
@@ -227,6 +383,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     _check_range(config, "sample_every", 0, integer=True)
 
     mesh = tuple(config.mesh)
+    if not isinstance(config.get("activation_sharding", False), bool):
+        _fail("activation_sharding", config.get("activation_sharding"),
+              "allowed values are (True, False)")
     if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
         _fail("mesh", mesh, f"expected three positive integers for axes {MESH_AXES}")
     if num_devices is not None and math.prod(mesh) > num_devices:
@@ -340,14 +499,30 @@ def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     if m.num_heads % m.num_kv_heads:
         _fail("model.num_kv_heads", m.num_kv_heads,
               f"must divide model.num_heads={m.num_heads}")
-    if m.dtype not in ("float32", "bfloat16"):
-        _fail("model.dtype", m.dtype, "allowed values are ('float32', 'bfloat16')")
+    for field in ("tie_embeddings", "qkv_bias", "o_bias", "mlp_bias"):
+        if not isinstance(m.get(field, False), bool):
+            _fail(f"model.{field}", m.get(field), "allowed values are (True, False)")
+    for field in ("dtype", "param_dtype"):
+        if m.get(field, "float32") not in FLOAT_DTYPES:
+            _fail(f"model.{field}", m.get(field), f"allowed values are {FLOAT_DTYPES}")
+    if not isinstance(m.get("remat", False), bool):
+        _fail("model.remat", m.get("remat"), "allowed values are (True, False)")
+    if m.get("vocab_size") is not None:
+        _check_range(config, "model.vocab_size", 0, integer=True)
+    if m.get("norm_eps") is not None:
+        _check_range(config, "model.norm_eps", 0.0, low_open=True)
+    _check_range(config, "model.rope_theta", 0.0, low_open=True)
     _check_range(config, "model.logprob_chunk", 0, integer=True)
     _check_range(config, "model.layer_unroll", 0, integer=True)
-    if m.get("attention", "auto") not in ATTENTION_IMPLEMENTATIONS:
-        _fail("model.attention", m.attention,
-              f"allowed values are {ATTENTION_IMPLEMENTATIONS}")
-    if "attention_block" in m:
+    attention = m.get("attention", "auto")
+    if not isinstance(attention, str) or attention not in ATTENTION_IMPLEMENTATIONS:
+        _fail("model.attention", attention, f"allowed values are {ATTENTION_IMPLEMENTATIONS}")
+    if attention == "cudnn" and jax.default_backend() != "gpu":
+        # Caught here: otherwise the first compiled train step fails with a traceback.
+        _fail("model.attention", attention,
+              f"cuDNN's kernel needs an NVIDIA GPU, this backend is "
+              f"{jax.default_backend()!r}: use 'auto', 'dense' or 'blocked'")
+    if m.get("attention_block") is not None:
         _check_range(config, "model.attention_block", 1, integer=True)
     if m.get("hf_checkpoint", "") and not os.path.isfile(
             os.path.join(m.hf_checkpoint, "config.json")):
@@ -406,15 +581,52 @@ def _validate_token_env(config) -> None:
                       f"allowed values are {known}")
     elif name not in known:
         hint = (" (gymnax environments are vector envs: use algorithm='ppo_vector')"
-                if str(name).startswith("gymnax:") else "")
+                if str(name).startswith("gymnax:") else
+                " (an env of your own: register it in a module named in config.imports)")
         _fail("env.name", name, f"allowed values for token algorithms are {known + ['mixture']}"
               f"{hint}")
+    # Python only, nothing compiled: the constructors' and the params' checks.
+    env = envs_lib.make_env(config.env)
+    envs_lib.task_params(env, config.env, envs_lib.member_of_task(env, 1))
+    rounds = tuple(config.rollout.horizon_rounds)
+    if any(h > env.max_turns for h in rounds):
+        _fail("rollout.horizon_rounds", rounds,
+              f"env {name!r} truncates every episode at max_turns={env.max_turns}: use "
+              f"rounds in [1, {env.max_turns}]")
+    _validate_scripted_sources(config, env)
+
+
+def _validate_scripted_sources(config, env) -> None:
+    """The demonstrations a config asks for must be playable: the warm start and the SFT
+    term (without a stored `loss.sft_dataset`) run the env's `<source>_action`."""
+    ws, loss = config.get("warm_start"), config.loss
+    uses = []
+    if ws is not None and ws.sft_steps > 0:
+        field = "warm_start.sft_source" if ws.sft_source else "loss.sft_source"
+        uses.append((field, ws.sft_source or loss.sft_source, "the warm start"))
+    if loss.sft_coef > 0 and not loss.get("sft_dataset", ""):
+        uses.append(("loss.sft_source", loss.sft_source, "the SFT term (loss.sft_coef > 0)"))
+    members = getattr(env, "envs", (env,))
+    for field, source, user in uses:
+        lacking = [getattr(m, "name", type(m).__name__) for m in members
+                   if not m.supports_action_source(source)]
+        if lacking:
+            others = [s for s in SFT_SOURCES if s != source
+                      and all(m.supports_action_source(s) for m in members)]
+            _fail(field, source,
+                  f"{user} plays the env's {source}_action, which env {lacking[0]!r} does not "
+                  f"define: implement it" + (f" or use {others[0]!r}" if others else ""))
 
 
 def _validate_vector(config) -> None:
-    if not str(config.env.name).startswith("gymnax:"):
+    name = str(config.env.name)
+    if not name.startswith(GYMNAX_PREFIX):
         _fail("env.name", config.env.name,
               "algorithm 'ppo_vector' needs a vector env such as 'gymnax:CartPole-v1'")
+    params = dict(config.env.get("params", {}) or {})
+    if params:
+        _fail("env.params", params, "algorithm 'ppo_vector' runs the gymnax env's default "
+              "params and does not apply config.env.params: leave it empty")
     _check_range(config, "vector.num_envs", 1, integer=True)
     _check_range(config, "vector.num_steps", 1, integer=True)
     if config.vector.activation not in ACTIVATIONS:
@@ -427,15 +639,31 @@ def _validate_vector(config) -> None:
     if batch % config.updates.minibatches:
         _fail("updates.minibatches", config.updates.minibatches,
               f"must divide vector.num_envs*vector.num_steps={batch}")
+    try:
+        import gymnax  # pylint: disable=g-import-not-at-top
+    except ImportError:
+        gymnax = None
+    if gymnax is not None:
+        env_id = name[len(GYMNAX_PREFIX):]
+        if env_id not in gymnax.registered_envs:
+            _fail("env.name", name, "not a gymnax environment"
+                  f"{did_you_mean(env_id, gymnax.registered_envs, 'gymnax:')}")
+        envs_lib.make_env(config.env)  # constructor arguments, as a ConfigError
 
 
 def _validate_workdir(workdir: str) -> None:
     path = os.path.abspath(workdir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--workdir={workdir!r} is a file, not a directory: pass a "
+                          "directory (created if missing).")
     probe = path
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
         if parent == probe:
             break
         probe = parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK):
+    if not os.path.isdir(probe):
+        raise ConfigError(f"--workdir={workdir!r} cannot be created: {probe!r} is a file, "
+                          "not a directory.")
+    if not os.access(probe, os.W_OK):
         raise ConfigError(f"--workdir={workdir!r} is not writable (checked {probe!r}).")

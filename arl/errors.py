@@ -1,5 +1,14 @@
 """Errors a user can act on. Kept apart so every layer can raise them without import
-cycles (the config schema imports the environment registry and the algorithm table)."""
+cycles (the config schema imports the environment registry and the algorithm table).
+
+Every rejection of a user's setting is a `ConfigError` with a one-line message naming
+the field (`config.<field>=<value>`), the bad value and what is allowed; the command-line
+programs print that line and exit with status 2 instead of a traceback."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
 
 
 class ConfigError(ValueError):
@@ -9,3 +18,23 @@ class ConfigError(ValueError):
 def invalid_field(field: str, value, allowed: str) -> ConfigError:
     """The error for `config.<field>` = `value`, saying what is `allowed`."""
     return ConfigError(f"config.{field}={value!r} is invalid: {allowed}.")
+
+
+def one_line(text) -> str:
+    """`text` (a string or an exception) on one line: runs of whitespace, newlines
+    included, become one space. A KeyError's message is its argument, not its repr."""
+    if isinstance(text, KeyError) and text.args:
+        text = text.args[0]
+    return " ".join(str(text).split())
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most like `name` (difflib's ratio >= 0.6), or None."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
+    """" (did you mean <prefix><closest>?)" when a candidate is close to `name`, else ""."""
+    match = closest(name, candidates)
+    return f" (did you mean {prefix}{match}?)" if match is not None else ""

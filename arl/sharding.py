@@ -8,6 +8,7 @@ The same program runs on one device (mesh (1, 1, 1)), on fake CPU devices and on
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -30,6 +31,16 @@ def make_mesh(shape: Sequence[int], devices=None) -> jax.sharding.Mesh:
             f"mesh shape {shape} needs {math.prod(shape)} devices; {len(devices)} available.")
     return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
                          devices=devices[: math.prod(shape)])
+
+
+def activation_mesh(mesh: jax.sharding.Mesh | None):
+    """Context in which a step traces with `mesh` as JAX's abstract mesh, so the model's
+    activation constraints (`arl.models.transformer.constrain_activation`) take effect;
+    nothing at all for None or a one-device mesh (the program is then exactly the
+    unconstrained one). The trainers pass their mesh when `config.activation_sharding`."""
+    if mesh is None or mesh.size == 1:
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
 def replicated(mesh) -> NamedSharding:

@@ -3,8 +3,15 @@
 # has JAX with its accelerator plugin installed; installs nothing. Run from the repository
 # root:
 #
-#     bash benchmarks/accelerator.sh            # accelerator sizes, about 7 minutes
-#     bash benchmarks/accelerator.sh --tiny     # tiny sizes (CPU check of this script)
+#     bash benchmarks/accelerator.sh               # accelerator sizes, about 7 minutes
+#     bash benchmarks/accelerator.sh --real-sizes  # real model sizes, under 8 minutes
+#     bash benchmarks/accelerator.sh --tiny        # tiny sizes (CPU check of this script)
+#
+# --real-sizes: the full GRPO train step of Qwen2.5-0.5B, Qwen2.5-1.5B and Llama-3-8B shapes
+# (configs/real_sizes.py: 64 Sokoban episodes, context 1047, bf16 parameters and
+# activations, float32 master weights and moments, remat) compiled for the device, its
+# planned memory against the analytic estimate, and two real steps of each shape that
+# fits the device (benchmarks/real_sizes.py --accelerator).
 #
 # Results (RESULTS.md, PNGs, accelerator.log) go to $OUT when set, else benchmarks/.
 # Every benchmark runs under its own `timeout`, so the whole suite stays within 8 minutes
@@ -24,8 +31,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 TINY=0
+REAL_SIZES=0
 if [ "${1:-}" = "--tiny" ]; then
   TINY=1
+elif [ "${1:-}" = "--real-sizes" ]; then
+  REAL_SIZES=1
 fi
 
 SUITE_START=$(date +%s)
@@ -46,7 +56,7 @@ run() {  # run NAME SECONDS COMMAND...
 }
 
 {
-  echo "# accelerator suite $(date -u '+%Y-%m-%d %H:%M UTC'), tiny=$TINY"
+  echo "# accelerator suite $(date -u '+%Y-%m-%d %H:%M UTC'), tiny=$TINY real_sizes=$REAL_SIZES"
   "$PYTHON" -c 'import jax; print("jax", jax.__version__, jax.devices())'
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
 } 2>&1 | tee -a "$LOG"
@@ -60,6 +70,12 @@ if [ "$TINY" = 1 ]; then
     --turns 2 --groups 2 --d-model 32 --layers 1 --repeats 1
   run sharding_overhead 900 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
     --devices 2 --num-tasks 2 --group-size 2 --d-model 32 --layers 1 --repeats 1
+  run real_sizes 900 "$PYTHON" benchmarks/real_sizes.py --accelerator --tiny --steps 1 \
+    --num-tasks 2 --group-size 2
+elif [ "$REAL_SIZES" = 1 ]; then
+  # One process: compile 0.5B, 1.5B, 8B for the device (~1-2 min each), run 2 steps of
+  # those that fit. The 8B step state alone (8.03e9 x 14 bytes = 112 GB) exceeds one chip.
+  run real_sizes 450 "$PYTHON" benchmarks/real_sizes.py --accelerator --steps 2
 else
   # PureJaxRL's 4 / 64 envs with 128 steps and 2048 envs with 128 steps; the 4-env
   # learning curve for 400 updates (204,800 env steps) x 2 seeds.

@@ -140,6 +140,8 @@ def main():
     rows = []
     for name in E.registered_names():
         env = E.make(name)
+        if E.is_host_environment(env):  # tools on the host: benchmarks/host_envs.py
+            continue
         for policy in ("random", "oracle"):
             rate, compile_s = time_program(token_env_program(env, args.batch, args.steps, policy),
                                            args.batch, args.steps, args.repeats)

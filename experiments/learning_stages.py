@@ -115,7 +115,9 @@ def main(argv):
     del argv
     from absl import flags  # pylint: disable=g-import-not-at-top
 
-    config = flags.FLAGS.config
+    from experiments import cli  # pylint: disable=g-import-not-at-top
+
+    config = cli.loaded_config(flags.FLAGS["config"])
     steps = flags.FLAGS.sft_steps
     settings = dict(sft_steps=steps if steps >= 0 else None,
                     sft_batch=flags.FLAGS.sft_batch or None,
@@ -127,10 +129,13 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+    from experiments import cli
+
+    config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                    lock_config=False, accept_new_attributes=True)
     flags.DEFINE_integer("sft_steps", -1,
                          "Behaviour-cloning steps before RL (-1: config.warm_start).")
     flags.DEFINE_integer("sft_batch", 0,
@@ -139,4 +144,4 @@ if __name__ == "__main__":
                        "SFT learning rate (0: config.warm_start, else optim.learning_rate).")
     flags.DEFINE_string("sft_cache", "", "Pickle of the stage-1 params (read if present).")
     flags.mark_flags_as_required(["config"])
-    app.run(main)
+    cli.run(main)

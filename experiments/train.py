@@ -6,17 +6,26 @@ r"""Trains an agent from a config file; resumes automatically from --workdir.
 Writes to the workdir: metrics.jsonl, TensorBoard event files, rendered sample
 trajectories (samples/), orbax checkpoints (checkpoints/), and curves.png at the end.
 Multi-host: pass --coordinator_address, --num_processes and --process_id on every host.
+
+A bad flag or config value ends the program before anything is compiled with one line
+on stderr naming the field, the value and what is allowed (exit status 2; see
+experiments/cli.py). Environments of your own: `--config.imports=my_pkg.my_envs` (or
+`config.imports` in the config file) imports the module that registers them. The log
+shows progress, warnings and errors; `--verbosity=0` adds the libraries' INFO lines.
 """
 
 from __future__ import annotations
 
-import os
-import time
-
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+from experiments import cli
+
+# Unlocked, accepting new keys: `env.kwargs` / `env.params` take any of the env's
+# arguments from the command line, and `arl.config.validate` rejects (with the closest
+# valid key) every key that is not in the schema.
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                          lock_config=False, accept_new_attributes=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (resumed if it exists).")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0 for jax.distributed.")
@@ -31,6 +40,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
     del argv
+    config = cli.loaded_config(_CONFIG)
     import jax
 
     if _COORDINATOR.value is not None:
@@ -38,10 +48,14 @@ def main(argv):
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
+    from arl import config as config_lib
+
+    # Before the host loop's imports (orbax, tensorboardX): a bad config fails fast.
+    config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
     from arl.host import experiment
 
-    experiment.run(_CONFIG.value, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

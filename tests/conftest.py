@@ -14,6 +14,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+_DATA_CACHE_ENV = "ARL_CACHE_DIR"  # datasets built on first use (arl.data.text_tasks)
 
 
 def pytest_configure(config):
@@ -21,7 +22,12 @@ def pytest_configure(config):
     start (they inherit the environment): many tests compile the same small trainer
     programs, and each is then compiled once per run instead of once per test module.
     The cache is per run, so a run's time does not depend on an earlier run."""
-    if hasattr(config, "workerinput") or os.environ.get(_CACHE_ENV):
+    if hasattr(config, "workerinput"):
+        return
+    if not os.environ.get(_DATA_CACHE_ENV):  # per run too: no dataset left from an earlier run
+        config._arl_data_cache = tempfile.mkdtemp(prefix="arl-data-cache-")
+        os.environ[_DATA_CACHE_ENV] = config._arl_data_cache
+    if os.environ.get(_CACHE_ENV):
         return
     config._arl_jax_cache = tempfile.mkdtemp(prefix="arl-jax-cache-")
     os.environ[_CACHE_ENV] = config._arl_jax_cache
@@ -30,9 +36,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    cache = getattr(config, "_arl_jax_cache", None)
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
+    for cache in (getattr(config, "_arl_jax_cache", None),
+                  getattr(config, "_arl_data_cache", None)):
+        if cache:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -154,12 +154,15 @@ def test_rows_that_finished_before_the_branch_turn_get_no_estimate(guess_env):
     for j, k in enumerate(turns):
         np.testing.assert_array_equal(reached[:, j, 0], num_turns > k)
         np.testing.assert_array_equal(values.known[:, k], num_turns > k)
-    # Unreached copies play nothing: no turns, no tokens, no reward, no success.
+    # Unreached copies play nothing: no turns, no tokens, no reward; they keep the success
+    # their episode ended with (a continuation starts in the state it forks from).
     played = carry.num_turns.reshape(16, 3, 2)
     assert np.all(played[~reached] == 0)
     assert np.all(per_turn.active.reshape(16, 3, 2, -1)[~reached] == 0)
     assert np.all(carry.agent_mask.reshape(16, 3, 2, -1)[~reached] == 0)
-    assert not np.any(carry.success.reshape(16, 3, 2)[~reached])
+    episode_success = np.broadcast_to(traj.success[:, None, None], (16, 3, 2))
+    np.testing.assert_array_equal(carry.success.reshape(16, 3, 2)[~reached],
+                                  episode_success[~reached])
     # The oracle is deterministic: forks replay the trajectory and succeed.
     _check_mean_return(traj, values, turns, 2, 0.8, env.max_turns)
     np.testing.assert_array_equal(values.success, values.known.astype(np.float32))

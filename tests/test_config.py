@@ -6,9 +6,18 @@ import importlib
 import os
 import stat
 
+import jax
+import ml_collections
 import pytest
 
 from arl import config as config_lib
+
+
+def _untyped(section, key, value):
+    """Sets a value of another type than the default's (ml_collections refuses that)."""
+    with section.ignore_type():
+        setattr(section, key, value)
+
 
 # (test id, override applied to a default config, field named in the error, num_devices)
 _BAD_CONFIGS = [
@@ -64,6 +73,14 @@ _BAD_CONFIGS = [
      "model.attention", None),
     ("zero_attention_block", lambda c: setattr(c.model, "attention_block", 0),
      "model.attention_block", None),
+    ("float16_parameters", lambda c: setattr(c.model, "param_dtype", "float16"),
+     "model.param_dtype", None),
+    ("remat_not_a_bool", lambda c: _untyped(c.model, "remat", 1), "model.remat", None),
+    ("negative_vocab_size", lambda c: setattr(c.model, "vocab_size", -1),
+     "model.vocab_size", None),
+    ("zero_norm_eps", lambda c: setattr(c.model, "norm_eps", 0.0), "model.norm_eps", None),
+    ("activation_sharding_not_a_bool", lambda c: _untyped(c, "activation_sharding", 1),
+     "activation_sharding", None),
     ("zero_train_steps", lambda c: setattr(c, "train_steps", 0), "train_steps", None),
     ("negative_seed", lambda c: setattr(c, "seed", -1), "seed", None),
     ("negative_sample_every", lambda c: setattr(c, "sample_every", -1), "sample_every", None),
@@ -74,6 +91,75 @@ _BAD_CONFIGS = [
      "loss.sft_dataset", None),
     ("bad_horizon_rounds", lambda c: setattr(c.rollout, "horizon_rounds", (2, 0)),
      "rollout.horizon_rounds", None),
+    # Refused since the CLI hardening (accepted before, or failing later with a traceback).
+    ("misspelt_key", lambda c: setattr(c, "trian_steps", 10), "trian_steps", None),
+    ("misspelt_nested_key", lambda c: setattr(c.optim, "learnig_rate", 0.1),
+     "optim.learnig_rate", None),
+    ("infinite_learning_rate", lambda c: setattr(c.optim, "learning_rate", float("inf")),
+     "optim.learning_rate", None),
+    ("nan_learning_rate", lambda c: setattr(c.optim, "learning_rate", float("nan")),
+     "optim.learning_rate", None),
+    ("infinite_unchecked_number", lambda c: setattr(c.loss, "sft_coef_final", float("-inf")),
+     "loss.sft_coef_final", None),
+    ("infinite_clip_high", lambda c: setattr(c.loss, "clip_high", float("inf")),
+     "loss.clip_high", None),
+    ("zero_rope_theta", lambda c: setattr(c.model, "rope_theta", 0.0), "model.rope_theta",
+     None),
+    ("horizon_beyond_max_turns",
+     lambda c: (setattr(c.env.kwargs, "max_n", 8),
+                setattr(c.rollout, "horizon_rounds", (2, 6))),  # max_turns = 3 + 2
+     "rollout.horizon_rounds", None),
+    ("env_param_above_range",
+     lambda c: (setattr(c.env, "name", "bandit"), setattr(c.env.params, "high_prob", 1.5)),
+     "env.params.high_prob", None),
+    ("env_param_infinite",
+     lambda c: setattr(c.env.params, "turn_cost", float("inf")), "env.params.turn_cost", None),
+    ("env_param_not_an_integer",
+     lambda c: setattr(c.env.params, "num_values", 2.5), "env.params.num_values", None),
+    ("env_param_beyond_static_bound",
+     lambda c: setattr(c.env.params, "num_values", 17), "env.params.num_values", None),
+    ("unknown_env_param", lambda c: setattr(c.env.params, "num_value", 8),
+     "env.params.num_value", None),
+    ("env_constructor_refuses_kwarg", lambda c: setattr(c.env.kwargs, "max_n", 1),
+     "env.kwargs", None),
+    ("unknown_env_kwarg", lambda c: setattr(c.env.kwargs, "max_nn", 8), "env.kwargs.max_nn",
+     None),
+    ("mixture_member_constructor_error",
+     lambda c: (setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit"},
+                                           {"name": "guess_number", "kwargs": {"max_n": 1}}))),
+     "env.members[1].kwargs", None),
+    ("mixture_member_param_out_of_range",
+     lambda c: (setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit", "params": {"high_prob": -0.1}},))),
+     "env.members[0].params.high_prob", None),
+    ("mixture_with_env_params",
+     lambda c: (setattr(c.env, "name", "mixture"), setattr(c.env, "members", ({"name": "bandit"},)),
+                setattr(c.env.params, "high_prob", 0.5)),
+     "env.params", None),
+    ("vector_env_with_params",
+     lambda c: (setattr(c, "algorithm", "ppo_vector"),
+                setattr(c.env, "name", "gymnax:CartPole-v1"),
+                setattr(c.env.params, "gravity", 9.8)), "env.params", None),
+    ("unknown_gymnax_id",
+     lambda c: (setattr(c, "algorithm", "ppo_vector"),
+                setattr(c.env, "name", "gymnax:CartPol-v1")), "env.name", None),
+    ("imports_missing_module", lambda c: setattr(c, "imports", ("no_such_pkg.envs",)),
+     "imports", None),
+    ("sft_term_demonstrator_on_env_without_one",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)),
+                setattr(c.env, "name", "say_digit"), setattr(c.loss, "sft_coef", 0.5)),
+     "loss.sft_source", None),
+    ("warm_start_demonstrator_on_env_without_one",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)),
+                setattr(c.env, "name", "say_digit"), setattr(c.warm_start, "sft_steps", 10),
+                setattr(c.warm_start, "sft_source", "demonstrator")),
+     "warm_start.sft_source", None),
+    ("mixture_member_without_demonstrator",
+     lambda c: (setattr(c, "imports", ("tests.user_envs",)), setattr(c.env, "name", "mixture"),
+                setattr(c.env, "members", ({"name": "bandit"}, {"name": "say_digit"})),
+                setattr(c.warm_start, "sft_steps", 10)),
+     "loss.sft_source", None),
 ]
 
 
@@ -93,7 +179,7 @@ def test_bad_config_is_a_one_line_error_naming_the_field(override, field, num_de
 
 
 def test_enough_bad_configs_are_listed():
-    assert len(_BAD_CONFIGS) >= 15
+    assert len(_BAD_CONFIGS) >= 50
 
 
 def test_unwritable_workdir(tmp_path):
@@ -112,8 +198,77 @@ def test_unwritable_workdir(tmp_path):
 def test_workdir_under_a_file_is_rejected(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(config_lib.ConfigError, match="workdir"):
+    with pytest.raises(config_lib.ConfigError, match=r"^--workdir=.*/file/run'? cannot be "
+                       r"created: .*/file'? is a file"):
         config_lib.validate(config_lib.default_config(), workdir=str(blocker / "run"))
+
+
+def test_workdir_that_is_a_file_is_named_a_file(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^--workdir=.*/file'? is a file, not a directory"):
+        config_lib.validate(config_lib.default_config(), workdir=str(blocker))
+
+
+@pytest.mark.parametrize("path,suggestion", [
+    ("trian_steps", "train_steps"),               # a close sibling
+    ("optim.learnig_rate", "optim.learning_rate"),
+    ("learning_rate", "optim.learning_rate"),     # the same name in another section
+    ("optimm.learning_rate", "optim.learning_rate"),
+    ("rollout.horizon_round", "rollout.horizon_rounds"),
+])
+def test_unknown_key_names_the_closest_valid_key(path, suggestion):
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.check_key_path(path)
+    assert str(info.value).startswith(f"config.{path} is invalid: not a config key (did you "
+                                      f"mean config.{suggestion}?)"), str(info.value)
+
+
+def test_unknown_key_without_a_close_one_has_no_suggestion():
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.check_key_path("zzzzzz")
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("path", ["train_steps", "optim.learning_rate", "env.kwargs.max_n",
+                                  "env.params.anything", "imports"])
+def test_schema_and_free_form_keys_are_known(path):
+    config_lib.check_key_path(path)
+
+
+def test_unknown_key_inside_a_new_section_names_its_leaf():
+    config = config_lib.default_config()
+    config.optimm = {"learning_rate": 0.1}
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^config\.optimm\.learning_rate=0\.1 is invalid: not a config key "
+                             r"\(did you mean config\.optim\.learning_rate\?\)"):
+        config_lib.validate(config)
+
+
+def test_env_params_at_the_range_ends_are_accepted():
+    config = config_lib.default_config()
+    config.env.name = "bandit"
+    for value in (0.0, 1.0):
+        config.env.params.high_prob = value
+        config_lib.validate(config, num_devices=1)
+
+
+def test_imports_register_a_user_environment():
+    """The module named in config.imports is imported by validate (as the CLI, resume
+    and evaluation rely on), after which its env name is valid."""
+    import sys
+
+    from arl import envs
+
+    config = config_lib.default_config()
+    config.imports = ["tests.user_envs"]  # a list, as read back from a checkpoint's JSON
+    config.env.name = "say_digit"
+    config.loss.sft_source = "oracle"
+    config_lib.validate(config, num_devices=1)
+    assert "tests.user_envs" in sys.modules
+    assert "say_digit" in envs.registered_names()
+    config_lib.validate(config, num_devices=1)  # importing again is harmless
 
 
 def test_default_config_is_valid(tmp_path):
@@ -121,7 +276,7 @@ def test_default_config_is_valid(tmp_path):
 
 
 _SHIPPED = ["ppo_cartpole", "grpo_bandit", "grpo_guess_number", "grpo_calculator",
-            "erpo_mixture", "ppo_guess_number", "vineppo_guess_number"]
+            "erpo_mixture", "ppo_guess_number", "vineppo_guess_number", "grpo_word_problems"]
 
 
 @pytest.mark.parametrize("name", _SHIPPED)
@@ -130,3 +285,83 @@ def test_shipped_configs_are_valid_on_one_device(name):
     config_lib.validate(config, num_devices=1)
     # Every shipped config starts from the defaults: no unknown keys.
     assert set(config.keys()) == set(config_lib.default_config().keys())
+
+
+def test_fresh_model_projection_biases():
+    """model.qkv_bias / o_bias / mlp_bias give a fresh model those parameters (Qwen2-shaped
+    policies without a checkpoint); they must be booleans."""
+    from arl.trainers.policy import Policy
+
+    c = config_lib.default_config()
+    c.env.name = "bandit"
+    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
+    plain = Policy.from_config(c, vocab_size=64, context_length=16, value_head=False)
+    c.model.qkv_bias, c.model.o_bias, c.model.mlp_bias = True, True, True
+    biased = Policy.from_config(c, vocab_size=64, context_length=16, value_head=False)
+    params = biased.init_params(jax.random.key(0))
+    layer = params["layers"]
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= set(layer["self_attn"])
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert "bias" in layer["self_attn"][name], name
+        assert "bias" not in plain.init_params(jax.random.key(0))["layers"]["self_attn"][name]
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        assert "bias" in layer["mlp"][name], name
+    # ml_collections refuses `c.model.qkv_bias = 1`; a section built from a dict does not.
+    c.model = ml_collections.ConfigDict({**c.model.to_dict(), "qkv_bias": 1})
+    with pytest.raises(config_lib.ConfigError, match=r"config\.model\.qkv_bias=1"):
+        config_lib.validate(c)
+
+
+# ------------------------------------------------- rejections outside `validate`
+def _tiny_hf_checkpoint(directory, **config_json_changes):
+    """A 1-layer Llama checkpoint for the CharCodec vocabulary, with `config.json`
+    fields changed afterwards."""
+    import json
+
+    import jax
+
+    from arl.envs import CharCodec
+    from arl.models import hf_import, transformer
+
+    model_config = transformer.TransformerConfig(
+        vocab_size=CharCodec().vocab_size, d_model=8, num_layers=1, num_heads=2,
+        num_kv_heads=2, mlp_dim=16, max_len=64)
+    params = transformer.Transformer(model_config).init(
+        jax.random.key(0), jax.numpy.zeros((1, 4), jax.numpy.int32))["params"]
+    hf_import.save_hf_checkpoint(str(directory), params, model_config)
+    path = directory / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config_json_changes}))
+    return str(directory)
+
+
+def _hf_config(path):
+    config = config_lib.default_config()
+    config.env.name = "bandit"
+    config.model.hf_checkpoint = path
+    return config
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(vocab_size=10), r"has vocab_size 10 < the env codec's"),
+    (dict(hidden_act="gelu"), r"is invalid: config\.json: hidden_act='gelu' is not supported"),
+])
+def test_hf_config_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path, changes, match):
+    from arl.trainers import TokenTrainer
+
+    path = _tiny_hf_checkpoint(tmp_path / "hf", **changes)
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^config\.model\.hf_checkpoint='{path}' .*{match}"):
+        TokenTrainer(_hf_config(path))
+
+
+def test_hf_tensor_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path):
+    """config.json claims 2 layers, the tensors hold 1: refused when the weights load
+    (`hf_import.CheckpointMismatchError`, a ValueError, or a KeyError naming the tensor),
+    before the initial state is compiled."""
+    from arl.trainers import TokenTrainer
+
+    path = _tiny_hf_checkpoint(tmp_path / "hf", num_hidden_layers=2)
+    trainer = TokenTrainer(_hf_config(path))
+    with pytest.raises(config_lib.ConfigError,
+                       match=rf"^config\.model\.hf_checkpoint='{path}' is invalid: .*layers"):
+        trainer.init_state()

@@ -139,3 +139,12 @@ def test_sft_term_consumes_a_stored_set(demo_path):
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before,
                            state.params)
     assert any(jax.tree.leaves(changed))
+
+
+def test_another_envs_demonstrations_are_a_config_error(demo_path):
+    config = config_lib.default_config()  # guess_number; the set holds bandit episodes
+    config.loss.sft_coef, config.loss.sft_dataset = 0.5, str(demo_path)
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^config\.loss\.sft_dataset='.*' is invalid: dataset .* was "
+                             r"built for env"):
+        TokenTrainer(config)

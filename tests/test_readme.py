@@ -1,5 +1,5 @@
 """The README's code examples run as written (composition example, custom environment,
-custom algorithm)."""
+a Python-tool environment, custom algorithm)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 _README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "README.md")
 _TESTED_SECTIONS = ("## Compose `arl.algorithms` into your own train step",
-                    "## Add an environment", "## Add an algorithm")
+                    "## Add an environment", "## Train with a Python tool",
+                    "## Add an algorithm")
 
 
 def _python_blocks(section_title):
@@ -32,5 +33,8 @@ def test_readme_example_runs(title, capsys):
         assert re.search(r"mean reward \d\.\d\d -> \d\.\d\d \(optimum 6\)", out), out
     elif title == "## Add an environment":
         assert "[env]   say" in out and "-- success" in out, out
+    elif title == "## Train with a Python tool":
+        assert "[env]   collatz steps of" in out and "[env]   correct" in out, out
+        assert re.search(r"collatz: demonstrator success \d\.\d\d", out), out
     else:
         assert re.search(r"rloo_std: loss -?\d+\.\d{3}, success \d\.\d\d", out), out

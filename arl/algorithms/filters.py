@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
 from arl.algorithms._jit import compiled_when_eager
-from arl.algorithms.group import _check, _gather, _segment_moments
+from arl.algorithms._segments import check_group_inputs, gather, segment_moments
 
 
 @compiled_when_eager
@@ -42,11 +42,11 @@ def starpo_keep_mask(scores, group_ids, *, num_groups: int, keep_fraction=0.25,
         [N] bool keep-mask (false on invalid trajectories).
     """
     fn = "starpo_keep_mask"
-    scores, group_ids, num_groups, valid = _check(fn, scores, group_ids, num_groups, valid)
+    scores, group_ids, num_groups, valid = check_group_inputs(fn, scores, group_ids, num_groups, valid)
     if not v.is_concrete_number(keep_fraction) or not 0.0 < float(keep_fraction) <= 1.0:
         raise ValueError(f"{fn}: `keep_fraction` must be a Python float in (0, 1], got "
                          f"{keep_fraction!r}.")
-    _, std, count, _ = _segment_moments(scores, group_ids, num_groups, valid)
+    _, std, count, _ = segment_moments(scores, group_ids, num_groups, valid)
     present = count > 0
     num_present = jnp.sum(present, dtype=jnp.int32)
     num_keep = jnp.maximum(
@@ -56,7 +56,7 @@ def starpo_keep_mask(scores, group_ids, *, num_groups: int, keep_fraction=0.25,
     rank = jnp.zeros(num_groups, jnp.int32).at[order].set(
         jnp.arange(num_groups, dtype=jnp.int32))
     keep_group = present & (rank < num_keep)
-    return valid & _gather(keep_group, group_ids, num_groups)
+    return valid & gather(keep_group, group_ids, num_groups)
 
 
 @compiled_when_eager
@@ -77,10 +77,10 @@ def dapo_zero_variance_mask(scores, group_ids, *, num_groups: int, valid=None
     Returns:
         [N] bool keep-mask.
     """
-    scores, group_ids, num_groups, valid = _check(
+    scores, group_ids, num_groups, valid = check_group_inputs(
         "dapo_zero_variance_mask", scores, group_ids, num_groups, valid)
-    _, _, _, degenerate = _segment_moments(scores, group_ids, num_groups, valid)
-    return valid & ~_gather(degenerate, group_ids, num_groups)
+    _, _, _, degenerate = segment_moments(scores, group_ids, num_groups, valid)
+    return valid & ~gather(degenerate, group_ids, num_groups)
 
 
 def horizon_schedule(step, *, rounds: Sequence[int], every: int) -> jax.Array:

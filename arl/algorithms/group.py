@@ -13,7 +13,6 @@ constant group into a tiny non-zero signal). Degenerate groups give advantage 0.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import flax.struct
@@ -22,6 +21,7 @@ import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
 from arl.algorithms._jit import compiled_when_eager
+from arl.algorithms._segments import check_group_inputs, gather, segment_moments, valid_mask
 from arl.algorithms.normalization import whiten
 
 
@@ -42,55 +42,6 @@ class GroupStatistics:
         return num_degenerate / jnp.maximum(num_present, 1.0)
 
 
-def _check(fn, scores, group_ids, num_groups, valid):
-    scores = v.floating(fn, "scores", scores, rank=1, layout="[N]")
-    group_ids = v.integer(fn, "group_ids", group_ids, rank=1, layout="[N]")
-    v.same_shape(fn, "group_ids", group_ids, "scores", scores.shape)
-    num_groups = v.positive_int(fn, "num_groups", num_groups)
-    valid = _valid_mask(fn, valid, scores.shape)
-    valid = valid & (group_ids >= 0) & (group_ids < num_groups)
-    return scores, group_ids, num_groups, valid
-
-
-def _valid_mask(fn, valid, shape):
-    if valid is None:
-        return jnp.ones(shape, bool)
-    valid = v.boolean(fn, "valid", valid, rank=1, layout="[N]")
-    v.same_shape(fn, "valid", valid, "scores", shape)
-    return valid
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _segment_moments(scores, segment_ids, num_segments, valid):
-    """(mean, Bessel std, count, all-equal-or-small) per segment; two-pass variance."""
-    ids = jnp.where(valid, segment_ids, num_segments)  # out of range: dropped by segment ops
-    # Stacked columns: one scatter per pass instead of one per statistic.
-    sums = jax.ops.segment_sum(
-        jnp.stack([valid.astype(scores.dtype), jnp.where(valid, scores, 0.0)], axis=-1),
-        ids, num_segments)
-    countf, total = sums[:, 0], sums[:, 1]
-    count = countf.astype(jnp.int32)
-    mean = total / jnp.maximum(countf, 1.0)
-    centred = jnp.where(valid, scores - mean[jnp.clip(segment_ids, 0, num_segments - 1)],
-                        0.0)
-    sq = jax.ops.segment_sum(centred * centred, ids, num_segments)
-    var = sq / jnp.maximum(countf - 1.0, 1.0)
-    # sqrt'(0) is infinite: a constant or singleton segment would send inf * 0 = NaN into
-    # the gradient of every score (segment ops mix the rows). Differentiate sqrt only
-    # where the variance is positive; the values are the same.
-    positive = var > 0
-    std = jnp.where(positive, jnp.sqrt(jnp.where(positive, var, 1.0)), 0.0)
-    extremes = jax.ops.segment_max(
-        jnp.stack([jnp.where(valid, scores, -jnp.inf), jnp.where(valid, -scores, -jnp.inf)],
-                  axis=-1), ids, num_segments)
-    degenerate = (count < 2) | (extremes[:, 0] <= -extremes[:, 1])
-    return mean, std, count, degenerate
-
-
-def _gather(per_group, ids, num_groups):
-    return per_group[jnp.clip(ids, 0, num_groups - 1)]
-
-
 @compiled_when_eager
 def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> GroupStatistics:
     """Mean, Bessel-corrected std, count and degeneracy of each group's valid scores.
@@ -108,9 +59,9 @@ def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> Group
     Returns:
         `GroupStatistics` with `[G]` fields; `degenerate_fraction()` gives the metric.
     """
-    scores, group_ids, num_groups, valid = _check(
+    scores, group_ids, num_groups, valid = check_group_inputs(
         "group_statistics", scores, group_ids, num_groups, valid)
-    mean, std, count, degenerate = _segment_moments(scores, group_ids, num_groups, valid)
+    mean, std, count, degenerate = segment_moments(scores, group_ids, num_groups, valid)
     return GroupStatistics(mean=mean, std=std, count=count, degenerate=degenerate)
 
 
@@ -137,13 +88,13 @@ def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool =
         [N] float32 advantages.
     """
     fn = "group_advantages"
-    scores, group_ids, num_groups, valid = _check(fn, scores, group_ids, num_groups, valid)
+    scores, group_ids, num_groups, valid = check_group_inputs(fn, scores, group_ids, num_groups, valid)
     eps = v.scalar(fn, "eps", eps, low=0.0)
-    mean, std, _, degenerate = _segment_moments(scores, group_ids, num_groups, valid)
-    advantages = scores - _gather(mean, group_ids, num_groups)
+    mean, std, _, degenerate = segment_moments(scores, group_ids, num_groups, valid)
+    advantages = scores - gather(mean, group_ids, num_groups)
     if scale_by_std:
-        advantages = advantages / (_gather(std, group_ids, num_groups) + eps)
-    keep = valid & ~_gather(degenerate, group_ids, num_groups)
+        advantages = advantages / (gather(std, group_ids, num_groups) + eps)
+    keep = valid & ~gather(degenerate, group_ids, num_groups)
     return jnp.where(keep, advantages, 0.0)
 
 
@@ -167,10 +118,10 @@ def rloo_advantages(scores, group_ids, *, num_groups: int, valid=None) -> jax.Ar
         [N] float32 advantages.
     """
     fn = "rloo_advantages"
-    scores, group_ids, num_groups, valid = _check(fn, scores, group_ids, num_groups, valid)
-    mean, _, count, _ = _segment_moments(scores, group_ids, num_groups, valid)
-    n = _gather(count, group_ids, num_groups).astype(jnp.float32)
-    advantages = n / jnp.maximum(n - 1.0, 1.0) * (scores - _gather(mean, group_ids,
+    scores, group_ids, num_groups, valid = check_group_inputs(fn, scores, group_ids, num_groups, valid)
+    mean, _, count, _ = segment_moments(scores, group_ids, num_groups, valid)
+    n = gather(count, group_ids, num_groups).astype(jnp.float32)
+    advantages = n / jnp.maximum(n - 1.0, 1.0) * (scores - gather(mean, group_ids,
                                                                    num_groups))
     return jnp.where(valid & (n >= 2), advantages, 0.0)
 
@@ -199,13 +150,13 @@ def reinforce_pp_advantages(scores, group_ids=None, *, num_groups: Optional[int]
         if num_groups is not None:
             raise ValueError(f"{fn}: `num_groups` given without `group_ids`.")
         scores = v.floating(fn, "scores", scores, rank=1, layout="[N]")
-        valid = _valid_mask(fn, valid, scores.shape)
+        valid = valid_mask(fn, valid, scores.shape)
         return whiten(scores, valid)
     if num_groups is None:
         raise ValueError(f"{fn}: `group_ids` needs the static `num_groups`.")
-    scores, group_ids, num_groups, valid = _check(fn, scores, group_ids, num_groups, valid)
-    mean, _, _, _ = _segment_moments(scores, group_ids, num_groups, valid)
-    return whiten(scores - _gather(mean, group_ids, num_groups), valid)
+    scores, group_ids, num_groups, valid = check_group_inputs(fn, scores, group_ids, num_groups, valid)
+    mean, _, _, _ = segment_moments(scores, group_ids, num_groups, valid)
+    return whiten(scores - gather(mean, group_ids, num_groups), valid)
 
 
 @compiled_when_eager
@@ -238,19 +189,19 @@ def env_advantages(scores, group_ids, env_ids, *, num_groups: int, num_envs: int
         [N] float32 advantages, 0 on invalid trajectories.
     """
     fn = "env_advantages"
-    scores, group_ids, num_groups, valid = _check(fn, scores, group_ids, num_groups, valid)
+    scores, group_ids, num_groups, valid = check_group_inputs(fn, scores, group_ids, num_groups, valid)
     env_ids = v.integer(fn, "env_ids", env_ids, rank=1, layout="[N]")
     v.same_shape(fn, "env_ids", env_ids, "scores", scores.shape)
     num_envs = v.positive_int(fn, "num_envs", num_envs)
     eps = v.scalar(fn, "eps", eps, low=0.0)
     valid = valid & (env_ids >= 0) & (env_ids < num_envs)
-    env_mean, env_std, _, env_degenerate = _segment_moments(scores, env_ids, num_envs, valid)
-    keep = valid & ~_gather(env_degenerate, env_ids, num_envs)
+    env_mean, env_std, _, env_degenerate = segment_moments(scores, env_ids, num_envs, valid)
+    keep = valid & ~gather(env_degenerate, env_ids, num_envs)
     if centre_on_env_mean:
-        centred = scores - _gather(env_mean, env_ids, num_envs)
+        centred = scores - gather(env_mean, env_ids, num_envs)
     else:
-        mean, _, _, degenerate = _segment_moments(scores, group_ids, num_groups, valid)
-        centred = scores - _gather(mean, group_ids, num_groups)
-        keep = keep & ~_gather(degenerate, group_ids, num_groups)
-    advantages = centred / (_gather(env_std, env_ids, num_envs) + eps)
+        mean, _, _, degenerate = segment_moments(scores, group_ids, num_groups, valid)
+        centred = scores - gather(mean, group_ids, num_groups)
+        keep = keep & ~gather(degenerate, group_ids, num_groups)
+    advantages = centred / (gather(env_std, env_ids, num_envs) + eps)
     return jnp.where(keep, advantages, 0.0)

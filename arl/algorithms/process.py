@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from arl.algorithms import _validation as v
 from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms.advantages import turn_level_gae
-from arl.algorithms.group import _check, _gather, _segment_moments
+from arl.algorithms._segments import check_group_inputs, gather, segment_moments
 
 
 def _token_inputs(fn, mask, step_end):
@@ -97,12 +97,12 @@ def process_advantages(process_rewards, step_end, mask, group_ids, *, num_groups
     if leave_one_out:
         steps = jnp.sum(step_end, axis=1, dtype=jnp.float32)
         row_mean = jnp.sum(rewards, axis=1) / jnp.maximum(steps, 1.0)
-        row_mean, group_ids, num_groups, valid = _check(
+        row_mean, group_ids, num_groups, valid = check_group_inputs(
             fn, row_mean, group_ids, num_groups, None)
         valid = valid & (steps > 0)
-        mean, _, count, _ = _segment_moments(row_mean, group_ids, num_groups, valid)
-        n = _gather(count, group_ids, num_groups).astype(jnp.float32)
-        group_sum = _gather(mean, group_ids, num_groups) * n
+        mean, _, count, _ = segment_moments(row_mean, group_ids, num_groups, valid)
+        n = gather(count, group_ids, num_groups).astype(jnp.float32)
+        group_sum = gather(mean, group_ids, num_groups) * n
         others = n - valid.astype(jnp.float32)
         baseline = (group_sum - jnp.where(valid, row_mean, 0.0)) / jnp.maximum(others, 1.0)
         baseline = jnp.where(others >= 1.0, baseline, 0.0)

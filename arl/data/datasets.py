@@ -131,7 +131,43 @@ def _builder_classes():
                 }),
                 metadata=self._metadata())
 
-    return ArlTaskSet, ArlDemonstrations
+    class ArlTextTasks(_Builder):
+        """Prompts and reference answers read from JSONL (`arl.data.text_tasks`): token
+        ids of both, the answer text, and the answer in each verifier's canonical form
+        as Unicode code points. Two splits, "train" and "eval"."""
+
+        def _split_generators(self, dl_manager):
+            del dl_manager
+            return {split: self._generate(split) for split in ("train", "eval")}
+
+        def _info(self):
+            widths = self._extra_metadata["widths"]
+
+            def ids(width):
+                return tfds.features.Tensor(shape=(width,), dtype=np.int32)
+
+            return tfds.core.DatasetInfo(
+                builder=self, description="arl prompts and reference answers",
+                features=tfds.features.FeaturesDict({
+                    "index": np.int32,  # row within its split
+                    "line": np.int32,  # 1-based line of the source JSONL file
+                    "prompt": ids(widths["prompt"]),
+                    "prompt_length": np.int32,
+                    "prompt_text": tfds.features.Text(),
+                    "answer": ids(widths["answer"]),
+                    "answer_length": np.int32,
+                    "answer_text": tfds.features.Text(),
+                    **{f"{form}_chars": ids(widths[form]) for form in CANONICAL_FORMS},
+                    **{f"{form}_length": np.int32 for form in CANONICAL_FORMS},
+                }),
+                metadata=self._metadata())
+
+    return ArlTaskSet, ArlDemonstrations, ArlTextTasks
+
+
+# The canonical answer forms a text-task record stores (as code points), one per verifier
+# of `arl.envs.dataset_task`; length -1 means the answer has no such form (no number).
+CANONICAL_FORMS = ("exact", "normalized", "number")
 
 
 def _prepare(builder_cls, data_dir, **kwargs) -> str:
@@ -149,17 +185,21 @@ def _prepare(builder_cls, data_dir, **kwargs) -> str:
     return os.fspath(builder.data_path)
 
 
-def _read_all(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Every record of the dataset at `path`, as stacked arrays in `index` order."""
+def _read_all(path: str, split: str = "train") -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every record of `split` of the dataset at `path`, as stacked arrays in `index`
+    order."""
     import grain  # pylint: disable=g-import-not-at-top
 
     tfds = _tfds()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no dataset directory {path!r}")
     builder = tfds.builder_from_directory(path)
-    source = builder.as_data_source(split="train")
+    if split not in builder.info.splits:
+        raise ValueError(f"dataset {path!r} has no split {split!r}; its splits are "
+                         f"{sorted(builder.info.splits)}")
+    source = builder.as_data_source(split=split)
     if len(source) == 0:
-        raise ValueError(f"dataset {path!r} is empty")
+        raise ValueError(f"split {split!r} of dataset {path!r} is empty")
     batch = grain.MapDataset.source(source).batch(len(source))[0]
     order = np.argsort(np.asarray(batch["index"]))  # tfds shuffles records on write
     arrays = {name: np.asarray(value)[order] for name, value in batch.items()}
@@ -203,7 +243,7 @@ def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> st
             yield i, {"index": i, "reset_key": key_data[i], "env_id": env_ids[i],
                       "prompt": prompts[i]}
 
-    task_set_cls, _ = _builder_classes()
+    task_set_cls = _builder_classes()[0]
     return _prepare(task_set_cls, data_dir, env_config=env_config, num_examples=num_tasks,
                     seed=seed, generate=generate,
                     extra_metadata={"key_shape": list(key_data.shape[1:]),
@@ -279,7 +319,7 @@ def build_demonstrations(data_dir, env_config, *, num_episodes: int, seed: int =
                 }
                 index += 1
 
-    _, demonstrations_cls = _builder_classes()
+    demonstrations_cls = _builder_classes()[1]
     return _prepare(demonstrations_cls, data_dir, env_config=env_config,
                     num_examples=num_episodes, seed=seed, generate=generate,
                     extra_metadata={"action_source": action_source,

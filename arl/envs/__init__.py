@@ -11,25 +11,33 @@ from arl.envs.bandit import Bandit, BanditParams, BanditState
 from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, TokenEnvironment,
                            TokenEnvState, TokenSpace)
 from arl.envs.calculator import Calculator, CalculatorParams, CalculatorState
+from arl.envs.code_interpreter import CodeInterpreter
 from arl.envs.codec import CharCodec, Codec
 from arl.envs.countdown import Countdown, CountdownParams, CountdownState
+from arl.envs.dataset_task import DatasetTask, DatasetTaskParams, DatasetTaskState
 from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
+from arl.envs.host import (HostEnvironment, HostEnvState, HostEpisode, HostStats, HostTurn,
+                            is_host_environment)
 from arl.envs.from_config import env_names, make_env, member_of_task, task_params
 from arl.envs.registry import make, register, registered_names
 from arl.envs.sokoban import Sokoban, SokobanParams, SokobanState
+from arl.envs.sql_query import SqlQuery
+from arl.envs.tool_use import ToolEnvironment, ToolParams, ToolTask
 from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, TurnHorizon,
                                TurnHorizonParams, TurnHorizonState, VmapWrapper, batch,
                                broadcast_params)
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",
-    "CalculatorParams", "CalculatorState", "CharCodec", "Codec", "Countdown",
-    "CountdownParams", "CountdownState", "Discrete", "Environment", "FrozenLake",
-    "FrozenLakeParams", "FrozenLakeState", "GuessNumber", "GuessNumberParams",
-    "GuessNumberState", "Mixture", "MixtureParams", "MixtureState", "Sokoban", "SokobanParams",
-    "SokobanState", "TimeStep", "TokenChunk", "TokenEnvState", "TokenEnvironment", "TokenSpace",
-    "TurnHorizon", "TurnHorizonParams", "TurnHorizonState", "VmapWrapper", "batch",
-    "broadcast_params", "env_names", "make", "make_env", "member_of_task", "register",
-    "registered_names", "task_params",
+    "CalculatorParams", "CalculatorState", "CharCodec", "CodeInterpreter", "Codec", "Countdown",
+    "CountdownParams", "CountdownState", "DatasetTask", "DatasetTaskParams", "DatasetTaskState",
+    "Discrete", "Environment", "FrozenLake", "FrozenLakeParams", "FrozenLakeState",
+    "GuessNumber", "GuessNumberParams", "GuessNumberState", "HostEnvState", "HostEnvironment",
+    "HostEpisode", "HostStats", "HostTurn", "Mixture", "MixtureParams", "MixtureState",
+    "Sokoban", "SokobanParams", "SokobanState", "SqlQuery", "TimeStep", "TokenChunk",
+    "TokenEnvState", "TokenEnvironment", "TokenSpace", "ToolEnvironment", "ToolParams",
+    "ToolTask", "TurnHorizon", "TurnHorizonParams", "TurnHorizonState", "VmapWrapper", "batch",
+    "broadcast_params", "env_names", "is_host_environment", "make", "make_env",
+    "member_of_task", "register", "registered_names", "task_params",
 ]

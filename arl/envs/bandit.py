@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk, TokenEnvironment,
+                           TokenEnvState)
 from arl.envs.codec import CharCodec, Codec
 
 INVALID_TEXT = "invalid"
@@ -88,6 +89,13 @@ class Bandit(TokenEnvironment):
             turn_cost=jnp.asarray(0.0, jnp.float32),
             format_penalty=jnp.asarray(0.1, jnp.float32),
         )
+
+    def param_ranges(self):
+        """Payoffs are shown with PAYOFF_DIGITS whole digits, so they must fit in
+        [0, 9999.99]; costs and penalties are subtracted, so they are >= 0."""
+        payoff = ParamRange(0.0, 9999.99)
+        return dict(low_payoff=payoff, high_payoff=payoff, high_prob=PROBABILITY,
+                    turn_cost=NON_NEGATIVE, format_penalty=NON_NEGATIVE)
 
     def reward_bounds(self, params: BanditParams):
         lowest = jnp.minimum(0.0, jnp.minimum(params.low_payoff, params.high_payoff))

@@ -28,7 +28,8 @@ finished episode, and for envs that do not define one.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -152,6 +153,36 @@ def tree_select(pred: jax.Array, on_true, on_false):
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
+@dataclasses.dataclass(frozen=True)
+class ParamRange:
+    """The values a params field may take: `low <= x <= high` (`<` at an open end; None
+    = unbounded). Checked on the host when a config overrides the field
+    (`arl.envs.from_config.override_params`), never inside jit."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None and (value >= self.high if self.high_open
+                                      else value > self.high):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return (f"{'(' if self.low_open or self.low is None else '['}{low}, {high}"
+                f"{')' if self.high_open or self.high is None else ']'}")
+
+
+PROBABILITY = ParamRange(0.0, 1.0)
+NON_NEGATIVE = ParamRange(0.0, None)
+
+
 class Environment:
     """Abstract pure-function environment (single instance; batch via vmap)."""
 
@@ -159,6 +190,13 @@ class Environment:
 
     def default_params(self):
         raise NotImplementedError
+
+    def param_ranges(self) -> Mapping[str, ParamRange]:
+        """The valid values of the params fields a config may override
+        (`config.env.params.<field>`), by field name; fields not listed accept any finite
+        value of their dtype. Static constructor arguments may bound them (e.g. a task
+        size <= the `max_n` the buffers were sized for)."""
+        return {}
 
     def reset(self, key: jax.Array, params) -> tuple[Any, TimeStep]:
         raise NotImplementedError
@@ -197,7 +235,10 @@ class TokenEnvironment(Environment):
     `_transition(key, state, content, params) -> (state, obs_chunk, reward, format_error)`
     on a live episode, `_info(state, format_error)`, `oracle_action` and
     `reward_bounds(params)`, and optionally `process_reward(old_state, new_state,
-    params)`. This base class does the shared bookkeeping: sanitising the action, cutting
+    params)`, `demonstrator_action` (a weaker scripted teacher; `has_demonstrator` says
+    whether there is one, and configs asking for its demonstrations are refused up front
+    without one) and `param_ranges()` (the valid values of config overrides of the
+    params). This base class does the shared bookkeeping: sanitising the action, cutting
     it at the first end-of-turn token, counting turns, truncating at `max_turns`,
     keeping finished episodes finished, and adding `info["process_reward"]` (the hook's
     value on a live transition, 0 on reset and on a finished episode's no-op steps).
@@ -339,7 +380,35 @@ class TokenEnvironment(Environment):
         raise NotImplementedError
 
     def oracle_action(self, key: jax.Array, state, params) -> TokenChunk:
-        raise NotImplementedError
+        """The scripted best action in `state` (demonstrations, baselines)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} defines no oracle_action: implement it to use "
+            "action_source='oracle'")
+
+    def demonstrator_action(self, key: jax.Array, state, params) -> TokenChunk:
+        """Optional: a weaker scripted teacher than the oracle (behaviour-cloning
+        demonstrations, `loss.sft_source` / `warm_start.sft_source` "demonstrator").
+        Environments without one leave this default, and `has_demonstrator` is False."""
+        raise NotImplementedError(
+            f"{type(self).__name__} defines no demonstrator_action: implement it, or use "
+            "action_source='oracle'")
+
+    @property
+    def has_oracle(self) -> bool:
+        """Whether `oracle_action` is implemented (by this class or a parent other than
+        `TokenEnvironment`)."""
+        return type(self).oracle_action is not TokenEnvironment.oracle_action
+
+    @property
+    def has_demonstrator(self) -> bool:
+        """Whether `demonstrator_action` is implemented."""
+        return type(self).demonstrator_action is not TokenEnvironment.demonstrator_action
+
+    def supports_action_source(self, source: str) -> bool:
+        """Whether `rollout(..., action_source=source)` can play this env: "model"
+        always, "oracle" / "demonstrator" when the hook is implemented."""
+        return {"model": True, "oracle": self.has_oracle,
+                "demonstrator": self.has_demonstrator}.get(source, False)
 
     def reward_bounds(self, params) -> tuple[jax.Array, jax.Array]:
         """(lowest, highest) reward a single step can return under `params`."""

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
+                           TokenEnvState)
 from arl.envs.codec import CharCodec, Codec
 
 OPERATORS = "+-*"
@@ -115,6 +116,12 @@ class Calculator(TokenEnvironment):
             format_penalty=jnp.asarray(0.1, jnp.float32),
             success_reward=jnp.asarray(1.0, jnp.float32),
         )
+
+    def param_ranges(self):
+        """Operand digits in [1, max_digits] (the token budgets are sized for
+        max_digits); rewards, costs and penalties >= 0."""
+        return dict(digits=ParamRange(1, self.max_digits), turn_cost=NON_NEGATIVE,
+                    format_penalty=NON_NEGATIVE, success_reward=NON_NEGATIVE)
 
     def reward_bounds(self, params: CalculatorParams):
         return -(params.turn_cost + params.format_penalty), params.success_reward - params.turn_cost

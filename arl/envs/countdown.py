@@ -72,7 +72,8 @@ import numpy as np
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState, tree_select
+from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState,
+                           tree_select)
 from arl.envs.codec import CharCodec, Codec
 
 OPERATORS = "+-*/"
@@ -357,6 +358,15 @@ class Countdown(TokenEnvironment):
             use_all_numbers=jnp.asarray(use_all_numbers, bool),
             format_score=jnp.asarray(0.1, jnp.float32),
             success_score=jnp.asarray(1.0, jnp.float32))
+
+    def param_ranges(self):
+        """Counts and ranges up to the static bounds the token budgets were sized for;
+        scores >= 0 (the reward is the improvement of the best score, from 0). A range's
+        ends are checked one at a time (min <= max is not)."""
+        numbers, targets = ParamRange(1, self.max_number), ParamRange(1, self.max_target)
+        return dict(num_numbers=ParamRange(2, self.max_numbers), number_min=numbers,
+                    number_max=numbers, target_min=targets, target_max=targets,
+                    format_score=NON_NEGATIVE, success_score=NON_NEGATIVE)
 
     def reward_bounds(self, params: CountdownParams):
         """The improvement of the best score, from best >= 0 to at most the top score."""

@@ -40,7 +40,8 @@ import numpy as np
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk,
+                           TokenEnvironment, TokenEnvState)
 from arl.envs.codec import CharCodec, Codec
 
 DIRECTIONS = ("Left", "Down", "Right", "Up")  # action indices 0..3, as in gym
@@ -136,6 +137,13 @@ class FrozenLake(TokenEnvironment):
             format_penalty=jnp.asarray(0.1, jnp.float32),
             success_reward=jnp.asarray(1.0, jnp.float32),
         )
+
+    def param_ranges(self):
+        """hole_prob in [0, 1) (a map of holes only has no path), slip_prob in [0, 1];
+        rewards, costs and penalties >= 0."""
+        return dict(hole_prob=ParamRange(0.0, 1.0, high_open=True), slip_prob=PROBABILITY,
+                    turn_cost=NON_NEGATIVE, format_penalty=NON_NEGATIVE,
+                    success_reward=NON_NEGATIVE)
 
     def reward_bounds(self, params: FrozenLakeParams):
         return -(params.turn_cost + params.format_penalty), params.success_reward - params.turn_cost

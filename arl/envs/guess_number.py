@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.base import NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState
 from arl.envs.codec import CharCodec, Codec
 
 REPLIES = ("higher", "lower", "correct", "invalid")
@@ -91,6 +91,12 @@ class GuessNumber(TokenEnvironment):
             format_penalty=jnp.asarray(0.1, jnp.float32),
             success_reward=jnp.asarray(1.0, jnp.float32),
         )
+
+    def param_ranges(self):
+        """N in [2, max_n] (the token budgets are sized for max_n); rewards, costs and
+        penalties >= 0."""
+        return dict(num_values=ParamRange(2, self.max_n), turn_cost=NON_NEGATIVE,
+                    format_penalty=NON_NEGATIVE, success_reward=NON_NEGATIVE)
 
     def reward_bounds(self, params: GuessNumberParams):
         low = -(params.turn_cost + params.format_penalty)

@@ -8,20 +8,27 @@ from typing import Callable
 from arl.envs.bandit import Bandit
 from arl.envs.base import Environment
 from arl.envs.calculator import Calculator
+from arl.envs.code_interpreter import CodeInterpreter
 from arl.envs.countdown import Countdown
+from arl.envs.dataset_task import DatasetTask
 from arl.envs.frozen_lake import FrozenLake
 from arl.envs.guess_number import GuessNumber
 from arl.envs.sokoban import Sokoban
+from arl.envs.sql_query import SqlQuery
 
 GYMNAX_PREFIX = "gymnax:"
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {
     "guess_number": GuessNumber,
     "calculator": Calculator,
+    "dataset_task": DatasetTask,
     "frozen_lake": FrozenLake,
     "bandit": Bandit,
     "sokoban": Sokoban,
     "countdown": Countdown,
+    # Host environments (arl.envs.host): Python tools behind a host callback.
+    "code_interpreter": CodeInterpreter,
+    "sql": SqlQuery,
 }
 
 
@@ -48,6 +55,18 @@ def _same_class(a, b) -> bool:
 
 def registered_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def factory(name: str) -> Callable[..., Environment]:
+    """What `make(name, ...)` calls: the registered class or function, or for
+    "gymnax:<id>" the gymnax adapter class."""
+    if name.startswith(GYMNAX_PREFIX):
+        from arl.envs.gymnax_adapter import GymnaxEnvironment  # pylint: disable=g-import-not-at-top
+        return GymnaxEnvironment
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown env name {name!r}; known names: {registered_names()} "
+                         "or 'gymnax:<id>' (e.g. 'gymnax:CartPole-v1')")
+    return _REGISTRY[name]
 
 
 def make(name: str, **kwargs) -> Environment:

@@ -77,7 +77,8 @@ import numpy as np
 from flax import struct
 
 from arl.envs import chunks, parsing
-from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
+                           TokenEnvState)
 from arl.envs.codec import CharCodec, Codec
 
 DIRECTIONS = ("Up", "Down", "Left", "Right")  # indices 0..3; d ^ 1 is the opposite
@@ -186,6 +187,17 @@ class Sokoban(TokenEnvironment):
             num_reverse_moves=jnp.asarray(num_reverse_moves, jnp.int32),
             wall_prob=f32(wall_prob), step_reward=f32(-0.1), box_on_reward=f32(1.0),
             box_off_reward=f32(-1.0), success_reward=f32(10.0), format_penalty=f32(0.1))
+
+    def param_ranges(self):
+        """Room size, boxes and reverse-walk length up to the static bounds the buffers and
+        the oracle's move budget were sized for; wall_prob in [0, 1); the move rewards may
+        have either sign (gym-sokoban's step reward is negative), the format penalty is
+        subtracted, so >= 0."""
+        return dict(size=ParamRange(MIN_SIZE, self.max_size),
+                    num_boxes=ParamRange(1, self.max_boxes),
+                    num_reverse_moves=ParamRange(1, self.max_moves),
+                    wall_prob=ParamRange(0.0, 1.0, high_open=True),
+                    format_penalty=NON_NEGATIVE)
 
     def reward_bounds(self, params: SokobanParams):
         """Any turn: 1..K moves each in step + {0, on, off}, success at most once; or a

@@ -234,6 +234,11 @@ class Mixture(TokenEnvironment):
         for env in envs:
             if not isinstance(env, TokenEnvironment):
                 raise ValueError(f"envs must be TokenEnvironments, got {type(env).__name__}")
+            if getattr(env, "is_host_environment", False):
+                # Under vmap every member steps every row: a host member would run its
+                # tool on the other members' rows.
+                raise ValueError(f"host environment {env.name!r} cannot be a Mixture "
+                                 "member (train it on its own)")
         codec = envs[0].codec
         for env in envs[1:]:
             same = (env.codec is codec) or (
@@ -251,6 +256,14 @@ class Mixture(TokenEnvironment):
     @property
     def num_envs(self) -> int:
         return len(self.envs)
+
+    @property
+    def has_oracle(self) -> bool:
+        return all(e.has_oracle for e in self.envs)
+
+    @property
+    def has_demonstrator(self) -> bool:
+        return all(e.has_demonstrator for e in self.envs)
 
     def default_params(self, env_id: int = 0) -> MixtureParams:
         if not 0 <= env_id < self.num_envs:

@@ -88,8 +88,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       `arl.host.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
+    trainer = trainers_lib.build(config)  # may still refuse the config: before any output
     os.makedirs(workdir, exist_ok=True)
-    trainer = trainers_lib.build(config)
     total = config.train_steps
     metadata = {"config": config_json(config)}
 

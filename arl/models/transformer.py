@@ -106,6 +106,58 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("length", None),
 )
 
+# Activation logical axis name -> mesh axis, for `constrain_activation`. The batch is
+# split over data x fsdp everywhere (FSDP is data parallelism whose weights are gathered
+# layer by layer); the residual stream's embed dimension stays whole on a device (the
+# weights' "embed" axis is the fsdp-sharded one, not the activations'); attention heads
+# and the MLP width are split over "tensor" (Megatron-style: column-parallel q/k/v and
+# gate/up, row-parallel o_proj and down_proj), as are the logits' vocabulary.
+ACTIVATION_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv_heads", "tensor"),
+    ("activation_head_dim", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+)
+RESIDUAL = ("activation_batch", "activation_length", "activation_embed")
+_HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
+_KV_HEADS = ("activation_batch", "activation_length", "activation_kv_heads",
+             "activation_head_dim")
+_MLP = ("activation_batch", "activation_length", "activation_mlp")
+_LOGITS = ("activation_batch", "activation_length", "activation_vocab")
+
+
+def constrain_activation(x: jax.Array, names: Sequence[str],
+                         rules: Sequence[tuple[str, Any]] = ACTIVATION_AXIS_RULES
+                         ) -> jax.Array:
+    """`x` constrained to the sharding its logical axis `names` map to under `rules`,
+    on the mesh the caller traces under (`jax.sharding.use_abstract_mesh`; the token
+    trainer traces its steps under its mesh).
+
+    Without such a mesh, or on a mesh of one device, `x` is returned as it is (no
+    operation at all). A mesh axis that does not divide its dimension (2 KV heads over a
+    4-way "tensor" axis) or that the mesh lacks is dropped (replicated). Telling XLA
+    where the activations live keeps the partitioner from resharding the residual
+    stream to the weights' layout (the "involuntary full rematerialization" of FSDP
+    layouts); the same idea as MaxText's activation logical axes.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return x
+    table = dict(rules)
+    spec = []
+    for name, dim in zip(names, x.shape, strict=True):
+        axes = table[name]
+        names_of = axes if isinstance(axes, tuple) else (axes,)
+        if axes is None or any(a not in mesh.shape for a in names_of) or dim % int(
+                np.prod([mesh.shape[a] for a in names_of])):
+            axes = None
+        spec.append(axes)
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -335,13 +387,14 @@ class Attention(nn.Module):
         batch, q_len = x.shape[:2]
         tokens = x.reshape(batch * q_len, x.shape[-1])
 
-        def project(heads, names, name):
-            return _projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(
+        def project(heads, names, name, activation_names):
+            out = _projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(
                 tokens).reshape(batch, q_len, heads, head_dim)
+            return constrain_activation(out, activation_names)
 
-        q = project(num_heads, ("heads", "head_dim"), "q_proj")
-        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj")
-        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj")
+        q = project(num_heads, ("heads", "head_dim"), "q_proj", _HEADS)
+        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", _KV_HEADS)
+        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", _KV_HEADS)
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
 
@@ -351,7 +404,7 @@ class Attention(nn.Module):
             out = attention_lib.causal_self_attention(
                 q, k, v, key_mask, implementation=implementation,
                 block_size=cfg.attention_block)
-            return _output_projection(cfg, out), None
+            return _output_projection(cfg, constrain_activation(out, _HEADS)), None
 
         if cache_kv is None:
             keys, values = k, v
@@ -383,7 +436,7 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
             batch, q_len, num_heads, head_dim)
-        return _output_projection(cfg, out), cache_kv
+        return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
 
 
 def _output_projection(cfg, out):
@@ -427,7 +480,12 @@ class SwiGLU(nn.Module):
 
         gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
         up = dense(cfg.mlp_dim, ("embed", "mlp"), "up_proj")(x)
-        out = dense(cfg.d_model, ("mlp", "embed"), "down_proj")(nn.silu(gate) * up)
+        # The activation sharding names [B, T, mlp]: constrained in that shape (free
+        # reshapes; no operation at all without a mesh).
+        hidden = constrain_activation(
+            (nn.silu(gate) * up).reshape(leading + (cfg.mlp_dim,)),
+            _MLP).reshape(-1, cfg.mlp_dim)
+        out = dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
         return out.reshape(leading + (cfg.d_model,))
 
 
@@ -442,13 +500,14 @@ class DecoderLayer(nn.Module):
                  key_mask):
         cfg = self.config
         h, cache_kv = carry
+        h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
             key_positions, attend, key_mask)
-        h = h + attn_out
+        h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
-        return (h, cache_kv), None
+        return (constrain_activation(h, RESIDUAL), cache_kv), None
 
 
 def _checked_positions(positions, batch: int, seq_len: int) -> jax.Array:
@@ -596,7 +655,10 @@ class Transformer(nn.Module):
             cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
             embedding_init=nn.with_logical_partitioning(_normal(cfg), ("vocab", "embed")),
             name="embed_tokens")
-        h = embed(tokens)
+        # The lookup reads the table gathered over fsdp (as every FSDP weight is), so the
+        # rows come out batch-sharded like the tokens, not split along d_model.
+        table = constrain_activation(embed.embedding, ("activation_vocab", "activation_embed"))
+        h = constrain_activation(jnp.take(table.astype(cfg.dtype), tokens, axis=0), RESIDUAL)
 
         layer_cls = DecoderLayer
         if cfg.remat:
@@ -615,7 +677,8 @@ class Transformer(nn.Module):
                                           positions, write_positions, key_positions, attend,
                                           key_mask)
 
-        hidden = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h)
+        hidden = constrain_activation(
+            RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
 
         logits = None
         if compute_logits:
@@ -632,6 +695,7 @@ class Transformer(nn.Module):
                                 unembed.astype(cfg.dtype),
                                 preferred_element_type=jnp.float32).reshape(
                                     batch, seq_len, cfg.vocab_size)
+            logits = constrain_activation(logits, _LOGITS)
 
         values = None
         if cfg.value_head:

@@ -160,7 +160,7 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
     if action_source == "model":
         if model is None or params is None:
             raise ValueError("action_source='model' needs both `model` and `params`.")
-        cache = transformer_lib.init_cache(model.config, forked, width)
+        cache = transformer_lib.init_cache(model.config, forked, width, model.config.dtype)
         out = model.apply({"params": params}, tokens, cache=cache, num_valid=prefix)
         cache = out.cache
         last_logits = sampling_lib.take_last_valid(out.logits, prefix)

@@ -111,7 +111,9 @@ def rollout(
     record_values = use_model and model.config.value_head
     values = None
     if use_model:
-        cache = transformer_lib.init_cache(model.config, batch, width)
+        # Keys and values are computed in the activation dtype: a cache in that dtype
+        # holds them exactly, at half the bytes of float32 for bfloat16 activations.
+        cache = transformer_lib.init_cache(model.config, batch, width, model.config.dtype)
         first = jnp.concatenate(
             [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
         out = model.apply({"params": params}, first, cache=cache, num_valid=offset)

@@ -106,7 +106,8 @@ class ProcessModels:
         p = config.process
         optimizer = prm_model = None
         if p.train_prm or p.implicit_coef > 0:
-            optimizer = make_optimizer(config.optim, learning_rate=p.prm_learning_rate)
+            optimizer = make_optimizer(config.optim, learning_rate=p.prm_learning_rate,
+                                       param_dtype=policy.model.config.param_dtype)
         if p.train_prm:
             prm_model = transformer_lib.Transformer(
                 dataclasses.replace(policy.model.config, value_head=True))

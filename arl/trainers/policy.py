@@ -12,6 +12,7 @@ the layout of `arl.rollout.Trajectory`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -22,7 +23,7 @@ import ml_collections
 from flax import struct
 
 from arl import algorithms as alg
-from arl.errors import ConfigError
+from arl.errors import ConfigError, one_line
 from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
 from arl.models.logprobs import chunked_token_logprobs
@@ -46,22 +47,31 @@ def shift_right(x):
 def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_length: int,
                 value_head: bool) -> transformer_lib.Transformer:
     """The decoder of `config.model`: a fresh architecture from its fields, or that of
-    `model.hf_checkpoint` (float32 master weights, activations in `model.dtype`; the
-    weights are loaded by `load_pretrained`). `model.layer_unroll` 0 = all layers."""
+    `model.hf_checkpoint` (the weights are loaded by `load_pretrained`), with parameters
+    in `model.param_dtype` and activations in `model.dtype`. `vocab_size` is the env
+    codec's; a fresh model's `model.vocab_size` (0 = the codec's) may be larger.
+    `model.layer_unroll` 0 = all layers; `model.remat` rematerialises each layer."""
     m = config.model
+    param_dtype = jnp.dtype(m.get("param_dtype", "float32"))
     if m.get("hf_checkpoint", ""):
         from arl.models import hf_import  # pylint: disable=g-import-not-at-top
-        model_config = hf_import.load_hf_config(
-            m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=jnp.float32,
-            max_len=context_length, value_head=value_head)
+        with checkpoint_errors_as_config_errors(m.hf_checkpoint):
+            model_config = hf_import.load_hf_config(
+                m.hf_checkpoint, dtype=jnp.dtype(m.dtype), param_dtype=param_dtype,
+                max_len=context_length, value_head=value_head)
         if model_config.vocab_size < vocab_size:
             raise ConfigError(
                 f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
                 f"{model_config.vocab_size} < the env codec's {vocab_size}: "
                 f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
     else:
+        model_vocab = m.get("vocab_size", 0) or vocab_size
+        if model_vocab < vocab_size:
+            raise ConfigError(
+                f"config.model.vocab_size={m.vocab_size!r} is invalid: must be 0 (the env "
+                f"codec's) or at least the env codec's vocab_size {vocab_size}.")
         model_config = transformer_lib.TransformerConfig(
-            vocab_size=vocab_size,
+            vocab_size=model_vocab,
             d_model=m.d_model,
             num_layers=m.num_layers,
             num_heads=m.num_heads,
@@ -70,12 +80,18 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
             max_len=context_length,
             rope_theta=m.rope_theta,
             tie_embeddings=m.tie_embeddings,
+            qkv_bias=m.get("qkv_bias", False),
+            o_bias=m.get("o_bias", False),
+            mlp_bias=m.get("mlp_bias", False),
+            norm_eps=m.get("norm_eps", 1e-6),
             value_head=value_head,
             dtype=jnp.dtype(m.dtype),
+            param_dtype=param_dtype,
         )
     return transformer_lib.Transformer(dataclasses.replace(
         model_config, layer_unroll=m.layer_unroll or model_config.num_layers,
-        attention=m.get("attention", "auto"), attention_block=m.get("attention_block", 512)))
+        attention=m.get("attention", "auto"), attention_block=m.get("attention_block", 512),
+        remat=m.get("remat", False)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +249,21 @@ def load_pretrained(config: ml_collections.ConfigDict, model: transformer_lib.Tr
     if not config.model.get("hf_checkpoint", ""):
         return None
     from arl.models import hf_import  # pylint: disable=g-import-not-at-top
-    _, params = hf_import.load_hf_checkpoint(config.model.hf_checkpoint, config=model.config,
-                                             mesh=mesh)
+    with checkpoint_errors_as_config_errors(config.model.hf_checkpoint):
+        _, params = hf_import.load_hf_checkpoint(config.model.hf_checkpoint,
+                                                 config=model.config, mesh=mesh)
     return params
+
+
+@contextlib.contextmanager
+def checkpoint_errors_as_config_errors(path: str):
+    """Re-raises what the Hugging Face import refuses (an unsupported config.json, missing
+    or mismatching tensors: `hf_import.CheckpointMismatchError`, a ValueError; a missing
+    file) as a `ConfigError` naming `config.model.hf_checkpoint`."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, KeyError, OSError) as error:
+        raise ConfigError(f"config.model.hf_checkpoint={path!r} is invalid: "
+                          f"{one_line(error)}") from error

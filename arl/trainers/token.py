@@ -34,7 +34,7 @@ from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
 from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
-from arl.errors import ConfigError
+from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
 from arl.trainers import signals as signals_lib
 from arl.trainers.credit import ProcessModels
@@ -68,12 +68,15 @@ class TokenTrainer:
             config, vocab_size=self.env.codec.vocab_size,
             context_length=self.context_length, value_head=self.algorithm.critic)
         self.model = self.policy.model
-        self.optimizer = make_optimizer(config.optim, total_updates=rl_updates(config))
+        self.optimizer = make_optimizer(config.optim, total_updates=rl_updates(config),
+                                        param_dtype=self.model.config.param_dtype)
         self.sampling = rollout_lib.SamplingConfig(
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
+        # The mesh the model's activation constraints follow (config.activation_sharding).
+        self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
         self.process_models = ProcessModels.from_config(config, self.policy)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
@@ -95,9 +98,13 @@ class TokenTrainer:
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
         if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
-            self.demonstrations = datasets_lib.load_demonstrations(
-                config.loss.sft_dataset, env_config=config.env,
-                context_length=self.context_length)
+            try:
+                self.demonstrations = datasets_lib.load_demonstrations(
+                    config.loss.sft_dataset, env_config=config.env,
+                    context_length=self.context_length)
+            except (ValueError, OSError) as error:  # another env's set, unreadable files
+                raise ConfigError(f"config.loss.sft_dataset={config.loss.sft_dataset!r} is "
+                                  f"invalid: {one_line(error)}") from error
         shardings = self.state_shardings()
         self.train_step = jax.jit(
             self.step,
@@ -164,7 +171,12 @@ class TokenTrainer:
 
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
-        form with the state's shardings)."""
+        form with the state's shardings), under the mesh's activation sharding rules
+        when `config.activation_sharding`."""
+        with sharding_lib.activation_mesh(self.activation_mesh):
+            return self._step(state)
+
+    def _step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         c = self.config
         p = c.process
         key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
@@ -284,9 +296,11 @@ class TokenTrainer:
 
         def evaluate(params, key, greedy):
             sampling = self.sampling.replace(greedy=greedy)
-            traj = rollout_lib.rollout(
-                self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
-                params=params, sampling=sampling, env_params=self.task_params(num_rows, 1))
+            with sharding_lib.activation_mesh(self.activation_mesh):
+                traj = rollout_lib.rollout(
+                    self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
+                    params=params, sampling=sampling,
+                    env_params=self.task_params(num_rows, 1))
             return signals_lib.rollout_metrics(traj, self.env_names), traj
 
         return jax.jit(evaluate, static_argnames=("greedy",))

@@ -30,6 +30,7 @@ import optax
 
 from arl import algorithms as alg
 from arl import rollout as rollout_lib
+from arl import sharding as sharding_lib
 from arl.optim import make_optimizer
 
 _SFT_KEY_SALT = 1000  # the SFT key stream: key(seed + 1000), as experiments used before
@@ -59,7 +60,8 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     source = source or c.loss.sft_source
     lr = learning_rate or c.optim.learning_rate
     batch_size = batch_size or trainer.batch_size
-    optimizer = make_optimizer(c.optim, learning_rate=lr)  # the optim section, a constant rate
+    optimizer = make_optimizer(c.optim, learning_rate=lr,  # the optim section, a constant rate
+                               param_dtype=trainer.model.config.param_dtype)
     state = trainer.init_state(seed) if init_state is None else init_state
     params = trainer.policy_params(state)  # all weights, also under LoRA
     if init_state is None:
@@ -69,9 +71,10 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
 
     def loss_fn(p, tokens, mask):
         # Log-probs of the demonstrator's tokens only (Policy.score's `scored`).
-        logp = trainer.policy.score(p, tokens, scored=mask,
-                                    max_scored=trainer.learner.agent_token_bound,
-                                    entropy=False).logp
+        with sharding_lib.activation_mesh(trainer.activation_mesh):
+            logp = trainer.policy.score(p, tokens, scored=mask,
+                                        max_scored=trainer.learner.agent_token_bound,
+                                        entropy=False).logp
         return alg.sft_loss(logp, mask)
 
     @jax.jit

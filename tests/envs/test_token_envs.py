@@ -10,7 +10,10 @@ import pytest
 import arl.envs as E
 from arl.envs.base import TokenChunk
 
-NAMES = ["guess_number", "calculator", "frozen_lake", "bandit"]
+NAMES = ["guess_number", "calculator", "frozen_lake", "bandit", "dataset_task"]
+# Constructor kwargs where the defaults would leave a path untested: dataset_task's
+# default is one attempt; three exercise the "wrong, try again" turns.
+KWARGS = {"dataset_task": {"max_turns": 3}}
 CODEC = E.CharCodec()
 
 
@@ -72,7 +75,7 @@ _RUNNERS = {}
 
 def get_runner(name):
     if name not in _RUNNERS:
-        _RUNNERS[name] = Runner(E.make(name))
+        _RUNNERS[name] = Runner(E.make(name, **KWARGS.get(name, {})))
     return _RUNNERS[name]
 
 
@@ -432,4 +435,6 @@ def test_bad_construction_and_registry():
         E.make("bandit", num_pulls=0)
     with pytest.raises(ValueError, match="hole_prob"):
         E.FrozenLake().default_params(hole_prob=1.0)
-    assert E.registered_names() == sorted(NAMES + ["countdown", "sokoban"])
+    # arl's own registrations (tests may register their own envs, e.g. tests/user_envs.py).
+    own = [n for n in E.registered_names() if E.registry.factory(n).__module__.startswith("arl.")]
+    assert own == sorted(NAMES + ["code_interpreter", "countdown", "sokoban", "sql"])

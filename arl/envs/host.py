@@ -1,0 +1,638 @@
+"""Host environments: token environments whose task and turns are ordinary Python.
+
+A `HostEnvironment` is a `TokenEnvironment` like any other (same `reset` / `step`
+contract, same trajectory layout, same trainers, process rewards, branching,
+evaluation and checkpoints), except that generating a task and answering a turn run as
+Python on the host: a code interpreter, a SQL database, anything that is not JAX. The
+compiled rollout reaches the host through `jax.experimental.io_callback` (ordered), so
+one program still does rollout + update:
+
+    reset  (one callback per batch): task seed -> prompt token ids, initial memory
+    step   (one callback per turn):  the agent's turn as token ids + length
+                                     -> reply ids + length, reward, terminated, success,
+                                        format_error, process reward, new memory
+    oracle / demonstrator (one callback per turn): the scripted policies' turns
+
+Token ids at the boundary: the host decodes the agent's ids with the env's codec and
+encodes its reply with it (`decode_action`, `encode_reply`: characters a codec lacks
+become "?", special tokens in a reply are written as plain text, and a reply longer than
+`obs_len` is cut and ends in "..").
+
+Batching. The env functions are single-instance (the rollout vmaps them over rows), but
+a host call per row would serialise the batch. Each host function is therefore a
+`jax.custom_batching.custom_vmap` whose batching rule makes ONE callback for the whole
+batch (nested vmaps are flattened into it), and the host runs the live rows' turns in
+parallel on a worker pool (`arl.tools.ToolPool`) with a per-row time limit
+(`step_timeout_s`): a turn takes about as long as its slowest row, never the sum.
+
+State is data. The JAX-side state of a row is `HostEnvState`: the usual `TokenEnvState`
+fields, the task seed (64 random bits of the reset key: the rows of a GRPO group share
+their reset key and so their task; a resumed run replays the same tasks) and a small
+int32 `memory` vector (`memory_fields`, e.g. the number of tool calls) that the host
+reads and returns with every turn. Nothing about an episode lives on the host between
+calls (the task is re-derived from its seed, through a cache), so:
+
+* rows may be selected, gathered and copied freely: Monte Carlo branching
+  (`arl.rollout.branching`) forks a host env state like any other pytree;
+* a discarded transition (a row past the horizon, a finished episode) leaves nothing
+  behind on the host;
+* any process can step any row (no handle table to keep consistent across hosts).
+
+A subclass implements, on the host (plain Python, per row):
+
+    make_task(seed, params) -> task          # deterministic in seed (cached)
+    prompt(task, params) -> str              # the reset observation
+    host_step(episode, action) -> HostTurn   # one live turn; `episode` has the task,
+                                             # params, turn, memory and a step seed
+    host_oracle(episode) -> str              # a turn of a policy that solves the task
+    host_demonstrator(episode, rng) -> str   # optional: a weaker teacher
+    reward_bounds(params)                    # as every token env (traced)
+
+`host_step` must not raise for anything the agent writes (return a format error or an
+error reply instead); if it does raise, or runs past `step_timeout_s`, the row gets the
+reply "host error" / "timeout", reward 0, and its episode ends (`info["host_error"]`
+is set, the failure is logged and counted in `host_stats`): the trainer keeps running.
+
+Cost and placement (docs/host_environments.md has measurements): each turn is one
+device -> host -> device round trip of [B, action_len] and [B, obs_len] int32 arrays plus
+the host's work; the device waits for it (the next turn's decoding needs the reply). On
+a mesh the callback runs once, on the process that owns the first device of the
+computation, with the whole batch gathered there (JAX runs callbacks of an
+automatically sharded program with a maximal sharding); replies are scattered back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.custom_batching import custom_vmap
+from jax.experimental import io_callback
+
+from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
+from arl.envs.codec import CharCodec, Codec
+
+_log = logging.getLogger(__name__)
+_INIT_LOCK = threading.Lock()  # guards the lazy creation of an env's host-side state
+
+TRUNCATION_MARK = ".."  # ends a reply cut to obs_len (characters of the built-in codec)
+UNKNOWN_CHAR = "?"      # stands for a character the codec cannot write
+HOST_ERROR_REPLY = "host error"
+HOST_TIMEOUT_REPLY = "timeout"
+POLICY_KINDS = ("oracle", "demonstrator")
+
+
+# ------------------------------------------------------------------------ text <-> ids
+
+
+def decode_action(codec: Codec, tokens, length) -> str:
+    """Text of the agent's turn `tokens[:length]` (special tokens spelled by name)."""
+    tokens = np.asarray(tokens).reshape(-1)
+    length = int(np.clip(int(length), 0, tokens.shape[0]))
+    return codec.decode(tokens[:length], stop_at_pad=False)
+
+
+def _special_ids(codec: Codec) -> frozenset[int]:
+    ids = {codec.pad_id, codec.bos_id, codec.eot_id}
+    ids |= set(getattr(codec, "_special_ids", ()) or ())
+    return frozenset(int(i) for i in ids)
+
+
+def encode_text(codec: Codec, text: str) -> list[int]:
+    """`text` as plain characters: special-token names are NOT turned into special ids
+    (a program may print "<eot>"), characters the codec lacks become "?"."""
+    if isinstance(codec, CharCodec):
+        ids, unknown = [], codec.token_id(UNKNOWN_CHAR)
+        table = codec._ids  # pylint: disable=protected-access
+        for char in text:
+            ids.append(table.get(char, unknown))
+        return ids
+    try:
+        ids = codec.encode(text)
+    except (ValueError, KeyError):
+        ids = []
+        for char in text:
+            try:
+                ids.extend(codec.encode(char))
+            except (ValueError, KeyError):
+                ids.extend(codec.encode(UNKNOWN_CHAR))
+    specials = _special_ids(codec)
+    if any(i in specials for i in ids):
+        ids = [i for i in ids if i not in specials]
+    return list(ids)
+
+
+def encode_reply(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
+    """(int32 [size] ids padded with pad_id, length) of `text` (`encode_text`); a text
+    longer than `size` tokens is cut and ends in `TRUNCATION_MARK`."""
+    ids = encode_text(codec, text)
+    if len(ids) > size:
+        mark = encode_text(codec, TRUNCATION_MARK)
+        keep = max(size - len(mark), 0)
+        ids = (ids[:keep] + mark)[:size]
+    out = np.full((size,), codec.pad_id, np.int32)
+    out[:len(ids)] = ids
+    return out, len(ids)
+
+
+def encode_action(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
+    """A scripted turn: `text` then the end-of-turn id, cut to `size` tokens."""
+    ids = (encode_text(codec, text) + [codec.eot_id])[:size]
+    out = np.full((size,), codec.pad_id, np.int32)
+    out[:len(ids)] = ids
+    return out, len(ids)
+
+
+# ----------------------------------------------------------------------- host records
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEpisode:
+    """What the host knows about one row when it plays a turn.
+
+    task: `make_task(seed, params)`'s value (shared, do not mutate). params: the row's
+    env params with NumPy scalar leaves. turn: turns taken so far. memory: the row's
+    `memory_fields` as a dict of ints. seed: the task seed. step_seed: random bits of
+    the step key (or, for a scripted policy, of its key): use `rng()` for randomness,
+    never the global `random` (a resumed run must replay the same turns).
+    """
+
+    task: Any
+    params: Any
+    turn: int
+    memory: dict
+    seed: int
+    step_seed: int = 0
+
+    def rng(self) -> random.Random:
+        return random.Random(self.step_seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTurn:
+    """The outcome of one live turn, from `HostEnvironment.host_step`.
+
+    reply: text of the next observation (cut to obs_len tokens). reward: the outcome
+    reward of the turn. terminated / success: the episode ended / the task is solved.
+    format_error: the turn was malformed. process_reward: progress toward the goal
+    (`info["process_reward"]`, not part of `reward`). memory: fields of
+    `memory_fields` that change (the others keep their values). host_error: set by
+    the environment when the turn itself failed (an exception or a timeout).
+    """
+
+    reply: str
+    reward: float = 0.0
+    terminated: bool = False
+    success: bool = False
+    format_error: bool = False
+    process_reward: float = 0.0
+    memory: dict | None = None
+    host_error: bool = False
+
+
+@dataclasses.dataclass
+class HostStats:
+    """Counters of the host side of an environment (`HostEnvironment.host_stats`):
+    callbacks made, rows seen, live rows stepped, wall seconds spent in the callbacks
+    (the time the device waits on the host), turns that failed (an exception or a
+    timeout in `host_step`) and the busiest call's seconds."""
+
+    callbacks: int = 0
+    rows: int = 0
+    live_rows: int = 0
+    seconds: float = 0.0
+    host_errors: int = 0
+    slowest_callback_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------- batched callbacks
+
+
+def _flatten_batch(args, axis_size, in_batched):
+    """Moves every argument to a leading axis of `axis_size` (broadcasting unbatched ones)."""
+    return [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
+            for a, b in zip(args, in_batched)]
+
+
+def batched_host_function(host_fn: Callable, result_shapes: Callable[[int], Sequence]):
+    """A single-instance traced function whose batches reach the host in ONE call.
+
+    `host_fn(*arrays)` takes NumPy arrays with a leading batch axis [B, ...] and returns
+    a tuple of NumPy arrays `result_shapes(B)` (a sequence of `jax.ShapeDtypeStruct` with
+    leading axis B). The returned function takes single-instance arrays and returns the
+    single-instance results; under `jax.vmap` (any depth) its batching rule merges the
+    mapped axes into one leading axis and makes one ordered `io_callback`.
+    """
+
+    def call(*args):
+        batch = args[0].shape[0]
+        return tuple(io_callback(host_fn, tuple(result_shapes(batch)), *args, ordered=True))
+
+    @custom_vmap
+    def batched(*args):
+        return call(*args)
+
+    @batched.def_vmap
+    def batched_rule(axis_size, in_batched, *args):
+        # vmap over an already batched call (a vmap of a vmap): fold the new axis into
+        # the batch axis, one callback for all.
+        args = _flatten_batch(args, axis_size, in_batched)
+        inner = args[0].shape[1]
+        merged = [a.reshape((axis_size * inner,) + a.shape[2:]) for a in args]
+        outs = batched(*merged)
+        return (tuple(o.reshape((axis_size, inner) + o.shape[1:]) for o in outs),
+                (True,) * len(outs))
+
+    @custom_vmap
+    def single(*args):
+        outs = batched(*[jnp.asarray(a)[None] for a in args])
+        return tuple(o[0] for o in outs)
+
+    @single.def_vmap
+    def single_rule(axis_size, in_batched, *args):
+        outs = batched(*_flatten_batch(args, axis_size, in_batched))
+        return tuple(outs), (True,) * len(outs)
+
+    return single
+
+
+def _seed_bits(key: jax.Array) -> jax.Array:
+    """uint32 [2]: 64 random bits of `key` (typed or raw), a function of the key only."""
+    return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def _seed_int(bits) -> int:
+    bits = np.asarray(bits, np.uint64).reshape(-1)
+    return int((int(bits[0]) << 32) | int(bits[1]))
+
+
+# -------------------------------------------------------------------------- the state
+
+
+@struct.dataclass
+class HostEnvState(TokenEnvState):
+    """A host env's state: the `TokenEnvState` fields plus what the host reads back."""
+
+    seed: jax.Array  # uint32 [2]: the task seed (bits of the reset key)
+    memory: jax.Array  # int32 [len(memory_fields)]
+    process: jax.Array  # float32 []: the last turn's process reward (from the host)
+    host_error: jax.Array  # bool []: the last turn failed on the host
+
+
+# -------------------------------------------------------------------- the environment
+
+
+class HostEnvironment(TokenEnvironment):
+    """A token environment whose task and turns are host Python (module docstring).
+
+    Static attributes (set by the subclass's constructor): `codec`, `max_turns`,
+    `prompt_len`, `obs_len`, `action_len`, and optionally `memory_fields` (names of the
+    int32 per-episode registers), `step_timeout_s` (backstop per row and turn, seconds),
+    `max_workers` (the pool's threads; None: `arl.tools.default_max_workers()`) and
+    `task_cache_size` (tasks kept by seed).
+    """
+
+    is_host_environment = True
+    memory_fields: tuple[str, ...] = ()
+    step_timeout_s: float | None = 60.0
+    max_workers: int | None = None
+    task_cache_size: int = 4096
+
+    # -- host hooks (plain Python)
+    def make_task(self, seed: int, params) -> Any:
+        """The task of `seed` (deterministic); cached per (seed, params)."""
+        raise NotImplementedError
+
+    def prompt(self, task, params) -> str:
+        raise NotImplementedError
+
+    def initial_memory(self, task, params) -> dict:
+        """Initial values of `memory_fields` (default all 0)."""
+        del task, params
+        return {}
+
+    def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
+        raise NotImplementedError
+
+    def host_oracle(self, episode: HostEpisode) -> str:
+        raise NotImplementedError
+
+    def host_demonstrator(self, episode: HostEpisode, rng: random.Random) -> str:
+        """A weaker teacher's turn (default: the oracle's)."""
+        del rng
+        return self.host_oracle(episode)
+
+    # -- host machinery
+    def _host_init(self):
+        """Creates the host-side state (lock, task cache, counters; the pool on first
+        use). Lazy, so a subclass's constructor need not call it."""
+        if getattr(self, "_host_ready", False):
+            return
+        with _INIT_LOCK:
+            if getattr(self, "_host_ready", False):
+                return
+            self._lock = threading.Lock()
+            self._tasks: OrderedDict = OrderedDict()
+            self._stats = HostStats()
+            self._pool = None
+            self._host_ready = True
+
+    @property
+    def host_stats(self) -> HostStats:
+        """A copy of the host-side counters (`HostStats`)."""
+        self._host_init()
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
+    def reset_host_stats(self) -> None:
+        self._host_init()
+        with self._lock:
+            self._stats = HostStats()
+
+    def pool(self):
+        """The worker pool of this environment (created on first use)."""
+        from arl.tools.pool import ToolPool  # the tools need nothing from arl.envs
+
+        self._host_init()
+        with self._lock:
+            if self._pool is None:
+                self._pool = ToolPool(self.max_workers)
+            return self._pool
+
+    def close(self) -> None:
+        """Releases the worker pool (a later call creates a new one)."""
+        self._host_init()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(wait=False)
+
+    def task(self, seed: int, params) -> Any:
+        """`make_task(seed, params)` through the cache."""
+        self._host_init()
+        cache_key = (int(seed), _params_key(params))
+        with self._lock:
+            if cache_key in self._tasks:
+                self._tasks.move_to_end(cache_key)
+                return self._tasks[cache_key]
+        task = self.make_task(int(seed), params)
+        with self._lock:
+            self._tasks[cache_key] = task
+            while len(self._tasks) > max(self.task_cache_size, 1):
+                self._tasks.popitem(last=False)
+        return task
+
+    def _memory_dict(self, row) -> dict:
+        return {name: int(row[i]) for i, name in enumerate(self.memory_fields)}
+
+    def _memory_row(self, base: dict, changes: dict | None) -> np.ndarray:
+        merged = dict(base)
+        if changes:
+            unknown = sorted(set(changes) - set(self.memory_fields))
+            if unknown:
+                raise ValueError(f"memory fields {unknown} are not in memory_fields="
+                                 f"{self.memory_fields}")
+            merged.update(changes)
+        values = [int(np.clip(int(merged.get(name, 0)), -2 ** 31, 2 ** 31 - 1))
+                  for name in self.memory_fields]
+        return np.asarray(values, np.int32).reshape(len(self.memory_fields))
+
+    def _row_params(self, treedef, leaves, row: int):
+        return jax.tree.unflatten(treedef, [np.asarray(leaf)[row] for leaf in leaves])
+
+    def _record(self, rows: int, live: int, seconds: float, errors: int = 0) -> None:
+        with self._lock:
+            s = self._stats
+            s.callbacks += 1
+            s.rows += rows
+            s.live_rows += live
+            s.seconds += seconds
+            s.host_errors += errors
+            s.slowest_callback_s = max(s.slowest_callback_s, seconds)
+
+    def _map_rows(self, fn, items, failure):
+        """`[fn(item) for item in items]` on the pool (one row: inline), each row
+        bounded by `step_timeout_s`; a row that raised or timed out becomes
+        `failure(message, timed_out)`."""
+        from arl.tools.sandbox import ExecutionResult, Status
+
+        if not items:
+            return []
+        if len(items) == 1 and self.step_timeout_s is None:
+            try:
+                return [fn(items[0])]
+            except Exception as exc:  # pylint: disable=broad-except
+                _log.exception("%s: host turn failed", self.name)
+                return [failure(f"{type(exc).__name__}: {exc}", False)]
+        results = self.pool().map(fn, items, timeout_s=self.step_timeout_s)
+        out = []
+        for item, result in zip(items, results):
+            if isinstance(result, ExecutionResult):  # the pool caught a failure
+                timed_out = result.status is Status.TIMEOUT
+                _log.error("%s: host turn %s: %s", self.name,
+                           "timed out" if timed_out else "failed", result.observation)
+                out.append(failure(result.observation, timed_out))
+            else:
+                out.append(result)
+        return out
+
+    # -- the three host callbacks (NumPy in, NumPy out, never raise)
+    def _host_reset(self, treedef, seeds, *leaves):
+        start = time.monotonic()
+        batch = seeds.shape[0]
+        tokens = np.full((batch, self.prompt_len), self.codec.pad_id, np.int32)
+        lengths = np.zeros((batch,), np.int32)
+        memory = np.zeros((batch, len(self.memory_fields)), np.int32)
+        errors = 0
+        for b in range(batch):
+            try:
+                params = self._row_params(treedef, leaves, b)
+                task = self.task(_seed_int(seeds[b]), params)
+                tokens[b], lengths[b] = encode_reply(self.codec, self.prompt(task, params),
+                                                     self.prompt_len)
+                memory[b] = self._memory_row({}, self.initial_memory(task, params))
+            except Exception:  # pylint: disable=broad-except
+                _log.exception("%s: reset failed for row %d", self.name, b)
+                tokens[b], lengths[b] = encode_reply(self.codec, HOST_ERROR_REPLY,
+                                                     self.prompt_len)
+                errors += 1
+        self._record(batch, batch, time.monotonic() - start, errors)
+        return tokens, lengths, memory
+
+    def _host_step(self, treedef, seeds, turns, memory, live, step_bits, tokens, lengths,
+                   *leaves):
+        start = time.monotonic()
+        batch = seeds.shape[0]
+        reply = np.full((batch, self.obs_len), self.codec.pad_id, np.int32)
+        reply_len = np.zeros((batch,), np.int32)
+        reward = np.zeros((batch,), np.float32)
+        terminated = np.zeros((batch,), bool)
+        success = np.zeros((batch,), bool)
+        format_error = np.zeros((batch,), bool)
+        process = np.zeros((batch,), np.float32)
+        host_error = np.zeros((batch,), bool)
+        new_memory = np.array(memory, np.int32, copy=True)
+        rows = [b for b in range(batch) if bool(live[b])]
+
+        def episode_of(b):
+            params = self._row_params(treedef, leaves, b)
+            return HostEpisode(task=self.task(_seed_int(seeds[b]), params), params=params,
+                               turn=int(turns[b]), memory=self._memory_dict(memory[b]),
+                               seed=_seed_int(seeds[b]), step_seed=_seed_int(step_bits[b]))
+
+        def play(b):
+            return self.host_step(episode_of(b),
+                                  decode_action(self.codec, tokens[b], lengths[b]))
+
+        def failure(message, timed_out):
+            return HostTurn(reply=HOST_TIMEOUT_REPLY if timed_out else HOST_ERROR_REPLY,
+                            terminated=True, host_error=True)
+
+        turns_out = self._map_rows(play, rows, failure)
+        errors = 0
+        for b, turn in zip(rows, turns_out):
+            try:
+                if not isinstance(turn, HostTurn):
+                    raise TypeError(f"host_step returned {type(turn).__name__}, not HostTurn")
+                row_memory = self._memory_row(self._memory_dict(memory[b]), turn.memory)
+                reward[b] = np.float32(turn.reward)
+                process[b] = np.float32(turn.process_reward)
+                if not (np.isfinite(reward[b]) and np.isfinite(process[b])):
+                    raise ValueError(f"non-finite reward {turn.reward!r} or process reward "
+                                     f"{turn.process_reward!r}")
+                reply[b], reply_len[b] = encode_reply(self.codec, str(turn.reply),
+                                                      self.obs_len)
+                terminated[b], success[b] = bool(turn.terminated), bool(turn.success)
+                format_error[b], host_error[b] = bool(turn.format_error), bool(turn.host_error)
+                new_memory[b] = row_memory
+            except Exception:  # pylint: disable=broad-except
+                _log.exception("%s: bad host turn for row %d", self.name, b)
+                reward[b] = process[b] = 0.0
+                reply[b], reply_len[b] = encode_reply(self.codec, HOST_ERROR_REPLY,
+                                                      self.obs_len)
+                terminated[b], success[b], format_error[b] = True, False, False
+                host_error[b] = True
+            errors += int(host_error[b])
+        self._record(batch, len(rows), time.monotonic() - start, errors)
+        return (reply, reply_len, reward, terminated, success, format_error, process,
+                new_memory, host_error)
+
+    def _host_policy(self, kind, treedef, seeds, turns, memory, live, key_bits, *leaves):
+        start = time.monotonic()
+        batch = seeds.shape[0]
+        action = np.full((batch, self.action_len), self.codec.pad_id, np.int32)
+        length = np.zeros((batch,), np.int32)
+        rows = [b for b in range(batch) if bool(live[b])]
+        errors = 0
+        for b in rows:
+            try:
+                params = self._row_params(treedef, leaves, b)
+                episode = HostEpisode(
+                    task=self.task(_seed_int(seeds[b]), params), params=params,
+                    turn=int(turns[b]), memory=self._memory_dict(memory[b]),
+                    seed=_seed_int(seeds[b]), step_seed=_seed_int(key_bits[b]))
+                if kind == "oracle":
+                    text = self.host_oracle(episode)
+                else:
+                    text = self.host_demonstrator(episode, episode.rng())
+                action[b], length[b] = encode_action(self.codec, str(text), self.action_len)
+            except Exception:  # pylint: disable=broad-except
+                _log.exception("%s: %s policy failed for row %d", self.name, kind, b)
+                errors += 1  # an empty turn: a format error for the env
+        self._record(batch, len(rows), time.monotonic() - start, errors)
+        return action, length
+
+    # -- traced side
+    def _result_shapes_step(self, batch):
+        m = len(self.memory_fields)
+        s = jax.ShapeDtypeStruct
+        return (s((batch, self.obs_len), jnp.int32), s((batch,), jnp.int32),
+                s((batch,), jnp.float32), s((batch,), jnp.bool_), s((batch,), jnp.bool_),
+                s((batch,), jnp.bool_), s((batch,), jnp.float32), s((batch, m), jnp.int32),
+                s((batch,), jnp.bool_))
+
+    def _reset(self, key, params):
+        leaves, treedef = jax.tree.flatten(params)
+        m = len(self.memory_fields)
+
+        def shapes(batch):
+            s = jax.ShapeDtypeStruct
+            return (s((batch, self.prompt_len), jnp.int32), s((batch,), jnp.int32),
+                    s((batch, m), jnp.int32))
+
+        seed = _seed_bits(key)
+        fn = batched_host_function(functools.partial(self._host_reset, treedef), shapes)
+        tokens, length, memory = fn(seed, *leaves)
+        false = jnp.zeros((), bool)
+        state = HostEnvState(
+            turn=jnp.zeros((), jnp.int32), terminated=false, truncated=false, success=false,
+            seed=seed, memory=memory, process=jnp.zeros((), jnp.float32), host_error=false)
+        return state, TokenChunk(tokens=tokens, length=length)
+
+    def _transition(self, key, state: HostEnvState, content: TokenChunk, params):
+        leaves, treedef = jax.tree.flatten(params)
+        live = ~(state.terminated | state.truncated)
+        fn = batched_host_function(functools.partial(self._host_step, treedef),
+                                   self._result_shapes_step)
+        (reply, reply_len, reward, terminated, success, format_error, process, memory,
+         host_error) = fn(state.seed, state.turn, state.memory, live, _seed_bits(key),
+                          content.tokens, content.length, *leaves)
+        new_state = state.replace(terminated=terminated, success=success, memory=memory,
+                                  process=process, host_error=host_error)
+        return new_state, TokenChunk(tokens=reply, length=reply_len), reward, format_error
+
+    def _info(self, state, format_error):
+        info = super()._info(state, format_error)
+        info["host_error"] = state.host_error
+        return info
+
+    def process_reward(self, old_state, new_state: HostEnvState, params) -> jax.Array:
+        """The host's process reward of the turn (`HostTurn.process_reward`)."""
+        del old_state, params
+        return new_state.process
+
+    def _scripted(self, kind, key, state: HostEnvState, params) -> TokenChunk:
+        leaves, treedef = jax.tree.flatten(params)
+        live = ~(state.terminated | state.truncated)
+
+        def shapes(batch):
+            s = jax.ShapeDtypeStruct
+            return (s((batch, self.action_len), jnp.int32), s((batch,), jnp.int32))
+
+        fn = batched_host_function(functools.partial(self._host_policy, kind, treedef),
+                                   shapes)
+        tokens, length = fn(state.seed, state.turn, state.memory, live, _seed_bits(key),
+                            *leaves)
+        return TokenChunk(tokens=tokens, length=length)
+
+    def oracle_action(self, key, state, params) -> TokenChunk:
+        """`host_oracle`'s turn, as token ids (end-of-turn appended)."""
+        return self._scripted("oracle", key, state, params)
+
+    def demonstrator_action(self, key, state, params) -> TokenChunk:
+        """`host_demonstrator`'s turn, as token ids (end-of-turn appended)."""
+        return self._scripted("demonstrator", key, state, params)
+
+
+def _params_key(params) -> tuple:
+    """A hashable summary of a row's params (the task cache key)."""
+    return tuple((np.asarray(leaf).dtype.str, np.asarray(leaf).tobytes())
+                 for leaf in jax.tree.leaves(params))
+
+
+def is_host_environment(env) -> bool:
+    """Whether `env` (or the env a wrapper delegates to) runs on the host."""
+    return bool(getattr(env, "is_host_environment", False))

@@ -1,0 +1,557 @@
+"""Real model sizes on paper and in the compiler: per-device memory of the full train step.
+
+For each shape of `configs/real_sizes.py` (Qwen2.5-0.5B, Qwen2.5-1.5B, Llama-3-8B) and each
+(data, fsdp, tensor) layout, the FULL GRPO train step (rollout with KV-cached decoding,
+advantages, one optimizer step; `TokenTrainer.train_step`) is lowered and compiled for a
+mesh of fake CPU devices, from the abstract state only (nothing is allocated, so the 8B
+model compiles on a laptop), and XLA's per-device memory plan
+(`compiled.memory_analysis()`: arguments, outputs, aliased, temporaries) is set against
+the analytic estimate of `estimate()` (the formula is in its docstring and in
+benchmarks/RESULTS.md, "Real sizes"). Each device count runs in its own subprocess
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N` must be set before JAX starts), one
+compilation at a time.
+
+The step is the config's: 8 tasks x group 8 = 64 Sokoban episodes of up to 15 turns, a
+context of S = 1047 tokens, bfloat16 parameters and activations, float32 master weights
+and Adam moments, every layer rematerialised, log-probs in chunks of 128 positions.
+
+    python benchmarks/real_sizes.py                     # 3 shapes x 4 layouts (~45 min here)
+    python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" --no-write
+    python benchmarks/real_sizes.py --step              # one real 0.5B step, 8 CPU devices
+    python benchmarks/real_sizes.py --tiny --no-write   # the smoke-test size
+
+On a GPU/TPU host `--accelerator` compiles every shape for the accelerator itself (one
+device, layout (1, 1, 1)) and runs real steps of those that fit
+(`bash benchmarks/accelerator.sh --real-sizes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+DEFAULT_SHAPES = "qwen2.5-0.5b,qwen2.5-1.5b,llama3-8b"
+DEFAULT_MESHES = "1,8,1;1,4,2;1,64,1;1,16,4"
+SLICES_GIB = (16, 95)  # per-chip memory: e.g. TPU v5e (16 GiB), TPU v5p / H100 NVL (95 GiB)
+TOLERANCE = 0.20  # |compiler - estimate| / compiler
+# The smoke-test shape: the 0.5B config's structure (tied, q/k/v biases, GQA) at toy size.
+TINY_SHAPE = dict(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64,
+                  vocab_size=1024, tie_embeddings=True, qkv_bias=True, rope_theta=1e6,
+                  norm_eps=1e-6)
+
+
+def _devices_flag(argv) -> int:
+    for i, arg in enumerate(argv):
+        if arg == "--devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if arg.startswith("--devices="):
+            return int(arg.split("=", 1)[1])
+    return 0
+
+
+if __name__ == "__main__" and _devices_flag(sys.argv[1:]) and "jax" not in sys.modules:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
+                               f"_device_count={_devices_flag(sys.argv[1:])}").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+sys.path.insert(0, REPO_DIR)  # configs/ (a script's own directory is benchmarks/)
+
+
+# ---------------------------------------------------------------------------- configs
+def make_config(shape: str, mesh=(1, 8, 1), *, num_tasks: int = 8, group_size: int = 8,
+                max_turns: int = 15):
+    """The `configs/real_sizes.py` config of `shape` ("tiny": the smoke-test size, on the
+    two-turn bandit) on `mesh`, with `num_tasks x group_size` episodes of up to
+    `max_turns` Sokoban turns."""
+    from configs import real_sizes
+
+    c = real_sizes.get_config("qwen2.5-0.5b" if shape == "tiny" else shape)
+    if shape == "tiny":
+        for key, value in TINY_SHAPE.items():
+            c.model[key] = value
+        c.env.name = "bandit"
+        c.env.kwargs = {}
+        c.model.logprob_chunk = 8
+    else:
+        c.env.kwargs.max_turns = max_turns
+    c.rollout.num_tasks = num_tasks
+    c.rollout.group_size = group_size
+    c.mesh = tuple(mesh)
+    return c
+
+
+def make_trainer(config):
+    from arl import sharding as sharding_lib
+    from arl.trainers import TokenTrainer
+
+    return TokenTrainer(config, mesh=sharding_lib.make_mesh(tuple(config.mesh)))
+
+
+# ---------------------------------------------------------------------------- estimate
+def _shard_elements(abstract_tree, shardings) -> int:
+    """Elements per device of a pytree laid out with `shardings` (the largest shard)."""
+    import jax
+
+    sizes = jax.tree.map(lambda a, s: math.prod(s.shard_shape(a.shape)), abstract_tree,
+                         shardings)
+    return int(sum(jax.tree.leaves(sizes)))
+
+
+def _split(dim: int, ways: int) -> int:
+    """A dimension's size per device when split `ways` ways where that divides (the
+    model's rule: an axis that does not divide stays whole)."""
+    return dim // ways if dim % ways == 0 else dim
+
+
+def estimate(trainer) -> dict[str, int]:
+    """Per-device bytes of the train step, term by term, from the shapes alone.
+
+    Notation: mesh (d, f, t); B rows per step, b = B / (d f) per device; S the context;
+    L layers, D = d_model, H / K query / KV heads of width Dh, F the MLP width, V the
+    vocabulary, c the log-prob chunk; p and a the parameter and activation bytes (2 for
+    bfloat16); P the parameter elements per device under the layout's shardings (counted
+    from the PartitionSpecs: matrices split over fsdp x tensor, norms and biases as
+    sharded as their axes divide); x/t means x split over "tensor" where it divides.
+
+      state      = P (p + 12)                 parameters + float32 master, mu, nu
+                   (P * 12 with float32 parameters: no master copy); donated, so the
+                   outputs alias it
+      gradients  = P (p + 4)                  in the parameter dtype, and float32 for
+                                              clipping and Adam
+      vocabulary = (V/t) D (2p + 12)          the [V, D] matrices gathered over fsdp
+                   like every FSDP weight: the lookup's and the log-probs' copies (2p),
+                   the float32 copy the chunked log-probs take (4), the float32 gradient
+                   they accumulate over chunks (4) and the float32 scatter-add gradient
+                   of the lookup (4); the same bytes whether the embedding and the
+                   output matrix are one (tied) or two; alive from the loss head's
+                   backward pass to the embedding's
+      residuals  = L b S D (a + 4)            the residual stream saved at each layer
+                   (remat), and the float32 copy XLA:CPU keeps for the RMSNorm
+      layer      = 3 b (H/t) S^2 4            the backward pass of one (recomputed)
+                 + 2 W_layer/t (p + 4)        layer: attention scores, probabilities
+                   and their gradient in float32; the layer's gathered weights and their
+                   float32 gradient, twice (this iteration's and the next one's)
+      logits     = 2 b c (V/t) 4              the loss head's backward pass: one chunk's
+                                              float32 logits and their gradient
+      rollout    = 2 L b S (K/t) Dh a         the KV cache, one decode step's logits
+                 + b (V/t) 4 + m (V/t) D p    and the gathered vocabulary matrices
+                                              (m = 1 tied, 2 untied)
+
+      update     = vocabulary + residuals + max(layer, logits)
+      total      = state + gradients + max(update, rollout)
+
+    The rollout ends before the update starts, and the loss head's working set is gone
+    before the layers' backward passes start, so each pair counts as its larger member.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    cfg = trainer.model.config
+    mesh = trainer.mesh
+    data, fsdp, tensor = (mesh.shape[a] for a in ("data", "fsdp", "tensor"))
+    rows = trainer.batch_size // (data * fsdp)
+    seq = trainer.context_length
+    p = jnp.dtype(cfg.param_dtype).itemsize
+    a = jnp.dtype(cfg.dtype).itemsize
+    params_per_device = _shard_elements(trainer.layout.unsharded_shape().params,
+                                        trainer.layout.param_shardings)
+    master = 4 if p < 4 else 0
+    heads = _split(cfg.num_heads, tensor)
+    kv_heads = _split(cfg.num_kv_heads, tensor)
+    vocab = _split(cfg.vocab_size, tensor)
+    matrices = 1 if cfg.tie_embeddings else 2
+    layer_weights = (cfg.d_model * cfg.resolved_head_dim * (2 * cfg.num_heads
+                                                            + 2 * cfg.num_kv_heads)
+                     + 3 * cfg.d_model * cfg.mlp_dim)
+    layer_weights //= tensor
+    chunk = min(trainer.policy.logprob_chunk or seq, seq)
+    terms = {
+        "state": params_per_device * (p + master + 8),
+        "gradients": params_per_device * (p + 4),
+        "vocabulary": vocab * cfg.d_model * (2 * p + 12),
+        "residuals": cfg.num_layers * rows * seq * cfg.d_model * (a + 4),
+        "layer": 3 * rows * heads * seq * seq * 4 + 2 * layer_weights * (p + 4),
+        "logits": 2 * rows * chunk * vocab * 4,
+        "rollout": (2 * cfg.num_layers * rows * seq * kv_heads * cfg.resolved_head_dim * a
+                    + rows * vocab * 4 + matrices * vocab * cfg.d_model * p),
+    }
+    terms["update"] = (terms["vocabulary"] + terms["residuals"]
+                       + max(terms["layer"], terms["logits"]))
+    terms["total"] = (terms["state"] + terms["gradients"]
+                      + max(terms["update"], terms["rollout"]))
+    terms["params_per_device"] = params_per_device
+    return terms
+
+
+# ---------------------------------------------------------------------------- compile
+def measure(shape: str, mesh, *, num_tasks=8, group_size=8, max_turns=15) -> dict:
+    """Compiles one point and returns XLA's per-device memory next to the estimate."""
+    config = make_config(shape, mesh, num_tasks=num_tasks, group_size=group_size,
+                         max_turns=max_turns)
+    start = time.perf_counter()
+    trainer = make_trainer(config)
+    lowered = trainer.train_step.lower(trainer.abstract_state())
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    stats = compiled.memory_analysis()
+    compiler = {
+        "arguments": int(stats.argument_size_in_bytes),
+        "outputs": int(stats.output_size_in_bytes),
+        "aliased": int(stats.alias_size_in_bytes),
+        "temps": int(stats.temp_size_in_bytes),
+    }
+    compiler["total"] = (compiler["arguments"] + compiler["outputs"] - compiler["aliased"]
+                         + compiler["temps"])
+    return {
+        "shape": shape, "mesh": list(mesh), "batch": trainer.batch_size,
+        "max_turns": max_turns,
+        "context": trainer.context_length, "compiler": compiler,
+        "estimate": estimate(trainer),
+        "lower_s": lowered_at - start, "compile_s": compiled_at - lowered_at,
+        "platform": trainer.mesh.devices.flat[0].platform,
+    }
+
+
+def run_worker(args) -> None:
+    """Compiles every point of this process's device count; one JSON line per point."""
+    for shape in args.shapes.split(","):
+        for mesh in parse_meshes(args.meshes):
+            result = measure(shape, mesh, num_tasks=args.num_tasks,
+                             group_size=args.group_size, max_turns=args.max_turns)
+            print("RESULT " + json.dumps(result), flush=True)
+
+
+def reestimate_in_subprocesses(results: list[dict]) -> None:
+    """Recomputes the estimates of stored results (trainers only, nothing compiled)."""
+    for devices in sorted({math.prod(r["mesh"]) for r in results}):
+        points = [r for r in results if math.prod(r["mesh"]) == devices]
+        code = ("import json, sys; sys.argv = ['x']; import real_sizes as rs; "
+                "points = json.loads(sys.stdin.read()); "
+                "print(json.dumps([rs.estimate(rs.make_trainer(rs.make_config("
+                "p['shape'], p['mesh'], num_tasks=p['batch'] // 8, group_size=8, "
+                "max_turns=p.get('max_turns', 15)))) for p in points]))")
+        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+                   JAX_PLATFORMS="cpu", PYTHONPATH=BENCH_DIR + os.pathsep + REPO_DIR)
+        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(points),
+                              capture_output=True, text=True, env=env, check=True,
+                              cwd=REPO_DIR)
+        for point, fresh in zip(points, json.loads(proc.stdout.splitlines()[-1])):
+            point["estimate"] = fresh
+
+
+def compile_in_subprocesses(args) -> list[dict]:
+    """One subprocess per point (shape, layout), one compilation at a time. With
+    `args.json`, each result is appended to that JSON-lines file as soon as it is known,
+    and points already in it are not compiled again (a long sweep can be resumed)."""
+    done = load_results(args.json) if args.json and os.path.exists(args.json) else []
+    results = list(done)
+    for shape in args.shapes.split(","):
+        for mesh in parse_meshes(args.meshes):
+            if any(r["shape"] == shape and tuple(r["mesh"]) == mesh for r in done):
+                continue
+            devices = math.prod(mesh)
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker",
+                   "--devices", str(devices), "--shapes", shape,
+                   "--meshes", ",".join(map(str, mesh)),
+                   "--num-tasks", str(args.num_tasks), "--group-size", str(args.group_size),
+                   "--max-turns", str(args.max_turns)]
+            print(f"[real_sizes] {shape} {mesh} on {devices} devices", flush=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR,
+                                  check=False)
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stderr[-4000:])
+                raise SystemExit(f"worker for {shape} {mesh} failed (exit {proc.returncode})")
+            for line in proc.stdout.splitlines():
+                if line.startswith("RESULT "):
+                    result = json.loads(line[len("RESULT "):])
+                    result["remat_warnings"] = proc.stderr.count(
+                        "Involuntary full rematerialization")
+                    print(f"[real_sizes]   {summary_line(result)}", flush=True)
+                    results.append(result)
+                    if args.json:
+                        with open(args.json, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(result) + "\n")
+    return results
+
+
+def load_results(path: str) -> list[dict]:
+    """Results stored by `--json` (JSON lines, or one JSON list)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read().strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------- report
+def gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f}"
+
+
+def relative_error(result: dict) -> float:
+    return (result["estimate"]["total"] - result["compiler"]["total"]) / result["compiler"]["total"]
+
+
+def fits(result: dict, slice_gib: float) -> bool:
+    return result["compiler"]["total"] <= slice_gib * 2**30
+
+
+def summary_line(r: dict) -> str:
+    return (f"{r['shape']} {tuple(r['mesh'])}: compiler {gib(r['compiler']['total'])} GiB "
+            f"(temps {gib(r['compiler']['temps'])}), estimate {gib(r['estimate']['total'])} "
+            f"GiB ({100 * relative_error(r):+.0f}%), compile {r['compile_s']:.0f}s")
+
+
+def table(results: list[dict]) -> str:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    header = ["shape", "mesh (d, f, t)", "rows / device", "arguments", "outputs",
+              "aliased", "temps", "compiler total", "estimate", "error"]
+    header += [f"fits {s} GiB" for s in SLICES_GIB]
+    header += ["lower + compile (s)"]
+    rows = []
+    for r in results:
+        c, d, f = r["compiler"], r["mesh"][0], r["mesh"][1]
+        rows.append([r["shape"], str(tuple(r["mesh"])), r["batch"] // (d * f),
+                     gib(c["arguments"]), gib(c["outputs"]), gib(c["aliased"]),
+                     gib(c["temps"]), gib(c["total"]), gib(r["estimate"]["total"]),
+                     f"{100 * relative_error(r):+.0f}%"]
+                    + ["yes" if fits(r, s) else "no" for s in SLICES_GIB]
+                    + [f"{r['lower_s'] + r['compile_s']:.0f}"])
+    return common.markdown_table(header, rows)
+
+
+def terms_table(results: list[dict]) -> str:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    names = ("state", "gradients", "vocabulary", "residuals", "layer", "logits", "rollout")
+    rows = [[r["shape"], str(tuple(r["mesh"]))] + [gib(r["estimate"][n]) for n in names]
+            for r in results]
+    return common.markdown_table(["shape", "mesh"] + [f"{n} (GiB)" for n in names], rows)
+
+
+# ---------------------------------------------------------------------------- one real step
+STEP_MESH = (1, 2, 4)  # fsdp x tensor: the vocabulary matrices split 4 ways
+
+
+def real_step(args) -> dict:
+    """One real train step of the first of `args.shapes` on 8 CPU devices (`STEP_MESH`:
+    all 8 fake devices share this machine's memory, and under pure FSDP each would hold
+    the gathered vocabulary matrices), `args.num_tasks` x `args.group_size` episodes of
+    up to `args.max_turns` turns; prints its metrics."""
+    import jax
+    import numpy as np
+
+    shape = args.shapes.split(",")[0]
+    config = make_config(shape, STEP_MESH, num_tasks=args.num_tasks,
+                         group_size=args.group_size, max_turns=args.max_turns)
+    trainer = make_trainer(config)
+    start = time.perf_counter()
+    state = trainer.init_state()
+    jax.block_until_ready(state)
+    init_s = time.perf_counter() - start
+    start = time.perf_counter()
+    compiled = trainer.train_step.lower(state).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    state, metrics = compiled(state)
+    metrics = jax.device_get(metrics)
+    step_s = time.perf_counter() - start
+    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    out = {"shape": shape, "parameters": params, "batch": trainer.batch_size,
+           "context": trainer.context_length, "init_s": init_s, "compile_s": compile_s,
+           "step_s": step_s, "temps": int(compiled.memory_analysis().temp_size_in_bytes),
+           "metrics": {k: float(v) for k, v in sorted(metrics.items())}}
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------- one chip
+def run_accelerator(args) -> list[dict]:
+    """Every shape compiled for the default backend's first device (layout (1, 1, 1),
+    the config's batch and context), its memory set against the estimate and the device's
+    memory; the shapes that fit also run `args.steps` real train steps (the first
+    includes nothing but the step: the program is compiled before)."""
+    import jax
+
+    device = jax.devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit") if hasattr(
+        device, "memory_stats") else None
+    results = []
+    for shape in args.shapes.split(","):
+        result = measure(shape, (1, 1, 1), num_tasks=args.num_tasks,
+                         group_size=args.group_size, max_turns=args.max_turns)
+        result["device"] = f"{device.platform} {device.device_kind}"
+        result["bytes_limit"] = limit
+        print(f"[real_sizes] {summary_line(result)}", flush=True)
+        if args.steps and limit and result["compiler"]["total"] < 0.95 * limit:
+            config = make_config(shape, (1, 1, 1), num_tasks=args.num_tasks,
+                                 group_size=args.group_size, max_turns=args.max_turns)
+            trainer = make_trainer(config)
+            state = trainer.init_state()
+            compiled = trainer.train_step.lower(state).compile()
+            times = []
+            for _ in range(args.steps):
+                start = time.perf_counter()
+                state, metrics = compiled(state)
+                jax.block_until_ready(metrics)
+                times.append(time.perf_counter() - start)
+            result["step_s"] = times
+            result["reward_mean"] = float(metrics["reward_mean"])
+            print(f"[real_sizes]   {shape}: steps {[round(t, 2) for t in times]} s",
+                  flush=True)
+            del state, compiled, trainer
+        results.append(result)
+    return results
+
+
+def accelerator_report(results: list[dict], args) -> str:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    limit = results[0].get("bytes_limit")
+    rows = [[r["shape"], gib(r["compiler"]["temps"]), gib(r["compiler"]["total"]),
+             gib(r["estimate"]["total"]), f"{100 * relative_error(r):+.0f}%",
+             "yes" if limit and r["compiler"]["total"] <= limit else "no",
+             f"{r['lower_s'] + r['compile_s']:.0f}",
+             " / ".join(f"{t:.2f}" for t in r.get("step_s", [])) or "-"]
+            for r in results]
+    table_text = common.markdown_table(
+        ["shape", "temps", "compiler total", "estimate", "error",
+         f"fits this device ({gib(limit) if limit else '?'} GiB)", "lower + compile (s)",
+         "step (s)"], rows)
+    return (f"### `benchmarks/real_sizes.py --accelerator` — {common.utc_now()}\n\n"
+            f"Machine: {common.machine_line()}.\n\n"
+            f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
+            f"{args.num_tasks} tasks x group {args.group_size}, context "
+            f"{results[0]['context']}, compiled for {results[0]['device']}; GiB. Shapes "
+            f"that fit ran {args.steps} real steps.\n\n{table_text}\n")
+
+
+# ---------------------------------------------------------------------------- main
+def parse_meshes(text: str) -> list[tuple[int, int, int]]:
+    meshes = []
+    for item in text.split(";"):
+        try:
+            sizes = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            sizes = ()
+        if len(sizes) != 3 or min(sizes) < 1:
+            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
+                             "(data, fsdp, tensor)")
+        meshes.append(sizes)
+    return meshes
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES)
+    parser.add_argument("--meshes", default=DEFAULT_MESHES)
+    parser.add_argument("--num-tasks", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=15)
+    parser.add_argument("--tiny", action="store_true", help="the smoke-test shape")
+    parser.add_argument("--step", action="store_true",
+                        help="run one real train step of the first shape on 8 CPU devices")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="compile (and, where they fit, run) every shape on the default "
+                             "backend's first device")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="real steps per shape that fits, with --accelerator")
+    parser.add_argument("--devices", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--json", default="",
+                        help="append each result to this JSON-lines file; resume from it")
+    parser.add_argument("--from-json", default="",
+                        help="report these results again, estimates recomputed (no compiling)")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.shapes = "tiny"
+    if args.worker:
+        return run_worker(args)
+    if args.step:
+        if args.num_tasks == 8 and args.group_size == 8 and args.max_turns == 15:
+            args.num_tasks, args.group_size, args.max_turns = 1, 2, 2  # CPU-sized
+        if not args.devices:
+            cmd = [sys.executable, os.path.abspath(__file__), "--step", "--devices", "8"]
+            return subprocess.run(cmd + [a for a in (argv or sys.argv[1:]) if a != "--step"],
+                                  check=True, cwd=REPO_DIR)
+        result = real_step(args)
+        if not args.no_write:
+            write_step(result)
+        return result
+    if args.accelerator:
+        results = run_accelerator(args)
+        text = accelerator_report(results, args)
+        print(text)
+        if not args.no_write:
+            sys.path.insert(0, BENCH_DIR)
+            import common  # pylint: disable=g-import-not-at-top
+
+            common.append_section("Real sizes", text)
+        return results
+    if args.from_json:
+        results = load_results(args.from_json)
+        reestimate_in_subprocesses(results)
+    else:
+        results = compile_in_subprocesses(args)
+    text = report(results, args)
+    print(text)
+    if not args.no_write:
+        sys.path.insert(0, BENCH_DIR)
+        import common  # pylint: disable=g-import-not-at-top
+
+        common.append_section("Real sizes", text)
+    return results
+
+
+def report(results: list[dict], args) -> str:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    first = results[0]
+    within = sum(abs(relative_error(r)) <= TOLERANCE for r in results)
+    warnings = sum(r.get("remat_warnings", 0) for r in results)
+    return (f"### `benchmarks/real_sizes.py` — {common.utc_now()}\n\n"
+            f"Machine: {common.machine_line()}.\n\n"
+            f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
+            f"{args.group_size} = {first['batch']} episodes, context {first['context']}; "
+            f"fake CPU devices, lowered and compiled from the abstract state (nothing "
+            f"allocated). GiB per device; compiler total = arguments + outputs - aliased + "
+            f"temps; error = (estimate - compiler) / compiler. {within} of {len(results)} "
+            f"within {100 * TOLERANCE:.0f}%; XLA \"involuntary full rematerialization\" "
+            f"warnings: {warnings}.\n\n{table(results)}\n\nEstimate by term (GiB per "
+            f"device):\n\n{terms_table(results)}\n")
+
+
+def write_step(result: dict) -> None:
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=g-import-not-at-top
+
+    keys = ("reward_mean", "success_rate", "loss/total", "entropy", "grad_norm",
+            "update_skipped")
+    metrics = ", ".join(f"{k} {result['metrics'][k]:.4g}" for k in keys
+                        if k in result["metrics"])
+    common.append_section("Real sizes", (
+        f"### `benchmarks/real_sizes.py --step` — {common.utc_now()}\n\n"
+        f"Machine: {common.machine_line()}.\n\n"
+        f"One real train step of {result['shape']} ({result['parameters']:,} parameters) "
+        f"on mesh {STEP_MESH} of 8 fake CPU devices: {result['batch']} episodes, context "
+        f"{result['context']}. Init {result['init_s']:.0f}s, compile "
+        f"{result['compile_s']:.0f}s, step {result['step_s']:.0f}s, temps "
+        f"{gib(result['temps'])} GiB per device. Metrics: {metrics}.\n"))
+
+
+if __name__ == "__main__":
+    main()

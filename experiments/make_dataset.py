@@ -1,0 +1,66 @@
+r"""Turns a JSONL file of prompts and reference answers into a dataset for `dataset_task`.
+
+    python -m experiments.make_dataset --input=tasks.jsonl --output=/data/tasks \
+        --tokenizer=char --eval_fraction=0.1 --seed=0
+
+Each input line is ``{"prompt": "...", "answer": "..."}``. Writes a tfds array_record
+dataset with "train" and "eval" splits (`arl.data.text_tasks`) and prints its directory,
+``<output>/arl_text_tasks/1.0.0``, which is what the environment takes:
+
+    c.env.name = "dataset_task"
+    c.env.kwargs.path = "/data/tasks/arl_text_tasks/1.0.0"   # or just "/data/tasks"
+
+`--tokenizer` is "char" (arl's character vocabulary) or the path of a Hugging Face
+`tokenizer.json` (copied into the dataset). Bad lines are reported with their line
+number and field; prompts or answers over `--max_prompt_len` / `--max_answer_len` tokens
+are listed and fail the build unless `--drop_long` drops them (never cut).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+_INPUT = flags.DEFINE_string("input", None, "JSONL file of {\"prompt\", \"answer\"} lines.")
+_OUTPUT = flags.DEFINE_string("output", None, "Directory to write the dataset under.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", "char",
+                                 "'char' or the path of a Hugging Face tokenizer.json.")
+_EVAL_FRACTION = flags.DEFINE_float("eval_fraction", 0.1,
+                                    "Fraction of the rows in the eval split, in (0, 1).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the train / eval shuffle.")
+_MAX_PROMPT_LEN = flags.DEFINE_integer("max_prompt_len", 512, "Prompt limit in tokens.")
+_MAX_ANSWER_LEN = flags.DEFINE_integer("max_answer_len", 256, "Answer limit in tokens.")
+_DROP_LONG = flags.DEFINE_bool("drop_long", False,
+                               "Drop (and list) rows over the limits instead of failing.")
+flags.mark_flags_as_required(["input", "output"])
+
+
+def codec_of(tokenizer: str):
+    """The codec named by --tokenizer."""
+    from arl.envs.codec import CharCodec  # pylint: disable=g-import-not-at-top
+
+    if tokenizer == "char":
+        return CharCodec()
+    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+
+    return HFCodec(tokenizer)
+
+
+def main(argv):
+    del argv
+    from arl.data import text_tasks  # pylint: disable=g-import-not-at-top
+
+    try:
+        path = text_tasks.build_text_tasks(
+            _OUTPUT.value, _INPUT.value, codec=codec_of(_TOKENIZER.value),
+            eval_fraction=_EVAL_FRACTION.value, seed=_SEED.value,
+            max_prompt_len=_MAX_PROMPT_LEN.value, max_answer_len=_MAX_ANSWER_LEN.value,
+            drop_long=_DROP_LONG.value, log=print)
+    except (ValueError, FileNotFoundError) as error:  # bad input: the message, no traceback
+        sys.exit(f"make_dataset: {error}")
+    print(path)
+
+
+if __name__ == "__main__":
+    app.run(main)
