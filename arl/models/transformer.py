@@ -198,7 +198,8 @@ class TransformerConfig:
         `jax.nn.dot_product_attention`, NVIDIA GPUs only) or "auto" (dense up to
         `attention_block` tokens, blocked beyond). KV-cached calls always attend densely
         over the cache.
-      attention_block: query / key block size of the blocked attention.
+      attention_block: the largest query / key block of the blocked attention (the
+        context is cut into the fewest equal blocks, `attention.block_layout`).
     """
 
     vocab_size: int

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from arl.models import Transformer, TransformerConfig
-from arl.models.attention import causal_self_attention, resolve_implementation
+from arl.models.attention import block_layout, causal_self_attention, resolve_implementation
 from tests.models.helpers import SMALL, make
 
 
@@ -66,6 +66,7 @@ def _inputs(length, heads, kv_heads, dim=8, batch=2, seed=0):
     (37, 8, 4, 2),    # GQA, T not a multiple of the block
     (32, 16, 4, 4),   # MHA, two blocks
     (20, 64, 2, 1),   # MQA, one block larger than T
+    (100, 64, 4, 2),  # two balanced blocks of 56 (block_layout), not 64 + 36
 ])
 def test_blocked_attention_equals_dense_values_and_gradients(length, block, heads, kv_heads):
     q, k, v, mask, weights = _inputs(length, heads, kv_heads)
@@ -85,6 +86,16 @@ def test_blocked_attention_equals_dense_values_and_gradients(length, block, head
     for got, ref in zip(grads, want):
         assert np.all(np.isfinite(np.asarray(got)))
         np.testing.assert_allclose(got, ref, atol=5e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length, block_size, want", [
+    (1047, 512, (352, 3)), (1024, 512, (512, 2)), (100, 64, (56, 2)), (37, 8, (8, 5)),
+    (20, 64, (20, 1)), (5, 4, (4, 2)), (1, 512, (1, 1))])
+def test_block_layout_uses_the_fewest_equal_aligned_blocks(length, block_size, want):
+    block, num_blocks = block_layout(length, block_size)
+    assert (block, num_blocks) == want
+    assert block <= block_size and num_blocks * block >= length
+    assert num_blocks == -(-length // block_size)
 
 
 def test_blocked_attention_without_mask_is_causal():
