@@ -17,16 +17,20 @@ process (`common.interleaved_median_times`), so machine load hits all variants a
 * long: batch-1 gradient of the modest model at contexts 512 .. 8192 with dense and
   blocked attention: step time and the compiled program's memory
   (`memory_analysis()`: temp = XLA's scratch, the activations; peak = temp + arguments +
-  outputs), and the slope d log(memory) / d log(context) from 1k to 8k.
+  outputs), and the slope d log(memory) / d log(context) from 1k to the longest.
+* attention: the attention alone (forward + backward) at the head layout and context
+  (1047) of configs/real_sizes.py, dense against blocked (`attention_part`).
+* shipped: whether model.attention "auto" lowers to the same program as "dense" at the
+  context of every shipped token config (`shipped_part`).
 
 FLOPs (executed matmul FLOPs, counted per row of the static [B, S] program): forward =
 S x 2 x P_layers (q/k/v/o and MLP projections) + L x 4 x S^2 x H x head_dim (dense
 attention computes the whole S x S; the blocked kernel skips the blocks above the
-diagonal, about half of it at long contexts, so its count uses S (S + c) / 2 with c the
-block) + (scored positions) x 2 x d x V (LM head); forward + backward = 3 x forward. The
+diagonal, about half of it at long contexts, so its count uses n (n + 1) / 2 c^2 with n
+blocks of c, `attention.block_layout`) + (scored positions) x 2 x d x V (LM head); forward + backward = 3 x forward. The
 peak is a 1024^2 float32 `jnp.dot` measured at the start and end of the run.
 
-    python benchmarks/update_phase.py [--parts layers,update,long] [--baseline a32ab49]
+    python benchmarks/update_phase.py [--parts layers,update,long,attention,shipped] [--baseline d07546c]
                                       [--repeats 7] [--contexts 512,1024,2048,4096,8192]
                                       [--no-write]
 """
@@ -54,11 +58,15 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 
 from arl import config as config_lib  # noqa: E402
 from arl import sharding as sharding_lib  # noqa: E402
+from arl.models import attention as attention_lib  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers.policy import Policy  # noqa: E402
 from arl.trainers.update import Learner, UpdateBatch  # noqa: E402
 
 SETTINGS = ("toy", "modest", "multiturn")
+# main when this branch was merged with it: dense attention, projections on [B, T, D],
+# every position scored.
+BASELINE = "d07546c"
 
 
 def load_baseline(revision: str):
@@ -109,7 +117,11 @@ def flops(config, batch: int, length: int, scored: int, attention: str = "dense"
     hd = c.resolved_head_dim
     layer_params = (c.d_model * hd * (2 * c.num_heads + 2 * c.num_kv_heads)
                     + 3 * c.d_model * c.mlp_dim)
-    pairs = length * length if attention == "dense" else length * (length + min(block, length)) / 2
+    if attention == "dense":
+        pairs = length * length
+    else:  # the n (n + 1) / 2 blocks of c x c on and below the diagonal
+        size, n = attention_lib.block_layout(length, block)
+        pairs = n * (n + 1) / 2 * size * size
     forward = (length * 2 * c.num_layers * layer_params
                + c.num_layers * 4 * pairs * c.num_heads * hd
                + scored * 2 * c.d_model * c.vocab_size)
@@ -277,10 +289,118 @@ def long_part(contexts, repeats, peak, log, max_run_gib=4.0):
         "; ".join(slopes) + ".")
 
 
+# --------------------------------------------------------------------------- attention
+def dense_attention(q, k, v):
+    """The decoder's dense cache-free attention (`Attention`'s formula): float32 scores
+    [B, KV, G, T, T], causal mask, softmax, probabilities in v's dtype."""
+    batch, length, num_heads, head_dim = q.shape
+    num_kv = k.shape[2]
+    q = q.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                        preferred_element_type=jnp.float32) / math.sqrt(head_dim)
+    order = jnp.arange(length)
+    scores = jnp.where(order[None, :] <= order[:, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(q.shape[:2] + (num_heads, head_dim))
+
+
+def attention_part(batch, repeats, peak, log, shape="qwen2.5-0.5b", length=1047):
+    """Attention alone (forward + backward of sum(out * w)), dense against blocked, at the
+    head layout of configs/real_sizes.py `shape` and its context (the one shipped config
+    whose context exceeds attention_block, so "auto" runs blocked there)."""
+    import importlib
+    real = importlib.import_module("configs.real_sizes").get_config(shape).model
+    heads, kv, head_dim = real.num_heads, real.num_kv_heads, real.d_model // real.num_heads
+    keys = jax.random.split(jax.random.key(3), 4)
+    q = jax.random.normal(keys[0], (batch, length, heads, head_dim), jnp.float32)
+    k = jax.random.normal(keys[1], (batch, length, kv, head_dim), jnp.float32)
+    v = jax.random.normal(keys[2], (batch, length, kv, head_dim), jnp.float32)
+    w = jax.random.normal(keys[3], q.shape, jnp.float32)
+    block = real.attention_block
+    fns, grads = {}, {}
+    for name, fn in (("dense", dense_attention),
+                     ("blocked", lambda q, k, v: attention_lib.causal_self_attention(
+                         q, k, v, implementation="blocked", block_size=block))):
+        grad = jax.jit(jax.grad(lambda q, k, v, f=fn: jnp.sum(f(q, k, v) * w), (0, 1, 2)))
+        compiled, _ = common.compile_jitted(grad, q, k, v)
+        grads[name] = compiled(q, k, v)
+        fns[name] = lambda c=compiled: jax.block_until_ready(c(q, k, v))
+        fns[name]()
+    difference = max_relative_difference(grads["dense"], grads["blocked"])
+    load0 = common.load_average()
+    t = common.interleaved_median_times(fns, repeats)
+    c, n = attention_lib.block_layout(length, block)
+    work = {"dense": 3 * 4 * batch * heads * head_dim * length * length,
+            "blocked": 3 * 4 * batch * heads * head_dim * n * (n + 1) / 2 * c * c}
+    log(f"attention {shape} T={length}: " + ", ".join(f"{x} {y:.3f} s" for x, y in t.items()))
+    row = (f"{shape}: {heads} heads / {kv} KV x {head_dim}", f"{batch} x {length}",
+           f"{n} x {c}", common.fmt_ms(t["dense"]), common.fmt_ms(t["blocked"]),
+           f"{t['dense'] / t['blocked']:.2f}x",
+           f"{work['dense'] / t['dense'] / peak:.0%} / {work['blocked'] / t['blocked'] / peak:.0%}",
+           f"{difference:.1e}", f"{load0:.1f} / {common.load_average():.1f}")
+    return common.markdown_table(
+        ["heads", "B x T", "blocks (n x c)", "dense ms", "blocked ms",
+         "blocked speedup", "share of peak (dense / blocked)", "max rel grad diff",
+         "load start / end"], [row])
+
+
+# ----------------------------------------------------------------------------- shipped
+SHIPPED = ("erpo_mixture", "grpo_bandit", "grpo_calculator", "grpo_code_interpreter",
+           "grpo_guess_number", "grpo_sql", "grpo_word_problems", "llama_calculator",
+           "ppo_guess_number", "vineppo_guess_number", "real_sizes")
+
+
+def shipped_part(log):
+    """model.attention "auto" against "dense" at each shipped token config's context: the
+    implementation "auto" resolves to, and whether the lowered gradient programs of the
+    config's decoder (two rows of the context) are the same text. Identical programs
+    take identical time, so nothing is timed here."""
+    import importlib
+
+    from arl import envs as envs_lib
+    from arl.rollout import context_length as rollout_context_length
+    from arl.trainers.policy import build_model
+
+    rows = []
+    for name in SHIPPED:
+        c = importlib.import_module(f"configs.{name}").get_config()
+        config_lib.import_modules(c)
+        env = envs_lib.make_env(c.env)
+        length = rollout_context_length(env)
+        resolved = attention_lib.resolve_implementation(
+            c.model.attention, length, c.model.attention_block)
+        texts = {}
+        for attention in ("auto", "dense"):
+            c.model.attention = attention
+            model = build_model(c, vocab_size=env.codec.vocab_size, context_length=length,
+                                value_head=False)
+            tokens = jax.ShapeDtypeStruct((2, length), jnp.int32)
+            params = jax.eval_shape(lambda t, m=model: nn.unbox(m.init(
+                jax.random.key(0), t))["params"], tokens)
+
+            def loss(p, t, m=model):
+                return jnp.sum(m.apply({"params": p}, t).logits)
+
+            texts[attention] = jax.jit(jax.grad(loss)).lower(params, tokens).as_text()
+        same = texts["auto"] == texts["dense"]
+        rows.append((name, length, c.model.attention_block, resolved,
+                     "yes" if same else "no"))
+        log(f"shipped {name}: context {length}, auto -> {resolved}, same program {same}")
+    return common.markdown_table(
+        ["config", "context", "attention_block", "auto resolves to",
+         "auto and dense lower to the same program"], rows)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="layers,update,long")
-    parser.add_argument("--baseline", default="a32ab49",
+    parser.add_argument("--parts", default="layers,update,long,attention,shipped")
+    parser.add_argument("--attention-batch", type=int, default=2)
+    parser.add_argument("--baseline", default=BASELINE,
                         help="git revision of the decoder to compare against")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--contexts", default="512,1024,2048,4096,8192")
@@ -289,6 +409,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
     log = lambda line: print(line, flush=True)
+    uptime_start = uptime()
+    log(f"uptime: {uptime_start}")
 
     peak = common.matmul_peak_flops(args.peak_size)
     log(f"float32 matmul peak ({args.peak_size}^2): {peak / 1e9:.1f} GFLOP/s")
@@ -304,9 +426,17 @@ def main(argv=None):
         contexts = [int(x) for x in args.contexts.split(",")]
         sections.append(("Long contexts: dense vs blocked attention (modest model, batch 1)",
                          long_part(contexts, max(1, args.repeats // 3), peak, log)))
+    if "attention" in parts:
+        sections.append(("Attention alone at configs/real_sizes.py's context: dense vs blocked",
+                         attention_part(args.attention_batch, args.repeats, peak, log)))
+    if "shipped" in parts:
+        sections.append(("Shipped configs: model.attention 'auto' against 'dense'",
+                         shipped_part(log)))
     peak_after = common.matmul_peak_flops(args.peak_size)
+    uptime_end = uptime()
     text = (f"### `benchmarks/update_phase.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
+            f"`uptime` at the start: `{uptime_start}`; at the end: `{uptime_end}`.\n\n"
             f"Float32 matmul peak ({args.peak_size}^2 `jnp.dot`): {peak / 1e9:.1f} GFLOP/s "
             f"before, {peak_after / 1e9:.1f} after (shares use the first). Median of "
             f"{args.repeats} interleaved rounds (long contexts: {max(1, args.repeats // 3)}). "
