@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any
 
+import jax
 import ml_collections
 
 from arl import algorithms as alg
@@ -29,6 +30,7 @@ from arl import envs as envs_lib
 from arl.envs.registry import GYMNAX_PREFIX
 from arl.errors import ConfigError, closest, did_you_mean, invalid_field, one_line
 from arl.models import lora as lora_lib
+from arl.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 from arl.models.mlp import ACTIVATIONS
 from arl.optim import LR_SCHEDULES
 from arl.rollout.branching import ESTIMATES as MC_ESTIMATES
@@ -120,6 +122,13 @@ def default_config() -> ml_collections.ConfigDict:
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
     # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
     c.model.logprob_chunk = 0
+    # Self-attention of the training / scoring forward pass (KV-cached decoding always
+    # attends densely over its cache): "dense" ([B, H, T, T] scores), "blocked"
+    # (FlashAttention-style tiling in JAX, memory linear in the context, any backend),
+    # "cudnn" (cuDNN's fused kernel, NVIDIA GPUs), "auto" = dense up to attention_block
+    # tokens and blocked beyond (benchmarks/RESULTS.md, "Update phase").
+    c.model.attention = "auto"
+    c.model.attention_block = 512
     # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json + safetensors)
     # to start from; its config.json then replaces the architecture fields above (d_model,
     # num_layers, num_heads, num_kv_heads, mlp_dim, rope_theta, tie_embeddings). "" = a
@@ -505,6 +514,16 @@ def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     _check_range(config, "model.rope_theta", 0.0, low_open=True)
     _check_range(config, "model.logprob_chunk", 0, integer=True)
     _check_range(config, "model.layer_unroll", 0, integer=True)
+    attention = m.get("attention", "auto")
+    if not isinstance(attention, str) or attention not in ATTENTION_IMPLEMENTATIONS:
+        _fail("model.attention", attention, f"allowed values are {ATTENTION_IMPLEMENTATIONS}")
+    if attention == "cudnn" and jax.default_backend() != "gpu":
+        # Caught here: otherwise the first compiled train step fails with a traceback.
+        _fail("model.attention", attention,
+              f"cuDNN's kernel needs an NVIDIA GPU, this backend is "
+              f"{jax.default_backend()!r}: use 'auto', 'dense' or 'blocked'")
+    if m.get("attention_block") is not None:
+        _check_range(config, "model.attention_block", 1, integer=True)
     if m.get("hf_checkpoint", "") and not os.path.isfile(
             os.path.join(m.hf_checkpoint, "config.json")):
         _fail("model.hf_checkpoint", m.hf_checkpoint,

@@ -79,6 +79,15 @@ CATALOGUE = {
     "bad_branch_turns": Case(
         ("--config=configs/vineppo_guess_number.py", "--config.process.branch_turns=(1,7)"),
         ("config.process.branch_turns=(1, 7)", "max_turns=7")),
+    "bad_attention": Case(
+        (_BANDIT, "--config.model.attention=flash"),
+        ("config.model.attention='flash' is invalid: allowed values are", "'blocked'")),
+    "cudnn_attention_without_gpu": Case(
+        (_BANDIT, "--config.model.attention=cudnn"),
+        ("config.model.attention='cudnn' is invalid: cuDNN's kernel needs an NVIDIA GPU",)),
+    "zero_attention_block": Case(
+        (_BANDIT, "--config.model.attention_block=0"),
+        ("config.model.attention_block=0 is invalid: must be >= 1",)),
     "mesh_larger_than_devices": Case(
         (_BANDIT, "--config.mesh=(4,4,4)"),
         ("config.mesh=(4, 4, 4) is invalid: needs 64 devices but only",)),

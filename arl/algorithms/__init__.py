@@ -12,7 +12,7 @@ from arl.algorithms.filters import dapo_zero_variance_mask, horizon_schedule, st
 from arl.algorithms.group import (GroupStatistics, env_advantages, group_advantages,
                                   group_statistics, reinforce_pp_advantages,
                                   rloo_advantages)
-from arl.algorithms.logprobs import entropy, token_logprobs
+from arl.algorithms.logprobs import entropy, token_logprobs, token_logprobs_and_entropy
 from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observation_loss,
                                    policy_loss, policy_loss_per_token, sft_loss, value_loss,
                                    value_loss_per_token)
@@ -29,6 +29,7 @@ __all__ = [
     "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
     "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",
     "process_advantages", "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
-    "token_logprobs", "tokens_to_turns", "turn_ids", "turn_level_gae", "turns_to_tokens",
+    "token_logprobs", "token_logprobs_and_entropy", "tokens_to_turns", "turn_ids",
+    "turn_level_gae", "turns_to_tokens",
     "value_loss", "value_loss_per_token", "vine_advantages", "whiten",
 ]

@@ -89,6 +89,8 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
+from arl.models import attention as attention_lib
+
 # Logical axis name -> mesh axis (or None: replicated). Mesh axes are ("data", "fsdp",
 # "tensor"): FSDP shards the model dimension of every matrix, tensor parallelism shards
 # heads / MLP hidden / vocabulary (Megatron-style column/row split).
@@ -190,6 +192,14 @@ class TransformerConfig:
         Unrolling lets XLA drop the per-layer buffers the scan stacks for the backward
         pass, at a compile time that grows with the depth. Calls with a KV cache always
         run one layer per iteration.
+      attention: self-attention of cache-free calls (training, scoring): "dense" (the
+        [B, H, T, T] scores in one piece), "blocked" (FlashAttention-style tiling in JAX,
+        memory linear in T, `arl.models.attention`), "cudnn" (cuDNN's fused kernel via
+        `jax.nn.dot_product_attention`, NVIDIA GPUs only) or "auto" (dense up to
+        `attention_block` tokens, blocked beyond). KV-cached calls always attend densely
+        over the cache.
+      attention_block: the largest query / key block of the blocked attention (the
+        context is cut into the fewest equal blocks, `attention.block_layout`).
     """
 
     vocab_size: int
@@ -212,10 +222,12 @@ class TransformerConfig:
     initializer_range: float = 0.02
     remat: bool = False
     layer_unroll: int = 1
+    attention: str = "auto"
+    attention_block: int = 512
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                     "mlp_dim", "max_len", "layer_unroll"):
+                     "mlp_dim", "max_len", "layer_unroll", "attention_block"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
@@ -242,6 +254,9 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.rope_theta must be > 0, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps}")
+        if self.attention not in attention_lib.IMPLEMENTATIONS:
+            raise ValueError(f"TransformerConfig.attention must be one of "
+                             f"{attention_lib.IMPLEMENTATIONS}, got {self.attention!r}")
         for name in ("dtype", "param_dtype"):
             dt = jnp.dtype(getattr(self, name))
             if not jnp.issubdtype(dt, jnp.floating):
@@ -346,7 +361,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions,
-                 attend):
+                 attend, key_mask=None):
         """x [B, T, D]; positions int [B, T] (query positions, also the RoPE positions).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
@@ -360,20 +375,37 @@ class Attention(nn.Module):
         attend: None (the rule above: key position <= query position), or bool
         [B or 1, T, S] saying which keys each query may see (explicit positions or a
         padding mask; built once by `Transformer`).
+
+        Cache-free calls whose `config.attention` resolves to "blocked" or "cudnn" for T
+        tokens use `arl.models.attention.causal_self_attention` instead (causal by
+        sequence order, padding keys removed by `key_mask` bool [B, T] or None; `attend`
+        is then None).
+
+        The projections run on the tokens flattened to [B*T, D], like `SwiGLU`.
         """
         cfg = self.config
         num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-        q = _projection(cfg, (num_heads, head_dim), ("heads", "head_dim"), cfg.qkv_bias,
-                        "q_proj")(x)
-        k = _projection(cfg, (num_kv, head_dim), ("kv_heads", "head_dim"), cfg.qkv_bias,
-                        "k_proj")(x)
-        v = _projection(cfg, (num_kv, head_dim), ("kv_heads", "head_dim"), cfg.qkv_bias,
-                        "v_proj")(x)
-        q = constrain_activation(q, _HEADS)
-        k = constrain_activation(k, _KV_HEADS)
-        v = constrain_activation(v, _KV_HEADS)
+        batch, q_len = x.shape[:2]
+        tokens = x.reshape(batch * q_len, x.shape[-1])
+
+        def project(heads, names, name, activation_names):
+            out = _projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(
+                tokens).reshape(batch, q_len, heads, head_dim)
+            return constrain_activation(out, activation_names)
+
+        q = project(num_heads, ("heads", "head_dim"), "q_proj", _HEADS)
+        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", _KV_HEADS)
+        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", _KV_HEADS)
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
+
+        implementation = attention_lib.resolve_implementation(cfg.attention, q_len,
+                                                              cfg.attention_block)
+        if cache_kv is None and implementation != "dense":
+            out = attention_lib.causal_self_attention(
+                q, k, v, key_mask, implementation=implementation,
+                block_size=cfg.attention_block)
+            return _output_projection(cfg, constrain_activation(out, _HEADS)), None
 
         if cache_kv is None:
             keys, values = k, v
@@ -393,7 +425,6 @@ class Attention(nn.Module):
             keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
             key_pos = jnp.broadcast_to(key_positions, (x.shape[0], key_positions.shape[0]))
 
-        batch, q_len = q.shape[:2]
         groups = num_heads // num_kv
         q = q.reshape(batch, q_len, num_kv, groups, head_dim)
         scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
@@ -406,24 +437,39 @@ class Attention(nn.Module):
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
             batch, q_len, num_heads, head_dim)
-        out = constrain_activation(out, _HEADS)
-        out = nn.DenseGeneral(
-            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-            name="o_proj")(out)
-        return out, cache_kv
+        return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
+
+
+def _output_projection(cfg, out):
+    """o_proj of the attention output [B, T, H, head_dim] -> [B, T, d_model], on the
+    tokens flattened to [B*T, H, head_dim]."""
+    batch, q_len = out.shape[:2]
+    out = nn.DenseGeneral(
+        features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name="o_proj")(out.reshape((batch * q_len,) + out.shape[2:]))
+    return out.reshape(batch, q_len, cfg.d_model)
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate x) * up x) (Shazeer 2020, arXiv 2002.05202)."""
+    """down(silu(gate x) * up x) (Shazeer 2020, arXiv 2002.05202).
+
+    The three projections run on the tokens flattened to [B*T, D] (a free reshape): on
+    [B, T, D] the weight gradients contract two axes (B, T), and XLA's CPU backend then
+    wrote the [B, T, mlp] gradient transposed to [mlp, B*T] before each weight-gradient
+    matmul, about a third of the modest peer step (benchmarks/RESULTS.md, "Update
+    phase"); flattened, every matmul is a plain 2-D one with no transposed copy.
+    """
 
     config: TransformerConfig
 
     @nn.compact
     def __call__(self, x):
         cfg = self.config
+        leading = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1])
 
         def dense(features, names, name):
             return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=cfg.dtype,
@@ -435,8 +481,13 @@ class SwiGLU(nn.Module):
 
         gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
         up = dense(cfg.mlp_dim, ("embed", "mlp"), "up_proj")(x)
-        hidden = constrain_activation(nn.silu(gate) * up, _MLP)
-        return dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
+        # The activation sharding names [B, T, mlp]: constrained in that shape (free
+        # reshapes; no operation at all without a mesh).
+        hidden = constrain_activation(
+            (nn.silu(gate) * up).reshape(leading + (cfg.mlp_dim,)),
+            _MLP).reshape(-1, cfg.mlp_dim)
+        out = dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
+        return out.reshape(leading + (cfg.d_model,))
 
 
 class DecoderLayer(nn.Module):
@@ -446,14 +497,15 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend):
+    def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend,
+                 key_mask):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
-            key_positions, attend)
+            key_positions, attend, key_mask)
         h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
         return (constrain_activation(h, RESIDUAL), cache_kv), None
@@ -538,14 +590,21 @@ class Transformer(nn.Module):
         if explicit_positions:
             positions = _checked_positions(positions, batch, seq_len)
         real = None if attention_mask is None else _checked_mask(attention_mask, batch, seq_len)
-        attend = None
+        attend = key_mask = None
 
         if cache is None:
             if num_valid is not None:
                 raise ValueError("Transformer: num_valid only applies together with cache")
+            tiled = attention_lib.resolve_implementation(
+                cfg.attention, seq_len, cfg.attention_block) != "dense"
             if not explicit_positions and real is None:
                 positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
                                              (batch, seq_len))
+            elif tiled:
+                # No [B, T, T] mask: the tiled kernels mask per block from the key mask.
+                key_mask = real
+                if real is not None and not explicit_positions:
+                    positions = jnp.maximum(jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
             else:
                 order = jnp.arange(seq_len, dtype=jnp.int32)
                 attend = (order[None, :] <= order[:, None])[None]  # [1, T, T] causal
@@ -607,7 +666,8 @@ class Transformer(nn.Module):
             layer_cls = nn.remat(layer_cls, prevent_cse=False)
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                     nn.broadcast),
             length=cfg.num_layers,
             # Cached calls keep one layer per iteration: their in-place cache update
             # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
@@ -615,7 +675,8 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
         (h, new_layer_caches), _ = layers((h, layer_caches),
                                           jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                                          positions, write_positions, key_positions, attend)
+                                          positions, write_positions, key_positions, attend,
+                                          key_mask)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
@@ -629,8 +690,12 @@ class Transformer(nn.Module):
                     "lm_head",
                     nn.with_logical_partitioning(_normal(cfg), ("embed", "vocab")),
                     (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
-            logits = jnp.einsum("btd,dv->btv", hidden, unembed.astype(cfg.dtype),
-                                preferred_element_type=jnp.float32)
+            # On the flattened tokens, like the layers' projections (no transposed copy
+            # of the logits' gradient for the weight-gradient matmul).
+            logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * seq_len, cfg.d_model),
+                                unembed.astype(cfg.dtype),
+                                preferred_element_type=jnp.float32).reshape(
+                                    batch, seq_len, cfg.vocab_size)
             logits = constrain_activation(logits, _LOGITS)
 
         values = None

@@ -33,8 +33,9 @@ from arl.models.logprobs import chunked_token_logprobs
 class TokenScores:
     """Per-token outputs of the policy on a context, aligned to token index `[B, S]`."""
 
-    logp: jax.Array  # float32: log pi(token_t | tokens_<t) (0 at t = 0)
-    entropy: jax.Array  # float32: entropy of the distribution that produced token t
+    logp: jax.Array  # float32: log pi(token_t | tokens_<t) (0 at t = 0 and unscored t)
+    # float32: entropy of the distribution that produced token t (None when not asked for)
+    entropy: jax.Array | None
     values: jax.Array | None = None  # float32: value of the state before token t
 
 
@@ -89,6 +90,7 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
         )
     return transformer_lib.Transformer(dataclasses.replace(
         model_config, layer_unroll=m.layer_unroll or model_config.num_layers,
+        attention=m.get("attention", "auto"), attention_block=m.get("attention_block", 512),
         remat=m.get("remat", False)))
 
 
@@ -141,30 +143,104 @@ class Policy:
             merged = {**merged, "value_head": trainable["value_head"]}
         return merged
 
-    def score(self, params: Any, tokens: jax.Array) -> TokenScores:
+    def score(self, params: Any, tokens: jax.Array, *, scored: jax.Array | None = None,
+              max_scored: int = 0, entropy: bool = True) -> TokenScores:
         """Per-token log-probs (at the sampling temperature), entropies and values of
-        `tokens` [B, S] under the full parameter tree `params`."""
-        if self.logprob_chunk:
-            return self._chunked_score(params, tokens)
-        out = self.model.apply({"params": params}, tokens)
-        logits = out.logits[:, :-1] / jnp.maximum(self.temperature, 1e-6)
-        logp = shift_right(alg.token_logprobs(logits, tokens[:, 1:]))
-        ent = shift_right(alg.entropy(logits))
-        values = None if out.values is None else shift_right(out.values[:, :-1])
-        return TokenScores(logp=logp, entropy=ent, values=values)
+        `tokens` [B, S] under the full parameter tree `params`.
 
-    def _chunked_score(self, params, tokens) -> TokenScores:
-        """`score` without [B, S, V] logits: log-probs and entropies from the hidden
-        states, `logprob_chunk` positions at a time (arl.models.logprobs)."""
+        scored, max_scored: the positions the caller reads, float or bool [B, S] (e.g. a
+          loss mask), and a static bound K >= scored[b].sum() of their number per row
+          (e.g. a rollout's agent tokens: at most max_turns * action_len). With both, the
+          vocabulary projection and the log-softmax run on the K gathered positions of each
+          row only ([B, K, V] logits instead of [B, S, V]); logp and entropy are then 0 at
+          every other position, and the numbers at the scored ones are those of the full
+          computation up to float summation order. Should a row exceed K, the whole batch
+          falls back to the full computation (same numbers, no saving). Position 0 has no
+          prediction and is never scored. Values are always computed at every position.
+        entropy: False skips the entropies (`TokenScores.entropy` is None) for callers that
+          read only log-probs.
+        """
+        if scored is not None and max_scored:
+            if not isinstance(max_scored, int) or isinstance(max_scored, bool) or max_scored < 0:
+                raise ValueError(f"Policy.score: max_scored must be a non-negative int, got "
+                                 f"{max_scored!r}")
+            if scored.shape != tokens.shape:
+                raise ValueError(f"Policy.score: scored must have the shape of tokens "
+                                 f"{tokens.shape}, got {scored.shape}")
+        select = scored is not None and 0 < max_scored < tokens.shape[1] - 1
+        if not select and not self.logprob_chunk:
+            return self._full_score(params, tokens, entropy)
         out = self.model.apply({"params": params}, tokens, return_hidden=True,
                                compute_logits=False)
-        # (h W) / tau == h (W / tau): scale the [D, V] matrix, not the logits.
-        unembed = transformer_lib.unembedding_matrix(params, self.model.config).astype(
-            jnp.float32) / jnp.maximum(self.temperature, 1e-6)
-        logp, ent = chunked_token_logprobs(out.hidden[:, :-1], unembed, tokens[:, 1:],
-                                           self.logprob_chunk)
+        hidden, targets = out.hidden[:, :-1], tokens[:, 1:]
+        if select:
+            wanted = scored[:, 1:] > 0
+            logp, ent = jax.lax.cond(
+                jnp.max(jnp.sum(wanted, axis=1)) <= max_scored,
+                lambda h: self._selected_stats(params, h, targets, wanted, max_scored),
+                lambda h: tuple(jnp.where(wanted, x, 0.0) for x in self._token_stats(
+                    params, h, targets)),
+                hidden)
+        else:
+            logp, ent = self._token_stats(params, hidden, targets)
         values = None if out.values is None else shift_right(out.values[:, :-1])
-        return TokenScores(logp=shift_right(logp), entropy=shift_right(ent), values=values)
+        return TokenScores(logp=shift_right(logp), entropy=shift_right(ent) if entropy else None,
+                           values=values)
+
+    def _full_score(self, params, tokens, entropy: bool) -> TokenScores:
+        """Every position, from the model's [B, S, V] logits."""
+        out = self.model.apply({"params": params}, tokens)
+        logits = out.logits[:, :-1] / jnp.maximum(self.temperature, 1e-6)
+        targets = tokens[:, 1:]
+        ent = None
+        if entropy:
+            logp, ent = alg.token_logprobs_and_entropy(logits, targets)
+            ent = shift_right(ent)
+        else:
+            logp = alg.token_logprobs(logits, targets)
+        values = None if out.values is None else shift_right(out.values[:, :-1])
+        return TokenScores(logp=shift_right(logp), entropy=ent, values=values)
+
+    def _token_stats(self, params, hidden, targets):
+        """(log-prob, entropy) float32 [B, N] of `targets` [B, N] predicted from the final
+        hidden states [B, N, D]: `logprob_chunk` positions at a time (arl.models.logprobs,
+        never the whole [B, N, V] logits), or in one piece as the model's own head does."""
+        unembed = transformer_lib.unembedding_matrix(params, self.model.config)
+        if self.logprob_chunk:
+            # (h W) / tau == h (W / tau): scale the [D, V] matrix, not the logits.
+            return chunked_token_logprobs(
+                hidden, unembed.astype(jnp.float32) / jnp.maximum(self.temperature, 1e-6),
+                targets, self.logprob_chunk)
+        batch, length, width = hidden.shape
+        logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * length, width),
+                            unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)
+        logits = logits.reshape(batch, length, -1) / jnp.maximum(self.temperature, 1e-6)
+        return alg.token_logprobs_and_entropy(logits, targets)
+
+    def _selected_stats(self, params, hidden, targets, wanted, max_scored: int):
+        """`_token_stats` on the first `max_scored` wanted positions of each row only,
+        scattered back to [B, N] (zeros elsewhere). Requires wanted.sum(1) <= max_scored."""
+        length = hidden.shape[1]
+        order = jnp.arange(length, dtype=jnp.int32)
+
+        def row_index(row_wanted):
+            # Slot r holds the r-th wanted position; unused slots point past the end.
+            rank = jnp.cumsum(row_wanted, dtype=jnp.int32) - 1
+            slot = jnp.where(row_wanted, rank, max_scored)
+            return jnp.full((max_scored,), length, jnp.int32).at[slot].set(order, mode="drop")
+
+        index = jax.vmap(row_index)(wanted)  # [B, K], `length` = unused
+        used = index < length
+        safe = jnp.where(used, index, 0)
+        picked_hidden = jnp.take_along_axis(hidden, safe[..., None], axis=1)
+        picked_targets = jnp.take_along_axis(targets, safe, axis=1)
+        stats = self._token_stats(params, picked_hidden, picked_targets)
+
+        def scatter(values):
+            return jax.vmap(lambda i, x: jnp.zeros((length,), x.dtype).at[i].set(
+                x, mode="drop"))(index, jnp.where(used, values, 0.0))
+
+        return tuple(scatter(x) for x in stats)
 
 
 def load_pretrained(config: ml_collections.ConfigDict, model: transformer_lib.Transformer,

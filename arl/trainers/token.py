@@ -91,7 +91,9 @@ class TokenTrainer:
         self.learner = Learner(self.policy, self.optimizer, config.loss,
                                epochs=config.updates.epochs,
                                minibatches=config.updates.minibatches, mesh=self.mesh,
-                               context_length=self.context_length)
+                               context_length=self.context_length,
+                               agent_token_bound=self.env.max_turns * self.env.action_len,
+                               observation_token_bound=self.env.max_turns * self.env.obs_len)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None

@@ -8,6 +8,12 @@ steps.
 Every term is aggregated with `config.loss.agg` (`arl.algorithms.aggregate`) over the
 minibatch's `UpdateBatch.mask`; a term is present when its input is (a critic's
 `returns`, a reference's `ref_logp`, demonstrations' `demo_tokens`).
+
+Every term reads log-probs (and the entropy) only where its mask is nonzero: the agent
+tokens, plus the observations for ECHO's term. Given static bounds of their number per
+row (`Learner.agent_token_bound`, `observation_token_bound`), the policy scores those
+positions only (`Policy.score(..., scored=, max_scored=)`): the vocabulary projection
+and log-softmax skip the prompt and, in multi-turn contexts, the environment's replies.
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ class Learner:
     minibatches: int
     mesh: jax.sharding.Mesh
     context_length: int
+    # Static bounds of the agent (observation) tokens of one row, e.g. the env's
+    # max_turns * action_len (max_turns * obs_len); 0 = score every position.
+    agent_token_bound: int = 0
+    observation_token_bound: int = 0
 
     @property
     def norm(self) -> float | None:
@@ -76,7 +86,12 @@ class Learner:
         frozen `base`) on one minibatch at train step `step`."""
         c = self.loss_config
         params = self.policy.merge(params, base)
-        scores = self.policy.score(params, mb.tokens)
+        scored, max_scored = mb.mask, self.agent_token_bound
+        if c.echo_coef > 0:
+            scored = jnp.maximum(mb.mask, mb.observation_mask)
+            max_scored = (max_scored + self.observation_token_bound
+                          if self.observation_token_bound else 0)
+        scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored)
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
@@ -97,18 +112,19 @@ class Learner:
             metrics["loss/value"] = vl
             metrics.update({f"value/{k}": v for k, v in vmetrics.items()})
         if mb.ref_logp is not None:
-            kl = alg.aggregate(alg.kl_penalty(logp, mb.ref_logp, c.kl_kind), mask,
-                               "token-mean")
+            kl_per_token = alg.kl_penalty(logp, mb.ref_logp, c.kl_kind, mask=mask > 0)
+            kl = alg.aggregate(kl_per_token, mask, "token-mean")
             metrics["kl_ref"] = kl
             if not c.kl_in_reward:
-                total = total + c.kl_coef * alg.aggregate(
-                    alg.kl_penalty(logp, mb.ref_logp, c.kl_kind), mask, c.agg, norm=norm)
+                total = total + c.kl_coef * alg.aggregate(kl_per_token, mask, c.agg, norm=norm)
         if c.echo_coef > 0:
             echo = alg.observation_loss(logp, mb.observation_mask)
             total = total + c.echo_coef * echo
             metrics["loss/echo"] = echo
         if mb.demo_tokens is not None:
-            demo_logp = self.policy.score(params, mb.demo_tokens).logp
+            demo_logp = self.policy.score(params, mb.demo_tokens, scored=mb.demo_mask,
+                                          max_scored=self.agent_token_bound,
+                                          entropy=False).logp
             sft = alg.sft_loss(demo_logp, mb.demo_mask)
             total = total + sft_weight(c, step) * sft
             metrics["loss/sft"] = sft

@@ -70,8 +70,12 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     env_params = trainer.task_params(batch_size, 1)
 
     def loss_fn(p, tokens, mask):
+        # Log-probs of the demonstrator's tokens only (Policy.score's `scored`).
         with sharding_lib.activation_mesh(trainer.activation_mesh):
-            return alg.sft_loss(trainer.policy.score(p, tokens).logp, mask)
+            logp = trainer.policy.score(p, tokens, scored=mask,
+                                        max_scored=trainer.learner.agent_token_bound,
+                                        entropy=False).logp
+        return alg.sft_loss(logp, mask)
 
     @jax.jit
     def step(params, opt_state, key):

@@ -1,0 +1,219 @@
+"""The scoring forward every loss reads (`Policy.score`) and the update's loss: the fused
+log-prob + entropy, scoring only the positions a loss reads, and the flattened-token
+layers, each against the plain computation it replaces."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from arl import algorithms as alg
+from arl.models import Transformer
+from arl.trainers.policy import Policy
+from arl.trainers.update import Learner, UpdateBatch
+from tests.models.helpers import SMALL, make
+
+B, S = 4, 23
+
+
+def test_fused_logprobs_and_entropy_equal_the_two_kernels():
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 11)) * 4
+    logits = logits.at[0, 0, 3].set(-jnp.inf)  # a banned token: probability 0
+    tokens = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
+    logp, ent = alg.token_logprobs_and_entropy(logits, tokens)
+    np.testing.assert_allclose(logp, alg.token_logprobs(logits, tokens), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ent, alg.entropy(logits), rtol=1e-6, atol=1e-6)
+    # Hand check of one row in float64.
+    z = np.asarray(logits[1, 2], np.float64)
+    p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    # lse - sum p z cancels in float32 on a peaked row: absolute tolerance.
+    assert math.isclose(float(ent[1, 2]), float(-(p * np.log(p)).sum()), abs_tol=2e-5)
+    assert math.isclose(float(logp[1, 2]), float(np.log(p[int(tokens[1, 2])])), rel_tol=1e-5)
+    with pytest.raises(ValueError, match="tokens"):
+        alg.token_logprobs_and_entropy(logits, tokens[:, :4])
+
+
+def _policy(chunk=0):
+    model, _, params = make(SMALL)
+    return Policy(model=model, temperature=0.7, logprob_chunk=chunk), params
+
+
+def _scored_mask(seed=3, per_row=(5, 0, 9, 7)):
+    """Random scored positions (never position 0), `per_row[b]` of them in row b."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((B, S), np.float32)
+    for b, n in enumerate(per_row):
+        mask[b, rng.choice(np.arange(1, S), n, replace=False)] = 1.0
+    return jnp.asarray(mask)
+
+
+TOKENS = jax.random.randint(jax.random.key(7), (B, S), 0, SMALL.vocab_size)
+
+
+def _plain_scores(params, tokens, temperature):
+    """The previous scoring path: the model's [B, S, V] logits, tempered, then the two
+    separate kernels."""
+    out = Transformer(SMALL).apply({"params": params}, tokens)
+    logits = out.logits[:, :-1] / temperature
+    pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
+    return (pad(alg.token_logprobs(logits, tokens[:, 1:])), pad(alg.entropy(logits)),
+            pad(out.values[:, :-1]))
+
+
+@pytest.mark.parametrize("chunk, bound", [(0, 9), (4, 12)])
+def test_scoring_selected_positions_equals_full_scoring(chunk, bound):
+    policy, params = _policy(chunk)
+    scored = _scored_mask()
+    logp0, ent0, values0 = _plain_scores(params, TOKENS, 0.7)
+    full = jax.jit(policy.score)(params, TOKENS)
+    sel = jax.jit(lambda p, t, m: policy.score(p, t, scored=m, max_scored=bound))(
+        params, TOKENS, scored)
+    np.testing.assert_allclose(full.logp, logp0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(full.entropy, ent0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sel.logp, logp0 * scored, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sel.entropy, ent0 * scored, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(sel.logp * (1 - scored), 0.0)  # exactly 0 elsewhere
+    np.testing.assert_allclose(sel.values, values0, rtol=1e-6, atol=1e-6)
+
+    # Gradients of a loss that reads the scored positions only.
+    weights = jax.random.normal(jax.random.key(4), (B, S)) * scored
+
+    def loss(p, **kw):
+        s = policy.score(p, TOKENS, **kw)
+        return jnp.sum(s.logp * weights) + 0.1 * jnp.sum(s.entropy * weights)
+
+    g_sel = jax.jit(jax.grad(lambda p: loss(p, scored=scored, max_scored=bound)))(params)
+    g_full = jax.jit(jax.grad(loss))(params)
+    for got, want in zip(jax.tree.leaves(g_sel), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_row_over_the_bound_falls_back_to_full_scoring():
+    policy, params = _policy()
+    scored = _scored_mask()  # a row with 9 positions, bound 6
+    logp0, ent0, _ = _plain_scores(params, TOKENS, 0.7)
+    sel = jax.jit(lambda p: policy.score(p, TOKENS, scored=scored, max_scored=6))(params)
+    np.testing.assert_allclose(sel.logp, logp0 * scored, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sel.entropy, ent0 * scored, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_can_be_skipped_and_arguments_are_checked():
+    policy, params = _policy()
+    assert policy.score(params, TOKENS, entropy=False).entropy is None
+    assert policy.score(params, TOKENS, scored=_scored_mask(), max_scored=9,
+                        entropy=False).entropy is None
+    with pytest.raises(ValueError, match="max_scored"):
+        policy.score(params, TOKENS, scored=_scored_mask(), max_scored=2.5)
+    with pytest.raises(ValueError, match="scored"):
+        policy.score(params, TOKENS, scored=_scored_mask()[:, :5], max_scored=9)
+
+
+def _loss_config(**overrides):
+    c = ml_collections.ConfigDict(dict(
+        clip_low=0.2, clip_high=0.2, dual_clip=0.0, agg="token-mean", norm=0.0,
+        value_coef=0.5, value_clip=0.0, entropy_coef=0.01, kl_coef=0.05, kl_kind="k3",
+        kl_in_reward=False, echo_coef=0.1, sft_coef=0.3, sft_coef_final=-1.0,
+        sft_hold_steps=0, sft_decay_steps=100))
+    c.update(overrides)
+    return c
+
+
+@pytest.mark.parametrize("echo_coef", [0.0, 0.1])
+def test_learner_loss_with_token_bounds_equals_full_scoring(echo_coef):
+    """Every term of the loss (policy, entropy, value, KL, ECHO, SFT): the same metrics
+    and gradients whether the policy scores every position or only the masked ones."""
+    policy, params = _policy()
+    agent = _scored_mask(seed=5, per_row=(6, 3, 0, 8))
+    observation = _scored_mask(seed=6, per_row=(4, 4, 2, 0)) * (1 - agent)
+    keys = jax.random.split(jax.random.key(8), 4)
+    mb = UpdateBatch(
+        tokens=TOKENS, mask=agent,
+        old_logp=-jax.random.uniform(keys[0], (B, S), minval=0.5, maxval=5.0) * agent,
+        advantages=jax.random.normal(keys[1], (B, S)) * agent, observation_mask=observation,
+        old_values=jax.random.normal(keys[2], (B, S)) * agent,
+        returns=jax.random.normal(keys[3], (B, S)) * agent,
+        ref_logp=-jax.random.uniform(keys[2], (B, S), minval=0.5, maxval=5.0) * agent,
+        demo_tokens=jnp.flip(TOKENS, axis=0), demo_mask=jnp.flip(agent, axis=0))
+
+    def learner(agent_bound, obs_bound):
+        return Learner(policy, optax.sgd(0.1), _loss_config(echo_coef=echo_coef), epochs=1,
+                       minibatches=1, mesh=None, context_length=S,
+                       agent_token_bound=agent_bound, observation_token_bound=obs_bound)
+
+    def grads(lrn):
+        return jax.jit(jax.grad(lrn.loss, has_aux=True))(params, mb, 0)
+
+    g_full, m_full = grads(learner(0, 0))
+    g_sel, m_sel = grads(learner(8, 4))
+    assert set(m_full) == set(m_sel)
+    for key in m_full:
+        np.testing.assert_allclose(m_sel[key], m_full[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    for got, want in zip(jax.tree.leaves(g_sel), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _reference_forward(params, tokens, config):
+    """The decoder in its plain [B, T, D] formulation (3-D einsums, dense causal
+    attention): what the flattened-token projections must reproduce."""
+    def rms(x, scale):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + config.norm_eps) * scale
+
+    def rope(x):
+        dim = x.shape[-1]
+        inv = 1.0 / config.rope_theta ** (jnp.arange(0, dim, 2) / dim)
+        ang = jnp.arange(x.shape[1])[:, None] * inv
+        ang = jnp.concatenate([ang, ang], -1)[None, :, None, :]
+        x1, x2 = jnp.split(x, 2, -1)
+        return x * jnp.cos(ang) + jnp.concatenate([-x2, x1], -1) * jnp.sin(ang)
+
+    h = params["embed_tokens"]["embedding"][tokens]
+    length = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    for i in range(config.num_layers):
+        lp = jax.tree.map(lambda x: x[i], params["layers"])
+        a, att = rms(h, lp["input_layernorm"]["scale"]), lp["self_attn"]
+        q = rope(jnp.einsum("btd,dhk->bthk", a, att["q_proj"]["kernel"]))
+        k = rope(jnp.einsum("btd,dhk->bthk", a, att["k_proj"]["kernel"]))
+        v = jnp.einsum("btd,dhk->bthk", a, att["v_proj"]["kernel"])
+        groups = config.num_heads // config.num_kv_heads
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        z = jnp.einsum("bthk,bshk->bhts", q, k) / math.sqrt(q.shape[-1])
+        p = jax.nn.softmax(jnp.where(causal, z, -jnp.inf), -1)
+        o = jnp.einsum("bhts,bshk->bthk", p, v)
+        h = h + jnp.einsum("bthk,hkd->btd", o, att["o_proj"]["kernel"])
+        m, mlp = rms(h, lp["post_attention_layernorm"]["scale"]), lp["mlp"]
+        gate = jnp.einsum("btd,df->btf", m, mlp["gate_proj"]["kernel"])
+        up = jnp.einsum("btd,df->btf", m, mlp["up_proj"]["kernel"])
+        h = h + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, mlp["down_proj"]["kernel"])
+    hidden = rms(h, params["norm"]["scale"])
+    return jnp.einsum("btd,dv->btv", hidden, params["lm_head"])
+
+
+def test_flattened_token_layers_equal_the_plain_formulation():
+    config = dataclasses.replace(SMALL, value_head=False)
+    model, _, params = make(config)
+    weights = jax.random.normal(jax.random.key(9), (B, S, config.vocab_size))
+    loss = lambda f: (lambda p: jnp.sum(f(p) * weights))
+    ours = lambda p: model.apply({"params": p}, TOKENS).logits
+    ref = lambda p: _reference_forward(p, TOKENS, config)
+    np.testing.assert_allclose(jax.jit(ours)(params), jax.jit(ref)(params), rtol=1e-5,
+                               atol=1e-5)
+    g_ours = jax.jit(jax.grad(loss(ours)))(params)
+    g_ref = jax.jit(jax.grad(loss(ref)))(params)
+    for got, want in zip(jax.tree.leaves(g_ours), jax.tree.leaves(g_ref)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_config_selects_the_attention_implementation():
+    from arl import config as config_lib
+    c = config_lib.default_config()
+    c.model.attention, c.model.attention_block = "blocked", 64
+    policy = Policy.from_config(c, vocab_size=32, context_length=40, value_head=False)
+    assert policy.model.config.attention == "blocked"
+    assert policy.model.config.attention_block == 64
+    assert config_lib.default_config().model.attention == "auto"
