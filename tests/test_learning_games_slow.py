@@ -1,0 +1,66 @@
+"""Slow learning tests on RAGEN's Sokoban and TinyZero's Countdown: SFT on the
+environment's weaker demonstrator, then GRPO or PPO (`experiments.learning_stages` with
+the shipped config, fixed seed 0). Thresholds sit a little below the measured numbers
+(benchmarks/RESULTS.md, "Learning: Sokoban and Countdown"). On Countdown GRPO and PPO
+with a critic must beat SFT; on Sokoban GRPO does not yet (it degrades the SFT policy),
+so that test checks the baselines and the SFT stage and xfails while RL ends below SFT.
+
+    pytest -m slow tests/test_learning_games_slow.py -n 0 -p no:cacheprovider -s
+
+One `run_stages` call took 4 to 16 minutes on the shared 2-core CPU, depending on the
+load; the test flags (8 fake devices, XLA opt level 0) may move the numbers a little.
+These tests were written from those runs and have not been run as tests yet.
+"""
+
+import importlib
+
+import pytest
+
+from experiments import learning_stages
+
+SPREAD_OVER_WORKERS = True  # independent long runs: both xdist workers share them
+
+
+def _run(name):
+    config = importlib.import_module(f"configs.{name}").get_config()
+    assert config.warm_start.sft_steps > 0
+    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
+    result.pop("rl_history")
+    print(result)
+    return result
+
+
+@pytest.mark.slow
+def test_grpo_sokoban_sft_then_rl():
+    r = _run("grpo_sokoban")
+    assert r["random_sampled"][0] < 0.05
+    assert r["oracle"][0] == 1.0
+    assert 0.63 <= r["demonstrator"][0] <= 0.83, r  # 40 % random moves: 0.73 measured
+    # Measured (seed 0): SFT alone 0.18 sampled / 0.43 greedy; SFT + GRPO 0.05 / 0.07.
+    assert r["sft_sampled"][0] >= 0.12, r
+    assert r["sft_greedy"][0] >= 0.33, r
+    if r["rl_sampled"][0] <= r["sft_sampled"][0]:
+        pytest.xfail(f"known (RESULTS.md): GRPO degrades the SFT policy on sokoban: {r}")
+
+
+@pytest.mark.slow
+def test_grpo_countdown_sft_then_rl():
+    r = _run("grpo_countdown")
+    assert r["random_sampled"][0] < 0.05
+    assert r["oracle"][0] == 1.0
+    assert 0.42 <= r["demonstrator"][0] <= 0.62, r  # greedy, no search: 0.52 measured
+    # Measured (seed 0): SFT alone 0.18 sampled / 0.21 greedy; SFT + GRPO 0.32 / 0.37.
+    assert r["rl_sampled"][0] >= 0.25, r
+    assert r["rl_sampled"][0] > r["sft_sampled"][0] + 0.07, r
+    assert r["rl_greedy"][0] >= 0.28, r
+
+
+@pytest.mark.slow
+def test_ppo_with_critic_countdown_sft_then_rl():
+    r = _run("ppo_countdown")
+    assert r["random_sampled"][0] < 0.05
+    # Measured (seed 0; no SFT term in RL): SFT alone 0.18 sampled / 0.21 greedy;
+    # SFT + PPO 0.33 / 0.43.
+    assert r["rl_sampled"][0] >= 0.26, r
+    assert r["rl_sampled"][0] > r["sft_sampled"][0] + 0.07, r
+    assert r["rl_greedy"][0] >= 0.33, r
