@@ -355,6 +355,10 @@ def real_step(args) -> dict:
     shape = args.shapes.split(",")[0]
     config = make_config(shape, STEP_MESH, num_tasks=args.num_tasks,
                          group_size=args.group_size, max_turns=args.max_turns)
+    # A random policy's rewards tie within every group (zero advantages, no gradient); an
+    # SFT term on the env's demonstrator (played inside the step) gives the update a
+    # gradient, so the step shown is rollout, demonstration, update and optimizer step.
+    config.loss.sft_coef, config.loss.sft_source = 0.1, "demonstrator"
     trainer = make_trainer(config)
     start = time.perf_counter()
     state = trainer.init_state()
