@@ -2,8 +2,7 @@
 environment's weaker demonstrator, then GRPO or PPO (`experiments.learning_stages` with
 the shipped config, fixed seed 0). Thresholds sit a little below the measured numbers
 (benchmarks/RESULTS.md, "Learning: Sokoban and Countdown"). On Countdown GRPO and PPO
-with a critic must beat SFT; on Sokoban GRPO does not yet (it degrades the SFT policy),
-so that test checks the baselines and the SFT stage and xfails while RL ends below SFT.
+with a critic must beat SFT, and on Sokoban GRPO without the step penalty must too.
 
     pytest -m slow tests/test_learning_games_slow.py -n 0 -p no:cacheprovider -s
 
@@ -36,11 +35,13 @@ def test_grpo_sokoban_sft_then_rl():
     assert r["random_sampled"][0] < 0.05
     assert r["oracle"][0] == 1.0
     assert 0.63 <= r["demonstrator"][0] <= 0.83, r  # 40 % random moves: 0.73 measured
-    # Measured (seed 0): SFT alone 0.18 sampled / 0.43 greedy; SFT + GRPO 0.05 / 0.07.
+    # Measured (seed 0): SFT alone 0.18 sampled / 0.43 greedy; SFT + GRPO 0.29 / 0.53
+    # (with gym-sokoban's -0.1 step penalty GRPO fell to 0.05 / 0.07: the config drops it).
     assert r["sft_sampled"][0] >= 0.12, r
     assert r["sft_greedy"][0] >= 0.33, r
-    if r["rl_sampled"][0] <= r["sft_sampled"][0]:
-        pytest.xfail(f"known (RESULTS.md): GRPO degrades the SFT policy on sokoban: {r}")
+    assert r["rl_sampled"][0] >= 0.23, r
+    assert r["rl_sampled"][0] > r["sft_sampled"][0] + 0.06, r
+    assert r["rl_greedy"][0] >= 0.45, r
 
 
 @pytest.mark.slow
