@@ -11,27 +11,16 @@ load; the test flags (8 fake devices, XLA opt level 0) may move the numbers a li
 These tests were written from those runs and have not been run as tests yet.
 """
 
-import importlib
-
 import pytest
 
-from experiments import learning_stages
+from tests.learning_runs import run_shipped_config
 
 SPREAD_OVER_WORKERS = True  # independent long runs: both xdist workers share them
 
 
-def _run(name):
-    config = importlib.import_module(f"configs.{name}").get_config()
-    assert config.warm_start.sft_steps > 0
-    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
-    result.pop("rl_history")
-    print(result)
-    return result
-
-
 @pytest.mark.slow
 def test_grpo_sokoban_sft_then_rl():
-    r = _run("grpo_sokoban")
+    r = run_shipped_config("grpo_sokoban")
     assert r["random_sampled"][0] < 0.05
     assert r["oracle"][0] == 1.0
     assert 0.63 <= r["demonstrator"][0] <= 0.83, r  # 40 % random moves: 0.73 measured
@@ -46,7 +35,7 @@ def test_grpo_sokoban_sft_then_rl():
 
 @pytest.mark.slow
 def test_grpo_countdown_sft_then_rl():
-    r = _run("grpo_countdown")
+    r = run_shipped_config("grpo_countdown")
     assert r["random_sampled"][0] < 0.05
     assert r["oracle"][0] == 1.0
     assert 0.42 <= r["demonstrator"][0] <= 0.62, r  # greedy, no search: 0.52 measured
@@ -58,7 +47,7 @@ def test_grpo_countdown_sft_then_rl():
 
 @pytest.mark.slow
 def test_ppo_with_critic_countdown_sft_then_rl():
-    r = _run("ppo_countdown")
+    r = run_shipped_config("ppo_countdown")
     assert r["random_sampled"][0] < 0.05
     # Measured (seed 0; no SFT term in RL): SFT alone 0.18 sampled / 0.21 greedy;
     # SFT + PPO 0.33 / 0.43.

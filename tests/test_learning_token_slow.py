@@ -10,26 +10,14 @@ documented to be) and that RL improved on the SFT-only policy.
     pytest -m slow tests/test_learning_token_slow.py -n 0 -p no:cacheprovider
 """
 
-import importlib
-
 import pytest
 
-from experiments import learning_stages
-
-
-def _run(name):
-    module = importlib.import_module(f"configs.{name}")
-    config = module.get_config()
-    assert config.warm_start.sft_steps > 0
-    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
-    result.pop("rl_history")
-    print(result)
-    return result
+from tests.learning_runs import run_shipped_config
 
 
 @pytest.mark.slow
 def test_grpo_guess_number_16_sft_then_rl():
-    r = _run("grpo_guess_number")
+    r = run_shipped_config("grpo_guess_number")
     assert r["random_sampled"][0] < 0.05
     assert r["oracle"][0] == 1.0
     sft_sampled, sft_turns = r["sft_sampled"]
@@ -43,7 +31,7 @@ def test_grpo_guess_number_16_sft_then_rl():
 
 @pytest.mark.slow
 def test_grpo_calculator_2_digit_learns_to_use_the_tool():
-    r = _run("grpo_calculator")
+    r = run_shipped_config("grpo_calculator")
     assert r["random_sampled"][0] < 0.05
     assert r["demonstrator"][0] < 0.8  # skips the tool half the time
     # Measured (seed 0): SFT alone 0.16 sampled / 0.01 greedy (it imitates the skipping
@@ -56,7 +44,7 @@ def test_grpo_calculator_2_digit_learns_to_use_the_tool():
 
 @pytest.mark.slow
 def test_ppo_with_critic_learns_guess_number_8():
-    r = _run("ppo_guess_number")
+    r = run_shipped_config("ppo_guess_number")
     assert r["random_sampled"][0] < 0.05
     # Measured (seed 0; the RL stage has no SFT term): SFT alone 0.875 sampled / 0.88
     # greedy, 3.09 turns; SFT + PPO 0.97 / 1.0, 2.80 turns (demonstrator 2.85).
@@ -70,7 +58,7 @@ def test_ppo_with_critic_learns_guess_number_8():
 
 @pytest.mark.slow
 def test_grpo_word_problems_from_a_dataset():
-    r = _run("grpo_word_problems")
+    r = run_shipped_config("grpo_word_problems")
     assert r["random_sampled"][0] < 0.1  # two-digit answers: a random guess sometimes hits
     assert 0.7 < r["demonstrator"][0] < 0.8  # 1 - (1 - 0.5)^2 over two attempts
     assert r["oracle"][0] == 1.0

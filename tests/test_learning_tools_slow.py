@@ -10,16 +10,12 @@ About 45 minutes on the shared 2-core CPU at load average ~20 (benchmarks/RESULT
 
 import pytest
 
-from configs import grpo_code_interpreter
-from experiments import learning_stages
+from tests.learning_runs import run_shipped_config
 
 
 @pytest.mark.slow
 def test_grpo_code_interpreter_learns_to_run_the_right_program():
-    config = grpo_code_interpreter.get_config()
-    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
-    result.pop("rl_history")
-    print(result)
+    result = run_shipped_config("grpo_code_interpreter")
     assert result["random_sampled"][0] < 0.05
     assert result["oracle"][0] == 1.0
     # Skips the tool 30 % of the time, writes a buggy program 20 %: 0.56 expected.

@@ -3,6 +3,7 @@ sequences (hypothesis), every generated level solvable (a Python breadth-first s
 the oracle), rendering round trip, hand-computed gym-sokoban rewards, oracle and
 demonstrator success, fuzzing, per-row difficulty and a BPE codec."""
 
+import functools
 from collections import Counter, deque
 
 import jax
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 import arl.envs as E
 from arl.envs import sokoban
 from arl.envs.base import TokenChunk
+from tests.envs.helpers import corrupted_turns
 
 BATCH = 256
 ENV = E.Sokoban()
@@ -344,19 +346,8 @@ def test_fuzz_random_actions():
     """40 steps x 256 rows of garbage and corrupted oracle turns: no NaN, rewards within
     reward_bounds, finished rows unchanged, truncation at max_turns."""
     low, high = (float(b) for b in ENV.reward_bounds(PARAMS))
-    size = ENV.action_len
-
-    @jax.jit
-    def corrupt(key, oracle):
-        k_tok, k_len, k_mask, k_cut = jax.random.split(key, 4)
-        garbage = jax.random.randint(k_tok, (BATCH, size), -3, CODEC.vocab_size + 3)
-        lengths = jax.random.randint(k_len, (BATCH,), -2, size + 3)
-        mixed = jnp.where(jax.random.bernoulli(k_mask, 0.05, (BATCH, size)), garbage,
-                          oracle.tokens)
-        cut = jnp.where(jax.random.bernoulli(k_cut, 0.2, (BATCH,)), lengths, oracle.length)
-        use_garbage = (jnp.arange(BATCH) % 2) == 0
-        return TokenChunk(jnp.where(use_garbage[:, None], garbage, mixed),
-                          jnp.where(use_garbage, lengths, cut))
+    corrupt = jax.jit(functools.partial(corrupted_turns, vocab_size=CODEC.vocab_size,
+                                        garbage_prob=0.05))
 
     key = jax.random.key(7)
     state, _ = RESET(jax.random.split(key, BATCH), PARAMS)
