@@ -17,6 +17,8 @@ and Adam moments, every layer rematerialised, log-probs in chunks of 128 positio
 
     python benchmarks/real_sizes.py                     # 3 shapes x 4 layouts (~45 min here)
     python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" --no-write
+    python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" \
+        --context-turns 15,30,60,120                    # memory against context, 1k-8k
     python benchmarks/real_sizes.py --step              # one real 0.5B step, 8 CPU devices
     python benchmarks/real_sizes.py --tiny --no-write   # the smoke-test size
 
@@ -134,10 +136,17 @@ def estimate(trainer) -> dict[str, int]:
                    backward pass to the embedding's
       residuals  = L b S D (a + 4)            the residual stream saved at each layer
                    (remat), and the float32 copy XLA:CPU keeps for the RMSNorm
-      layer      = 3 b (H/t) S^2 4            the backward pass of one (recomputed)
-                 + 2 W_layer/t (p + 4)        layer: attention scores, probabilities
-                   and their gradient in float32; the layer's gathered weights and their
-                   float32 gradient, twice (this iteration's and the next one's)
+      layer      = attention                  the backward pass of one (recomputed)
+                 + 2 W_layer/t (p + 4)        layer: its attention's working set; the
+                   layer's gathered weights and their float32 gradient, twice (this
+                   iteration's and the next one's). Dense attention (the model's
+                   `attention` resolves to "dense" up to one block of
+                   `attention_block` tokens): attention = 3 b (H/t) S^2 4, the scores,
+                   probabilities and their gradient in float32. Blocked attention
+                   (beyond one block; blocks of c, `attention.block_layout`):
+                   attention = 3 b (H/t) c^2 4 + b (H/t) S Dh 4, one block pair's
+                   scores, probabilities and their gradient, and the float32 dq the
+                   backward pass accumulates over the key blocks
       logits     = 2 b c (V/t) 4              the loss head's backward pass: one chunk's
                                               float32 logits and their gradient
       rollout    = 2 L b S (K/t) Dh a         the KV cache, one decode step's logits
@@ -152,6 +161,8 @@ def estimate(trainer) -> dict[str, int]:
     """
     import jax
     import jax.numpy as jnp
+
+    from arl.models import attention as attention_lib
 
     cfg = trainer.model.config
     mesh = trainer.mesh
@@ -172,12 +183,18 @@ def estimate(trainer) -> dict[str, int]:
                      + 3 * cfg.d_model * cfg.mlp_dim)
     layer_weights //= tensor
     chunk = min(trainer.policy.logprob_chunk or seq, seq)
+    if attention_lib.resolve_implementation(cfg.attention, seq, cfg.attention_block) == "dense":
+        attention_bytes = 3 * rows * heads * seq * seq * 4
+    else:
+        block, _ = attention_lib.block_layout(seq, cfg.attention_block)
+        attention_bytes = (3 * rows * heads * block * block * 4
+                           + rows * heads * seq * cfg.resolved_head_dim * 4)
     terms = {
         "state": params_per_device * (p + master + 8),
         "gradients": params_per_device * (p + 4),
         "vocabulary": vocab * cfg.d_model * (2 * p + 12),
         "residuals": cfg.num_layers * rows * seq * cfg.d_model * (a + 4),
-        "layer": 3 * rows * heads * seq * seq * 4 + 2 * layer_weights * (p + 4),
+        "layer": attention_bytes + 2 * layer_weights * (p + 4),
         "logits": 2 * rows * chunk * vocab * 4,
         "rollout": (2 * cfg.num_layers * rows * seq * kv_heads * cfg.resolved_head_dim * a
                     + rows * vocab * 4 + matrices * vocab * cfg.d_model * p),
@@ -253,32 +270,35 @@ def compile_in_subprocesses(args) -> list[dict]:
     and points already in it are not compiled again (a long sweep can be resumed)."""
     done = load_results(args.json) if args.json and os.path.exists(args.json) else []
     results = list(done)
-    for shape in args.shapes.split(","):
-        for mesh in parse_meshes(args.meshes):
-            if any(r["shape"] == shape and tuple(r["mesh"]) == mesh for r in done):
-                continue
-            devices = math.prod(mesh)
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker",
-                   "--devices", str(devices), "--shapes", shape,
-                   "--meshes", ",".join(map(str, mesh)),
-                   "--num-tasks", str(args.num_tasks), "--group-size", str(args.group_size),
-                   "--max-turns", str(args.max_turns)]
-            print(f"[real_sizes] {shape} {mesh} on {devices} devices", flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR,
-                                  check=False)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stderr[-4000:])
-                raise SystemExit(f"worker for {shape} {mesh} failed (exit {proc.returncode})")
-            for line in proc.stdout.splitlines():
-                if line.startswith("RESULT "):
-                    result = json.loads(line[len("RESULT "):])
-                    result["remat_warnings"] = proc.stderr.count(
-                        "Involuntary full rematerialization")
-                    print(f"[real_sizes]   {summary_line(result)}", flush=True)
-                    results.append(result)
-                    if args.json:
-                        with open(args.json, "a", encoding="utf-8") as f:
-                            f.write(json.dumps(result) + "\n")
+    points = [(shape, mesh, turns) for shape in args.shapes.split(",")
+              for mesh in parse_meshes(args.meshes) for turns in parse_turns(args)]
+    for shape, mesh, turns in points:
+        if any(r["shape"] == shape and tuple(r["mesh"]) == mesh
+               and r.get("max_turns", 15) == turns for r in done):
+            continue
+        devices = math.prod(mesh)
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker",
+               "--devices", str(devices), "--shapes", shape,
+               "--meshes", ",".join(map(str, mesh)),
+               "--num-tasks", str(args.num_tasks), "--group-size", str(args.group_size),
+               "--max-turns", str(turns)]
+        print(f"[real_sizes] {shape} {mesh}, {turns} turns, on {devices} devices",
+              flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_DIR,
+                              check=False)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            raise SystemExit(f"worker for {shape} {mesh} failed (exit {proc.returncode})")
+        for line in proc.stdout.splitlines():
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+                result["remat_warnings"] = proc.stderr.count(
+                    "Involuntary full rematerialization")
+                print(f"[real_sizes]   {summary_line(result)}", flush=True)
+                results.append(result)
+                if args.json:
+                    with open(args.json, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(result) + "\n")
     return results
 
 
@@ -314,14 +334,14 @@ def table(results: list[dict]) -> str:
     sys.path.insert(0, BENCH_DIR)
     import common  # pylint: disable=g-import-not-at-top
 
-    header = ["shape", "mesh (d, f, t)", "rows / device", "arguments", "outputs",
+    header = ["shape", "mesh (d, f, t)", "context", "rows / device", "arguments", "outputs",
               "aliased", "temps", "compiler total", "estimate", "error"]
     header += [f"fits {s} GiB" for s in SLICES_GIB]
     header += ["lower + compile (s)"]
     rows = []
     for r in results:
         c, d, f = r["compiler"], r["mesh"][0], r["mesh"][1]
-        rows.append([r["shape"], str(tuple(r["mesh"])), r["batch"] // (d * f),
+        rows.append([r["shape"], str(tuple(r["mesh"])), r["context"], r["batch"] // (d * f),
                      gib(c["arguments"]), gib(c["outputs"]), gib(c["aliased"]),
                      gib(c["temps"]), gib(c["total"]), gib(r["estimate"]["total"]),
                      f"{100 * relative_error(r):+.0f}%"]
@@ -330,14 +350,37 @@ def table(results: list[dict]) -> str:
     return common.markdown_table(header, rows)
 
 
+def context_slopes(results: list[dict]) -> str:
+    """d log(memory) / d log(context) of each (shape, layout) compiled at several
+    contexts, from the shortest context of at least 1k tokens to the longest: the whole
+    step's per-device total and its temporaries (activations, KV cache and working sets;
+    the total also holds the parameters and optimizer state, which do not grow)."""
+    lines = []
+    for key in dict.fromkeys((r["shape"], tuple(r["mesh"])) for r in results):
+        points = sorted((r for r in results if (r["shape"], tuple(r["mesh"])) == key),
+                        key=lambda r: r["context"])
+        long_enough = [r for r in points if r["context"] >= 1000] or points
+        lo, hi = long_enough[0], long_enough[-1]
+        if hi["context"] == lo["context"]:
+            continue
+        span = math.log(hi["context"] / lo["context"])
+        slope = {kind: math.log(hi["compiler"][kind] / lo["compiler"][kind]) / span
+                 for kind in ("total", "temps")}
+        lines.append(f"- {key[0]} {key[1]}, context {lo['context']} -> {hi['context']}: "
+                     f"slope of the total {slope['total']:.2f}, of the temporaries "
+                     f"{slope['temps']:.2f}")
+    return "\n".join(lines)
+
+
 def terms_table(results: list[dict]) -> str:
     sys.path.insert(0, BENCH_DIR)
     import common  # pylint: disable=g-import-not-at-top
 
     names = ("state", "gradients", "vocabulary", "residuals", "layer", "logits", "rollout")
-    rows = [[r["shape"], str(tuple(r["mesh"]))] + [gib(r["estimate"][n]) for n in names]
-            for r in results]
-    return common.markdown_table(["shape", "mesh"] + [f"{n} (GiB)" for n in names], rows)
+    rows = [[r["shape"], str(tuple(r["mesh"])), r["context"]]
+            + [gib(r["estimate"][n]) for n in names] for r in results]
+    return common.markdown_table(["shape", "mesh", "context"]
+                                 + [f"{n} (GiB)" for n in names], rows)
 
 
 # ---------------------------------------------------------------------------- one real step
@@ -443,6 +486,21 @@ def accelerator_report(results: list[dict], args) -> str:
 
 
 # ---------------------------------------------------------------------------- main
+def parse_turns(args) -> list[int]:
+    """The episode lengths to compile: `--context-turns` (a context sweep) or
+    `--max-turns`."""
+    if not args.context_turns:
+        return [args.max_turns]
+    try:
+        turns = [int(x) for x in args.context_turns.split(",")]
+    except ValueError:
+        turns = []
+    if not turns or min(turns) < 1:
+        raise SystemExit(f"--context-turns: {args.context_turns!r} is not a comma-separated "
+                         "list of positive turn counts")
+    return turns
+
+
 def parse_meshes(text: str) -> list[tuple[int, int, int]]:
     meshes = []
     for item in text.split(";"):
@@ -464,6 +522,10 @@ def main(argv=None):
     parser.add_argument("--num-tasks", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-turns", type=int, default=15)
+    parser.add_argument("--context-turns", default="",
+                        help="a context sweep: compile each shape and layout at each of "
+                             "these episode lengths (e.g. 15,30,60,120: contexts ~1k-8k) "
+                             "and report the memory slopes")
     parser.add_argument("--tiny", action="store_true", help="the smoke-test shape")
     parser.add_argument("--step", action="store_true",
                         help="run one real train step of the first shape on 8 CPU devices")
@@ -527,16 +589,19 @@ def report(results: list[dict], args) -> str:
     first = results[0]
     within = sum(abs(relative_error(r)) <= TOLERANCE for r in results)
     warnings = sum(r.get("remat_warnings", 0) for r in results)
+    contexts = ", ".join(str(c) for c in sorted({r["context"] for r in results}))
+    slopes = context_slopes(results)
+    slopes = f"\n\nMemory against context (log-log):\n\n{slopes}" if slopes else ""
     return (f"### `benchmarks/real_sizes.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}.\n\n"
             f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
-            f"{args.group_size} = {first['batch']} episodes, context {first['context']}; "
+            f"{args.group_size} = {first['batch']} episodes, context {contexts}; "
             f"fake CPU devices, lowered and compiled from the abstract state (nothing "
             f"allocated). GiB per device; compiler total = arguments + outputs - aliased + "
             f"temps; error = (estimate - compiler) / compiler. {within} of {len(results)} "
             f"within {100 * TOLERANCE:.0f}%; XLA \"involuntary full rematerialization\" "
-            f"warnings: {warnings}.\n\n{table(results)}\n\nEstimate by term (GiB per "
-            f"device):\n\n{terms_table(results)}\n")
+            f"warnings: {warnings}.\n\n{table(results)}{slopes}\n\nEstimate by term "
+            f"(GiB per device):\n\n{terms_table(results)}\n")
 
 
 def write_step(result: dict) -> None:

@@ -231,5 +231,32 @@ def test_benchmark_tiny_step_compiles_without_remat_warnings_and_trains(bench, c
               "compiler": {"arguments": 1, "outputs": 1, "aliased": 1, "temps": 1,
                            "total": 2 ** 30}, "estimate": dict(terms, total=2 ** 30),
               "lower_s": 1.0, "compile_s": 2.0}
-    assert "| tiny | (1, 4, 2) | 2 |" in bench.table([result])
+    assert "| tiny | (1, 4, 2) | 36 | 2 |" in bench.table([result])
     assert bench.relative_error(result) == 0 and bench.fits(result, 16)
+
+
+def test_estimate_counts_the_blocked_attention_working_set(bench):
+    """Beyond one block the layer term holds one block pair's three float32 [b, H, c, c]
+    arrays and the float32 dq [b, H, S, Dh], not the dense [b, H, S, S] scores."""
+    config = bench.make_config("tiny", (1, 1, 1), num_tasks=2, group_size=4)
+    dense = bench.estimate(bench.make_trainer(config))
+    config.model.attention_block = 16
+    trainer = bench.make_trainer(config)
+    blocked = bench.estimate(trainer)
+    cfg, rows, seq = trainer.model.config, 8, trainer.context_length
+    assert seq == 36  # block_layout(36, 16): 3 blocks of 16
+    weights = dense["layer"] - 3 * rows * cfg.num_heads * seq * seq * 4
+    assert blocked["layer"] - weights == (3 * rows * cfg.num_heads * 16 * 16 * 4
+                                         + rows * cfg.num_heads * seq * cfg.resolved_head_dim * 4)
+
+
+def test_context_slopes_from_the_shortest_context_of_at_least_1k(bench):
+    def point(context, total_gib, temps_gib):
+        return {"shape": "s", "mesh": [1, 8, 1], "context": context,
+                "compiler": {"total": total_gib * 2 ** 30, "temps": temps_gib * 2 ** 30}}
+
+    results = [point(4000, 5, 4), point(500, 1.5, 0.5), point(1000, 2, 1)]
+    # log(4) / log(4) = 1.00 for the temporaries; log(5 / 2) / log(4) = 0.66 for the total
+    assert bench.context_slopes(results) == (
+        "- s (1, 8, 1), context 1000 -> 4000: slope of the total 0.66, of the temporaries 1.00")
+    assert bench.context_slopes(results[:1]) == ""
