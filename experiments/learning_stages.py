@@ -139,6 +139,26 @@ def write_curve_csv(path: str, curve: list[dict[str, float]]) -> None:
             f.write(",".join([str(i + 1)] + [f"{row[n]:.6g}" for n in names]) + "\n")
 
 
+def stage1_params(trainer: TokenTrainer, init_params, *, steps: int, batch_size,
+                  learning_rate, source, sft_cache: str = "", log=print):
+    """Stage 1's policy params: read from `sft_cache` when it exists (and was written for
+    this stage 1), else `steps` SFT steps from the trainer's initial params (written to
+    `sft_cache` if named). The value head is then made to match `init_params` (the
+    trainer's: a critic-free run's cache serves PPO, whose head starts as initialised)."""
+    config = trainer.config
+    fingerprint = stage1_fingerprint(config, steps=steps, batch_size=batch_size,
+                                     learning_rate=learning_rate, source=source)
+    if sft_cache and os.path.exists(sft_cache):  # a tuning aid: reuse stage 1
+        params = read_stage1_cache(sft_cache, fingerprint, log=log)
+    else:
+        params = warm_start_lib.sft_warm_start(
+            trainer, steps, seed=config.seed, batch_size=batch_size,
+            learning_rate=learning_rate, source=source, log=log)
+        if sft_cache:
+            write_stage1_cache(sft_cache, fingerprint, params)
+    return warm_start_lib.match_value_head(params, init_params)
+
+
 def run_stages(config, *, sft_steps: int | None = None, rl_steps: int | None = None,
                log=print, eval_rounds: int = 4, sft_batch: int | None = None, sft_lr=None,
                sft_cache: str = ""):
@@ -169,18 +189,9 @@ def run_stages(config, *, sft_steps: int | None = None, rl_steps: int | None = N
     log(f"baselines {json.dumps(out)}")
 
     t0 = time.time()
-    fingerprint = stage1_fingerprint(config, steps=sft_steps, batch_size=sft_batch,
-                                     learning_rate=sft_lr, source=ws["source"])
-    if sft_cache and os.path.exists(sft_cache):  # a tuning aid: reuse stage 1
-        params = read_stage1_cache(sft_cache, fingerprint, log=log)
-    else:
-        params = warm_start_lib.sft_warm_start(
-            trainer, sft_steps, seed=config.seed, batch_size=sft_batch,
-            learning_rate=sft_lr, source=ws["source"], log=log)
-        if sft_cache:
-            write_stage1_cache(sft_cache, fingerprint, params)
-    # A cache written by a critic-free run lacks PPO's value head (or has one too many).
-    params = warm_start_lib.match_value_head(params, init_params)
+    params = stage1_params(trainer, init_params, steps=sft_steps, batch_size=sft_batch,
+                           learning_rate=sft_lr, source=ws["source"], sft_cache=sft_cache,
+                           log=log)
     del init, init_params
     out["sft_wall_s"] = time.time() - t0
     for mode in ("sampled", "greedy"):
