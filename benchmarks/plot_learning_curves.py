@@ -3,8 +3,8 @@
     python -m benchmarks.plot_learning_curves --out=benchmarks/learning_curves.png \
         benchmarks/learning_curves/ppo_sokoban_seed0.csv ...
 
-One panel per CSV: the rollouts' success per RL step (light) and its 10-step moving mean
-(dark); for a mixture also each member's 10-step mean (`success_rate/<i>_<name>`).
+One panel per CSV: the rollouts' success per RL step (grey) and its 10-step moving mean
+(black); for a mixture also each member's 10-step mean (`success_rate/<i>_<name>`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def main():
     for ax, path in zip(axes.flat, args.csv):
         curve = read_curve(path)
         steps = curve["step"]
-        ax.plot(steps, curve["success_rate"], color="tab:blue", alpha=0.25, lw=0.8)
-        ax.plot(steps, moving_mean(curve["success_rate"]), color="tab:blue", lw=1.8,
+        ax.plot(steps, curve["success_rate"], color="black", alpha=0.2, lw=0.8)
+        ax.plot(steps, moving_mean(curve["success_rate"]), color="black", lw=1.8,
                 label="all")
         for name in sorted(k for k in curve if k.startswith("success_rate/")):
             ax.plot(steps, moving_mean(curve[name]), lw=1.2, label=name.split("/", 1)[1])
