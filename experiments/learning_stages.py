@@ -4,7 +4,7 @@ r"""Two-stage learning demonstration (docs/learning.md): SFT on the environment'
 Reports, on the same fresh tasks: the random (untrained) policy, the demonstrator, the
 oracle, the policy after SFT alone and after SFT + RL, sampled (temperature 1) and greedy;
 for a mixture (`env.name = "mixture"`) also each member's success (`*_members`). The RL
-stage's per-step rollout metrics are the curve (`--curve_csv`).
+stage's per-step metrics are the curve (`--curve_csv`).
 
     python -m experiments.learning_stages --config=configs/grpo_guess_number.py \
         --sft_steps=200 --config.train_steps=200
@@ -36,8 +36,8 @@ from arl import rollout as rollout_lib
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers import TokenTrainer
 
-# Per-step rollout metrics kept in `run_stages`'s "rl_curve" (besides success, overall
-# and per member).
+# Per-step metrics kept in `run_stages`'s "rl_curve" besides success (overall and per
+# member): the rollouts' and, where the algorithm logs them, the update's.
 CURVE_METRICS = ("reward_mean", "turns_mean", "entropy", "format_error_rate",
                  "response_tokens_mean", "loss/policy", "loss/value", "grad_norm")
 
@@ -130,8 +130,8 @@ def write_stage1_cache(path: str, fingerprint: str, params) -> None:
 
 
 def write_curve_csv(path: str, curve: list[dict[str, float]]) -> None:
-    """The RL stage's per-step rollout metrics, one row per step (columns: step, then
-    the metric names of the first row)."""
+    """The RL stage's per-step metrics (`run_stages`'s "rl_curve"), one row per step
+    (columns: step, then the metric names of the first row)."""
     names = list(curve[0]) if curve else []
     with open(path, "w") as f:
         f.write(",".join(["step"] + names) + "\n")
@@ -274,7 +274,7 @@ if __name__ == "__main__":
                        "SFT learning rate (0: config.warm_start, else optim.learning_rate).")
     flags.DEFINE_string("sft_cache", "", "Pickle of the stage-1 params (read if present and "
                         "written for the same stage 1, written otherwise).")
-    flags.DEFINE_string("curve_csv", "", "Write the RL stage's per-step rollout metrics "
-                        "(success, per mixture member too) to this CSV.")
+    flags.DEFINE_string("curve_csv", "", "Write the RL stage's per-step metrics (rollout "
+                        "success, per mixture member too; losses) to this CSV.")
     flags.mark_flags_as_required(["config"])
     cli.run(main)
