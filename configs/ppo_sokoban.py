@@ -15,8 +15,10 @@ the shared trunk and PPO *degrades* the SFT policy (0.18 / 0.43 -> 0.12 / 0.26);
 Measured (seed 0, shared 2-core CPU at load average ~5, SFT weights shared with
 `grpo_sokoban`; `experiments.learning_stages`, 256 fresh levels, sampled / greedy): the
 model 0.18 / 0.43 after SFT and 0.51 / 0.71 after SFT + PPO (GRPO: 0.29 / 0.53); the
-rollouts' success rises from 0.19 over RL steps 1-10 to 0.48 over steps 91-100; the
-demonstrator stays ahead sampled (0.73).
+rollouts' success rises from 0.18 over RL steps 1-10 to 0.48 over steps 91-100; the
+demonstrator stays ahead sampled (0.73). Seed 0 is the best of three: with its own stage
+1, seed 1 went from 0.12 / 0.21 to 0.16 / 0.26 and seed 2 from 0.13 / 0.20 to 0.26 / 0.43
+(GRPO from the same weights: 0.18 / 0.33 and 0.20 / 0.36).
 
     python -m experiments.learning_stages --config=configs/ppo_sokoban.py
 

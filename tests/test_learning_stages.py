@@ -135,3 +135,21 @@ def test_a_cache_of_another_stage_1_is_refused(grpo_run, tmp_path):
     loaded = learning_stages.read_stage1_cache(str(bare), _fingerprint(c), log=lines.append)
     assert len(lines) == 1 and "no stage-1 fingerprint" in lines[0]
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, loaded), params)
+
+
+def test_the_plot_script_reads_the_curve_and_averages_over_ten_steps(grpo_run, tmp_path,
+                                                                    monkeypatch):
+    from benchmarks import plot_learning_curves as plot
+
+    values = np.array([1.0, 0.0, 0.5, 0.25] * 5)
+    naive = [np.mean(values[max(0, i - 9):i + 1]) for i in range(len(values))]
+    np.testing.assert_allclose(plot.moving_mean(values), naive)
+    result, _ = grpo_run
+    path = tmp_path / "mixture.csv"
+    learning_stages.write_curve_csv(str(path), result["rl_curve"])
+    curve = plot.read_curve(str(path))
+    assert set(curve) >= {"step", "success_rate", *(f"success_rate/{m}" for m in MEMBERS)}
+    out = tmp_path / "curves.png"
+    monkeypatch.setattr("sys.argv", ["plot", "--out", str(out), str(path)])
+    plot.main()
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
