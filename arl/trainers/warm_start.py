@@ -123,7 +123,7 @@ def start_state(trainer, params, state=None):
     """
     state = trainer.init_state() if state is None else state
     current = state.base_params if trainer.lora is not None else state.params
-    params = _match_value_head(params, current)
+    params = match_value_head(params, current)
     shardings = trainer.state_shardings()
     param_shardings = (shardings.base_params if trainer.lora is not None
                        else shardings.params)
@@ -144,9 +144,10 @@ def start_state(trainer, params, state=None):
     return state
 
 
-def _match_value_head(params, current):
+def match_value_head(params, current):
     """`params` with the value head `current` has or lacks: one SFT run serves PPO (whose
-    critic head starts as initialised) and the critic-free algorithms (head dropped)."""
+    critic head starts as `current`'s, as initialised) and the critic-free algorithms
+    (head dropped)."""
     if not isinstance(params, dict) or not isinstance(current, dict):
         return params
     if "value_head" in current and "value_head" not in params:
