@@ -277,7 +277,8 @@ def test_default_config_is_valid(tmp_path):
 
 _SHIPPED = ["ppo_cartpole", "grpo_bandit", "grpo_guess_number", "grpo_calculator",
             "erpo_mixture", "ppo_guess_number", "vineppo_guess_number", "grpo_word_problems",
-            "grpo_sokoban", "grpo_countdown", "ppo_countdown", "ppo_sokoban", "erpo_games"]
+            "grpo_sokoban", "grpo_countdown", "ppo_countdown", "ppo_sokoban", "erpo_games",
+            "ppo_word_problems"]
 
 
 @pytest.mark.parametrize("name", _SHIPPED)
