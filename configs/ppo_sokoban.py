@@ -32,7 +32,6 @@ from configs import recipes
 
 def get_config():
     c = config_lib.default_config()  # a 2-layer d_model-64 decoder
-    c.algorithm = "ppo"
     c.env.name = "sokoban"
     c.env.kwargs.max_size = 5
     c.env.kwargs.max_boxes = 1
@@ -40,16 +39,7 @@ def get_config():
     c.env.kwargs.max_actions_per_turn = 3
     c.env.params.step_reward = 0.0  # as grpo_sokoban
     c.train_steps = 100
-    c.rollout.num_tasks = 64
-    c.rollout.group_size = 1  # a critic needs no groups
-    c.updates.epochs = 2
-    c.updates.minibatches = 2
-    c.advantage.gamma = 1.0
-    c.advantage.lam = 0.95
-    c.advantage.turn_level = True
-    c.advantage.turn_gamma = 0.95
-    c.advantage.whiten = True
-    c.loss.value_coef = 0.05  # returns of ~11: see the docstring
+    recipes.critic_ppo(c, value_coef=0.05)  # returns of ~11: see the docstring
     recipes.warm_start(c, steps=300, batch=64)  # stage 1: clone the demonstrator
     recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: PPO alone
     return c

@@ -22,21 +22,11 @@ Measured numbers: benchmarks/RESULTS.md, "Learning: Sokoban and Countdown" (the 
 PPO with a critic on every new environment).
 """
 
-from configs import grpo_word_problems
+from configs import grpo_word_problems, recipes
 
 
 def get_config():
     c = grpo_word_problems.get_config()  # env, model and stage 1 of the GRPO config
-    c.algorithm = "ppo"
-    c.rollout.num_tasks = 64
-    c.rollout.group_size = 1  # a critic needs no groups
-    c.updates.epochs = 2
-    c.updates.minibatches = 2
-    c.advantage.gamma = 1.0
-    c.advantage.lam = 0.95
-    c.advantage.turn_level = True
-    c.advantage.turn_gamma = 0.95
-    c.advantage.whiten = True
-    c.loss.value_coef = 0.5
+    recipes.critic_ppo(c)  # 64 tasks x 1, turn-level GAE, value_coef 0.5
     c.loss.sft_coef = 0.0  # PPO alone, as ppo_countdown and ppo_sokoban
     return c

@@ -51,3 +51,23 @@ def gentle_rl(c: ml_collections.ConfigDict, *, learning_rate: float = 3e-4,
     c.optim.warmup_steps = warmup_steps
     c.optim.schedule = "constant"
     return c
+
+
+def critic_ppo(c: ml_collections.ConfigDict, *, value_coef: float = 0.5,
+               num_tasks: int = 64) -> ml_collections.ConfigDict:
+    """PPO with a value head on multi-turn token tasks: `num_tasks` tasks x 1 sample (a
+    critic needs no groups), 2 epochs x 2 minibatches, undiscounted turn-level GAE
+    (lam 0.95, turn_gamma 0.95), whitened advantages, the value loss weighted by
+    `value_coef` (lower it when returns are large: the value head shares the trunk)."""
+    c.algorithm = "ppo"
+    c.rollout.num_tasks = num_tasks
+    c.rollout.group_size = 1
+    c.updates.epochs = 2
+    c.updates.minibatches = 2
+    c.advantage.gamma = 1.0
+    c.advantage.lam = 0.95
+    c.advantage.turn_level = True
+    c.advantage.turn_gamma = 0.95
+    c.advantage.whiten = True
+    c.loss.value_coef = value_coef
+    return c
