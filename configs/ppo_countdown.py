@@ -18,19 +18,11 @@ Measured numbers: benchmarks/RESULTS.md, "Learning: Sokoban and Countdown"; test
 tests/test_learning_games_slow.py.
 """
 
-from arl import config as config_lib
-from configs import recipes
+from configs import grpo_countdown, recipes
 
 
 def get_config():
-    c = config_lib.default_config()  # a 2-layer d_model-64 decoder
-    c.env.name = "countdown"
-    c.env.kwargs.max_numbers = 3
-    c.env.kwargs.max_number = 9
-    c.env.kwargs.max_target = 100
-    c.env.kwargs.max_turns = 2
-    c.train_steps = 100
+    c = grpo_countdown.get_config()  # env, model, steps and stage 1 of the GRPO config
     recipes.critic_ppo(c)  # 64 tasks x 1, turn-level GAE, value_coef 0.5
-    recipes.warm_start(c, steps=300, batch=64)  # stage 1: clone the demonstrator
-    recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: PPO alone
+    c.loss.sft_coef = 0.0  # PPO alone: no SFT floor in stage 2
     return c

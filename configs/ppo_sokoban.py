@@ -26,20 +26,11 @@ Measured numbers and curves: benchmarks/RESULTS.md, "Learning: Sokoban and Count
 test: tests/test_learning_games_slow.py.
 """
 
-from arl import config as config_lib
-from configs import recipes
+from configs import grpo_sokoban, recipes
 
 
 def get_config():
-    c = config_lib.default_config()  # a 2-layer d_model-64 decoder
-    c.env.name = "sokoban"
-    c.env.kwargs.max_size = 5
-    c.env.kwargs.max_boxes = 1
-    c.env.kwargs.max_turns = 3
-    c.env.kwargs.max_actions_per_turn = 3
-    c.env.params.step_reward = 0.0  # as grpo_sokoban
-    c.train_steps = 100
+    c = grpo_sokoban.get_config()  # env, model, steps and stage 1 of the GRPO config
     recipes.critic_ppo(c, value_coef=0.05)  # returns of ~11: see the docstring
-    recipes.warm_start(c, steps=300, batch=64)  # stage 1: clone the demonstrator
-    recipes.gentle_rl(c, learning_rate=3e-4, warmup_steps=10)  # stage 2: PPO alone
+    c.loss.sft_coef = 0.0  # PPO alone: no SFT floor in stage 2
     return c
