@@ -68,11 +68,15 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
 from arl import rollout as rollout_lib  # noqa: E402
+from arl.host import allocator  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
 
 PEERS = ("arl", "trl", "tunix")
+ALLOCATOR_CHOICES = ("arl", "all", "none")
+# glibc tunables equal to `arl.host.allocator.keep_freed_memory()`, for the peers' workers.
+PEER_MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=" + str(2**63)
 WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
 # What each peer's virtual environment installs (pip arguments). torch is pinned to the
 # CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
@@ -325,7 +329,7 @@ class WorkerRunner:
 
     def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
                  warmup: int, log_path: str, timeout: float, torch_threads: int = 0,
-                 script: str | None = None):
+                 script: str | None = None, keep_freed_memory: bool = False):
         self.name = peer
         self.timeout = timeout
         self._log = open(log_path, "w", encoding="utf-8")
@@ -334,6 +338,9 @@ class WorkerRunner:
         env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
+        if keep_freed_memory:
+            # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts.
+            env["GLIBC_TUNABLES"] = PEER_MALLOC_TUNABLES
         if torch_threads > 0:
             env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
             env["OMP_NUM_THREADS"] = str(torch_threads)
@@ -408,7 +415,8 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
-                                      log_path, args.step_timeout, args.torch_threads)
+                                      log_path, args.step_timeout, args.torch_threads,
+                                      keep_freed_memory=args.allocator == "all")
             runners.append(runner)
         except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
             failures.append((setting.name, peer, f"{type(e).__name__}: {e}".splitlines()[0]))
@@ -540,6 +548,11 @@ def main(argv=None):
                         help="intra-op threads of the TRL worker's torch (0: torch's default, "
                              "one per core). On a loaded 2-core machine torch's 2 OpenMP "
                              "threads stall each other; 1 shows TRL without that penalty")
+    parser.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="arl",
+                        help="which sides keep freed memory mapped (glibc: no mmap'd "
+                             "blocks, no heap trimming; arl.host.allocator): 'arl' (as "
+                             "arl's CLI runs; the peers as installed), 'all' (the peers "
+                             "too, through GLIBC_TUNABLES), 'none'")
     parser.add_argument("--record", action="store_true",
                         help="append the tables to benchmarks/RESULTS.md and write "
                              "benchmarks/peers_results.json")
@@ -562,6 +575,16 @@ def main(argv=None):
     def log(text):
         print(text, flush=True)
 
+    arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
+    allocator_line = {
+        "arl": "arl keeps freed memory mapped as its training CLI does "
+               "(`arl.host.allocator`), the peers run with glibc's defaults",
+        "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
+               f"GLIBC_TUNABLES={PEER_MALLOC_TUNABLES})",
+        "none": "every side runs with glibc's malloc defaults"}[args.allocator]
+    if args.allocator != "none" and not arl_keeps_freed_memory:
+        allocator_line += " (not applied: the C library is not glibc)"
+    log(f"allocator: {allocator_line}")
     load_start = common.load_average()
     log(f"machine: {common.machine_line()}")
     if load_start > LOAD_WARNING:
@@ -608,7 +631,8 @@ def main(argv=None):
             f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
             f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
-            f"side; TRL's torch threads: {threads}; rollout = generation alone (arl: its "
+            f"side; TRL's torch threads: {threads}; host allocator: {allocator_line}; "
+            f"rollout = generation alone (arl: its "
             f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
             f"/ update time, against the measured float32 matmul peak of {peak / 1e9:.1f} "
@@ -623,6 +647,7 @@ def main(argv=None):
         with open(out, "w", encoding="utf-8") as f:
             json.dump(dict(date=common.utc_now(), machine=common.machine_line(),
                            load_start=load_start, load_end=load_end, peak_flops=peak,
+                           allocator=args.allocator,
                            install=install_notes, failures=failures, results=results),
                       f, indent=1, default=str)
         log(f"recorded: RESULTS.md section and {out}")

@@ -36,6 +36,7 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
+from arl.host import allocator
 from arl.host import checkpoint as checkpoint_lib
 from arl.host import writers as writers_lib
 
@@ -88,6 +89,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       `arl.host.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
+    allocator.keep_freed_memory_unless_disabled()
     trainer = trainers_lib.build(config)  # may still refuse the config: before any output
     os.makedirs(workdir, exist_ok=True)
     total = config.train_steps

@@ -35,6 +35,10 @@ from flax import struct
 
 from arl.models.transformer import KVCache, Transformer
 
+# Most elements (max_new_tokens x rows x vocabulary) of Gumbel noise `generate` draws ahead
+# of decoding; beyond it (large vocabularies) each step draws its own.
+PRECOMPUTED_NOISE_LIMIT = 1 << 24
+
 
 def _check_temperature(temperature):
     if isinstance(temperature, numbers.Number) and not temperature > 0:
@@ -89,14 +93,19 @@ def truncation_mask(scaled_logits: jax.Array, *, top_k: int = 0, top_p=1.0) -> j
     return keep
 
 
-def sample_from_logits(key: jax.Array, logits: jax.Array, *, temperature=1.0, top_k: int = 0,
-                       top_p=1.0, greedy: bool = False) -> tuple[jax.Array, jax.Array]:
+def sample_from_logits(key: jax.Array | None, logits: jax.Array, *, temperature=1.0,
+                       top_k: int = 0, top_p=1.0, greedy: bool = False,
+                       gumbel: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Draw one token per row. logits [B, V] -> (tokens int32 [B], logp float32 [B]).
 
     logp = log_softmax(logits / temperature)[token] in float32 (truncation not reflected;
     see the module docstring). greedy: token = argmax(logits) (first index on ties), logp
     computed the same way. temperature and top_p: Python float or array [] / [B];
     top_k, greedy: static.
+
+    gumbel: optional float32 [B, V] noise `jax.random.gumbel(key, (B, V))` drawn ahead
+    (key is then unused); the token is the same as `jax.random.categorical(key, ...)`
+    draws, which is argmax(logits + that noise).
     """
     _check_temperature(temperature)
     _check_top_k(top_k)
@@ -108,7 +117,12 @@ def sample_from_logits(key: jax.Array, logits: jax.Array, *, temperature=1.0, to
         tokens = jnp.argmax(scaled, axis=-1)
     else:
         keep = truncation_mask(scaled, top_k=top_k, top_p=top_p)
-        tokens = jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf), axis=-1)
+        allowed = jnp.where(keep, scaled, -jnp.inf)
+        if gumbel is None:
+            tokens = jax.random.categorical(key, allowed, axis=-1)
+        else:
+            chex.assert_equal_shape((gumbel, logits))
+            tokens = jnp.argmax(allowed + gumbel, axis=-1)
     tokens = tokens.astype(jnp.int32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)
     return tokens, logp[:, 0]
@@ -210,10 +224,12 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
     chex.assert_rank(stop_ids, 1)
     pad_id = jnp.asarray(pad_id, jnp.int32)
 
-    def step(carry, step_key):
+    def step(carry, step_randomness):
         cache, logits, done, length = carry
+        step_key, gumbel = step_randomness
         token, logp = sample_from_logits(step_key, logits, temperature=temperature,
-                                         top_k=top_k, top_p=top_p, greedy=greedy)
+                                         top_k=top_k, top_p=top_p, greedy=greedy,
+                                         gumbel=gumbel)
         emitting = ~done
         token = jnp.where(emitting, token, pad_id)
         logp = jnp.where(emitting, logp, 0.0)
@@ -230,9 +246,19 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
 
     carry = (cache, last_logits.astype(jnp.float32), ~active, jnp.zeros((batch,), jnp.int32))
     step_keys = jax.random.split(key, max_new_tokens)
+    vocab = last_logits.shape[1]
+    if not greedy and max_new_tokens * batch * vocab <= PRECOMPUTED_NOISE_LIMIT:
+        # The same noise `jax.random.categorical` draws step by step, drawn in one call:
+        # on CPU each threefry call is a small loop, and one per decoded token costs more
+        # than the bits.
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, (batch, vocab), jnp.float32))(
+            step_keys)
+        step_randomness = (step_keys, noise)
+    else:
+        step_randomness = (step_keys, None)
 
     if not stop_early:
-        carry, (tokens, logp, values) = jax.lax.scan(step, carry, step_keys)
+        carry, (tokens, logp, values) = jax.lax.scan(step, carry, step_randomness)
         tokens, logp = tokens.T, logp.T
         values = values.T if has_values else None
     else:
@@ -246,7 +272,8 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
 
         def body(state):
             index, carry, (tokens, logp, values) = state
-            carry, (token, lp, value) = step(carry, step_keys[index])
+            carry, (token, lp, value) = step(
+                carry, jax.tree.map(lambda x: x[index], step_randomness))
             tokens = tokens.at[:, index].set(token)
             logp = logp.at[:, index].set(lp)
             if has_values:

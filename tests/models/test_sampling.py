@@ -288,3 +288,37 @@ def test_generate_sharded_matches_unsharded():
     np.testing.assert_array_equal(gen.tokens, ref.tokens)
     np.testing.assert_allclose(gen.logp, ref.logp, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(gen.cache.keys, ref.cache.keys, rtol=1e-5, atol=1e-6)
+
+
+def test_sample_from_logits_with_noise_drawn_ahead_is_categorical():
+    """`gumbel=` noise drawn with a key gives the very token `jax.random.categorical` draws
+    with that key, with and without truncation."""
+    keys = jax.random.split(jax.random.key(7), 64)
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.8)):
+        draw = jax.jit(jax.vmap(lambda k: sample_from_logits(
+            k, LOGITS, temperature=0.7, top_k=top_k, top_p=top_p)))
+        ahead = jax.jit(jax.vmap(lambda k: sample_from_logits(
+            None, LOGITS, temperature=0.7, top_k=top_k, top_p=top_p,
+            gumbel=jax.random.gumbel(k, LOGITS.shape, jnp.float32))))
+        (tokens, logp), (tokens_ahead, logp_ahead) = draw(keys), ahead(keys)
+        np.testing.assert_array_equal(tokens_ahead, tokens)
+        np.testing.assert_array_equal(logp_ahead, logp)
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_generate_draws_the_same_tokens_with_noise_drawn_ahead(monkeypatch, stop_early):
+    """Drawing every step's Gumbel noise before decoding (the default at these sizes) and
+    drawing it step by step (beyond `PRECOMPUTED_NOISE_LIMIT`) give identical outputs."""
+    from arl.models import sampling  # pylint: disable=import-outside-toplevel
+    _, _, params = make(SMALL)
+
+    def run():  # a fresh jit: the limit is read while tracing
+        return jax.tree.map(np.asarray, jax.jit(_generate_fn.__wrapped__(
+            stop_early=stop_early))(params, jax.random.key(11), jnp.asarray([-1, -1]),
+                                    jnp.float32(0.9), jnp.full((4,), BUDGET, jnp.int32)))
+
+    ahead = run()
+    monkeypatch.setattr(sampling, "PRECOMPUTED_NOISE_LIMIT", 0)
+    step_by_step = run()
+    jax.tree.map(np.testing.assert_array_equal, ahead, step_by_step)
+    assert len(np.unique(ahead[1].tokens)) > 3  # really sampled

@@ -1,0 +1,76 @@
+"""Host memory allocator settings for CPU training (glibc malloc).
+
+On the CPU, XLA allocates every execution's buffers (the scratch of one whole train
+step: 39 MiB at the smallest peers-benchmark size, 1.4 GiB at the modest one) with the C
+library's `malloc` and frees them when the step ends. glibc hands blocks above its mmap
+threshold (128 KiB, adapting up to 32 MiB) out as fresh anonymous mappings and unmaps
+them on `free`, so the next step touches brand-new pages: one page fault (and the
+kernel zeroing the page) per 4 KiB, every step. Measured on a 2-core VM: 10,100 faults
+per 31 ms toy train step; with the settings below none, and the step runs in 23-24 ms
+(benchmarks/RESULTS.md, "Host allocator").
+
+`keep_freed_memory()` sets, through `mallopt`:
+
+* M_MMAP_MAX = 0: no block is served by its own mapping; large blocks come from the
+  heap, where a freed block is reused by the next step without faulting;
+* M_TRIM_THRESHOLD = -1: the heap is never shrunk, so the pages stay mapped.
+
+The process then keeps its high-water mark of memory instead of returning freed memory
+to the system, which a training process reaches again at every step anyway. Blocks
+larger than one thread arena's heap (64 MiB) requested by a thread other than the main
+one are still mapped afresh by glibc whatever the settings (the 1.4 GiB scratch of the
+modest benchmark step is one: 374,000 faults per step); `GLIBC_TUNABLES=
+glibc.malloc.arena_max=1` in the environment before the process starts removes those
+too, at the price of one shared arena for every thread (on the toy step that costs
+about what the faults cost).
+
+The training CLI (`arl.host.experiment.run`) applies it unless the environment sets
+`ARL_KEEP_FREED_MEMORY=0`; in a notebook call `keep_freed_memory()` yourself. It does
+nothing (and returns False) where the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+# From glibc's malloc.h.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+ENV_VAR = "ARL_KEEP_FREED_MEMORY"
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        libc.gnu_get_libc_version  # only glibc has it (musl, macOS: AttributeError)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def keep_freed_memory() -> bool:
+    """Makes glibc keep freed memory mapped for reuse (see the module docstring).
+
+    Returns True when both settings were applied, False where the C library is not glibc
+    or refused a setting. Safe to call more than once and at any time; blocks already
+    mapped keep their pages until freed.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, -1))
+
+
+def keep_freed_memory_unless_disabled() -> bool:
+    """`keep_freed_memory()` unless the environment sets ARL_KEEP_FREED_MEMORY=0."""
+    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return keep_freed_memory()

@@ -1,0 +1,74 @@
+"""arl.host.allocator: glibc keeps freed memory mapped, so a repeated large allocation
+stops page-faulting (measured in a subprocess: the setting is process-wide)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from arl.host import allocator
+
+_FAULTS_PROGRAM = r"""
+import ctypes, json, resource, sys
+from arl.host import allocator
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 48 << 20  # above glibc's largest automatic mmap threshold (32 MiB)
+
+def faults_of_one_block():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(SIZE)
+    ctypes.memset(block, 1, SIZE)  # touch every page
+    libc.free(block)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+default = [faults_of_one_block() for _ in range(3)]
+applied = allocator.keep_freed_memory()
+kept = [faults_of_one_block() for _ in range(3)]
+print(json.dumps(dict(default=default, applied=applied, kept=kept)))
+"""
+
+
+def _is_glibc() -> bool:
+    return allocator._glibc() is not None  # pylint: disable=protected-access
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
+                    reason="glibc malloc only")
+def test_a_freed_block_is_reused_without_page_faults():
+    out = subprocess.run([sys.executable, "-c", _FAULTS_PROGRAM], capture_output=True,
+                         text=True, check=True, timeout=120)
+    faults = json.loads(out.stdout.strip().splitlines()[-1])
+    assert faults["applied"] is True
+    pages = (48 << 20) // 4096
+    # glibc's default: every allocation of the 48 MiB block is a fresh mapping, faulted in
+    # page by page (fewer faults where the kernel backs it with huge pages).
+    assert min(faults["default"]) > pages // 600, faults
+    # Kept: the first allocation after the switch grows the heap (faults once), the next
+    # ones reuse it.
+    assert faults["kept"][1] < 50 and faults["kept"][2] < 50, faults
+    assert faults["kept"][2] * 20 < min(faults["default"]), faults
+
+
+def test_environment_switch_disables_it(monkeypatch):
+    called = []
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: called.append(1) or True)
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(allocator.ENV_VAR, off)
+        assert allocator.keep_freed_memory_unless_disabled() is False
+    assert not called
+    monkeypatch.setenv(allocator.ENV_VAR, "1")
+    assert allocator.keep_freed_memory_unless_disabled() is True
+    monkeypatch.delenv(allocator.ENV_VAR)
+    assert allocator.keep_freed_memory_unless_disabled() is True
+    assert len(called) == 2
+
+
+def test_without_glibc_it_is_a_no_op(monkeypatch):
+    monkeypatch.setattr(allocator, "_glibc", lambda: None)
+    assert allocator.keep_freed_memory() is False
