@@ -114,3 +114,16 @@ def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
     for _ in range(3):
         run()
     np.testing.assert_array_equal([float(m["value"][0]) for m in seen], [0.0, 1.0, 2.0])
+
+
+def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tmp_path):
+    sys.path.insert(0, BENCH)
+    try:
+        host_allocator = importlib.import_module("host_allocator")
+    finally:
+        sys.path.remove(BENCH)
+    rows = host_allocator.main(["--settings=tiny", "--rounds=1", "--steps=2",
+                                f"--cache_dir={tmp_path}"])
+    assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
+    faults = {row[1]: int(row[4].replace(",", "")) for row in rows}
+    assert faults["keep"] <= faults["default"], faults
