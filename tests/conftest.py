@@ -12,6 +12,9 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                    "--xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# A test worker runs hundreds of short programs, mostly compiling: it keeps glibc's
+# defaults (tests/test_allocator.py checks `arl.host.allocator` in a subprocess).
+os.environ.setdefault("ARL_KEEP_FREED_MEMORY", "0")
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _DATA_CACHE_ENV = "ARL_CACHE_DIR"  # datasets built on first use (arl.data.text_tasks)

@@ -6,7 +6,7 @@ library's `malloc` and frees them when the step ends. glibc hands blocks above i
 threshold (128 KiB, adapting up to 32 MiB) out as fresh anonymous mappings and unmaps
 them on `free`, so the next step touches brand-new pages: one page fault (and the
 kernel zeroing the page) per 4 KiB, every step. Measured on a 2-core VM: 10,100 faults
-per 31 ms toy train step; with the settings below none, and the step runs in 23-24 ms
+per toy train step of 32-41 ms; with the settings below none, and 24-32 ms
 (benchmarks/RESULTS.md, "Host allocator").
 
 `keep_freed_memory()` sets, through `mallopt`:
@@ -21,12 +21,14 @@ larger than one thread arena's heap (64 MiB) requested by a thread other than th
 one are still mapped afresh by glibc whatever the settings (the 1.4 GiB scratch of the
 modest benchmark step is one: 374,000 faults per step); `GLIBC_TUNABLES=
 glibc.malloc.arena_max=1` in the environment before the process starts removes those
-too, at the price of one shared arena for every thread (on the toy step that costs
-about what the faults cost).
+too, at the price of one shared arena for every thread (measured: the modest step 1.11x
+faster, the toy one 0.82x).
 
-The training CLI (`arl.host.experiment.run`) applies it unless the environment sets
-`ARL_KEEP_FREED_MEMORY=0`; in a notebook call `keep_freed_memory()` yourself. It does
-nothing (and returns False) where the C library is not glibc.
+The training CLI (`arl.host.experiment.run`) applies it after the first train step
+(compiling gains nothing from it; the default bandit run took the same time either way)
+unless the environment sets `ARL_KEEP_FREED_MEMORY=0`; in a notebook call
+`keep_freed_memory()` yourself. It does nothing (and returns False) where the C library
+is not glibc.
 """
 
 from __future__ import annotations
