@@ -116,6 +116,7 @@ def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
     np.testing.assert_array_equal([float(m["value"][0]) for m in seen], [0.0, 1.0, 2.0])
 
 
+@pytest.mark.slow  # three processes, each compiling a train step
 def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tmp_path):
     sys.path.insert(0, BENCH)
     try:

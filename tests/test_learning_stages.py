@@ -15,6 +15,10 @@ from arl import config as config_lib
 from arl.trainers import TokenTrainer
 from experiments import learning_stages
 
+# One stage-1 + RL run of a three-env mixture feeds every test here (about 90 s of
+# compiling and training): `pytest -m slow`.
+pytestmark = pytest.mark.slow
+
 MEMBERS = ("0_bandit", "1_guess_number")
 
 
