@@ -30,10 +30,11 @@ def _differences(want: list[dict], got: list[dict]) -> list[str]:
     return out
 
 
-# The longest cases (45-80 s each on the 2-core CI machine) run with `pytest -m slow`,
+# The longest cases (35-80 s each on the 2-core CI machine) run with `pytest -m slow`,
 # which keeps the default suite within its time budget.
-SLOW_CASES = ("erpo_mixture", "grpo_lora_kl_sharded", "llama_calculator",
-              "reinforce_pp_whiten_turns", "vineppo_guess_number")
+SLOW_CASES = ("erpo_mixture", "grpo_calculator", "grpo_lora_kl_sharded", "llama_calculator",
+              "ppo_process_rewards", "reinforce_pp_whiten_turns", "rloo_dataset_dapo",
+              "vineppo_guess_number")
 
 
 @pytest.mark.parametrize("name", [
