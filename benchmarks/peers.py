@@ -75,8 +75,6 @@ from arl.trainers import TokenTrainer  # noqa: E402
 
 PEERS = ("arl", "trl", "tunix")
 ALLOCATOR_CHOICES = ("arl", "all", "none")
-# glibc tunables equal to `arl.host.allocator.keep_freed_memory()`, for the peers' workers.
-PEER_MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=" + str(2**63)
 WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
 # What each peer's virtual environment installs (pip arguments). torch is pinned to the
 # CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
@@ -340,7 +338,7 @@ class WorkerRunner:
         env.setdefault("JAX_PLATFORMS", "cpu")
         if keep_freed_memory:
             # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts.
-            env["GLIBC_TUNABLES"] = PEER_MALLOC_TUNABLES
+            env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
         if torch_threads > 0:
             env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
             env["OMP_NUM_THREADS"] = str(torch_threads)
@@ -580,7 +578,7 @@ def main(argv=None):
         "arl": "arl keeps freed memory mapped as its training CLI does "
                "(`arl.host.allocator`), the peers run with glibc's defaults",
         "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
-               f"GLIBC_TUNABLES={PEER_MALLOC_TUNABLES})",
+               f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES})",
         "none": "every side runs with glibc's malloc defaults"}[args.allocator]
     if args.allocator != "none" and not arl_keeps_freed_memory:
         allocator_line += " (not applied: the C library is not glibc)"

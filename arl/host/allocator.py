@@ -43,6 +43,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 
 ENV_VAR = "ARL_KEEP_FREED_MEMORY"
+# The same two settings as glibc tunables, for a process started with them
+# (GLIBC_TUNABLES=...): e.g. another library's worker measured beside arl.
+GLIBC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=" + str(2**63)
 
 
 @functools.cache
