@@ -7,7 +7,10 @@ are process-wide), alternated round by round:
 
 * default: glibc as it comes (ARL_KEEP_FREED_MEMORY=0);
 * keep: `arl.host.allocator.keep_freed_memory()`, what the training CLI does;
-* keep + 1 arena: the same with GLIBC_TUNABLES=glibc.malloc.arena_max=1 set before the
+* keep + inline: what the training CLI does: also `run_computations_inline()` before
+  JAX starts, so the step runs (and allocates) on the main thread, whose heap keeps
+  blocks of any size;
+* keep + 1 arena: `keep` with GLIBC_TUNABLES=glibc.malloc.arena_max=1 set before the
   process starts (every thread allocates from the main heap, so blocks above a thread
   arena's 64 MiB stop being mapped afresh too; the threads then share one lock).
 
@@ -36,6 +39,7 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 VARIANTS = {
     "default": {"ARL_KEEP_FREED_MEMORY": "0"},
     "keep": {"ARL_KEEP_FREED_MEMORY": "1"},
+    "keep + inline": {"ARL_KEEP_FREED_MEMORY": "1", "ARL_BENCH_INLINE": "1"},
     "keep + 1 arena": {"ARL_KEEP_FREED_MEMORY": "1",
                        "GLIBC_TUNABLES": "glibc.malloc.arena_max=1"},
 }
@@ -46,6 +50,7 @@ def child(setting_name: str, steps: int, cache_dir: str) -> dict:
     from arl.host import allocator  # pylint: disable=import-outside-toplevel
     import peers  # pylint: disable=import-outside-toplevel
 
+    inline = os.environ.get("ARL_BENCH_INLINE") == "1" and allocator.run_computations_inline()
     applied = allocator.keep_freed_memory_unless_disabled()
     setting = protocol.SETTINGS[setting_name]
     runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, cache_dir), warmup=2)
@@ -56,7 +61,7 @@ def child(setting_name: str, steps: int, cache_dir: str) -> dict:
         runner._run_step()  # pylint: disable=protected-access
         times.append(time.perf_counter() - start)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    return dict(applied=applied, step_s=times, faults=faults)
+    return dict(applied=applied, inline=inline, step_s=times, faults=faults)
 
 
 def run_variant(variant: str, setting: str, steps: int, cache_dir: str) -> dict:

@@ -337,8 +337,11 @@ class WorkerRunner:
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
         if keep_freed_memory:
-            # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts.
+            # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts,
+            # and its `run_computations_inline()` for a JAX peer (torch runs every op on
+            # the calling thread anyway).
             env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
+            env["ARL_PEERS_INLINE_DISPATCH"] = "1"
         if torch_threads > 0:
             env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
             env["OMP_NUM_THREADS"] = str(torch_threads)
@@ -548,9 +551,10 @@ def main(argv=None):
                              "threads stall each other; 1 shows TRL without that penalty")
     parser.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="arl",
                         help="which sides keep freed memory mapped (glibc: no mmap'd "
-                             "blocks, no heap trimming; arl.host.allocator): 'arl' (as "
-                             "arl's CLI runs; the peers as installed), 'all' (the peers "
-                             "too, through GLIBC_TUNABLES), 'none'")
+                             "blocks, no heap trimming) and run JAX computations inline "
+                             "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
+                             "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
+                             "and tunix's jax config), 'none'")
     parser.add_argument("--record", action="store_true",
                         help="append the tables to benchmarks/RESULTS.md and write "
                              "benchmarks/peers_results.json")
@@ -573,13 +577,19 @@ def main(argv=None):
     def log(text):
         print(text, flush=True)
 
-    arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
+    # As the training CLI: computations inline from the start (before anything starts
+    # JAX's backend), freed memory kept mapped.
+    arl_keeps_freed_memory = args.allocator in ("arl", "all") and (
+        allocator.run_computations_inline() & allocator.keep_freed_memory())
     allocator_line = {
-        "arl": "arl keeps freed memory mapped as its training CLI does "
-               "(`arl.host.allocator`), the peers run with glibc's defaults",
+        "arl": "arl runs its steps inline and keeps freed memory mapped as its training CLI "
+               "does (`arl.host.allocator`), the peers run with glibc's and their "
+               "libraries' defaults",
         "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
-               f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES})",
-        "none": "every side runs with glibc's malloc defaults"}[args.allocator]
+               f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX computations "
+               "inline (arl, tunix; torch does)",
+        "none": "every side runs with glibc's malloc defaults and JAX's async dispatch"
+    }[args.allocator]
     if args.allocator != "none" and not arl_keeps_freed_memory:
         allocator_line += " (not applied: the C library is not glibc)"
     log(f"allocator: {allocator_line}")

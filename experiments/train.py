@@ -43,6 +43,12 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
+    from arl.host import allocator
+
+    # Before JAX's backend starts: steps run on this thread, whose heap
+    # `experiment.run` then keeps mapped between steps (arl/host/allocator.py).
+    allocator.run_computations_inline_unless_disabled()
+
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,

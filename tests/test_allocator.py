@@ -1,5 +1,6 @@
 """arl.host.allocator: glibc keeps freed memory mapped, so a repeated large allocation
-stops page-faulting (measured in a subprocess: the setting is process-wide)."""
+stops page-faulting, and a compiled step run inline reuses its scratch at any size
+(measured in subprocesses: the settings are process-wide)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,32 @@ print(json.dumps(dict(default=default, applied=applied, kept=kept)))
 """
 
 
+# A jitted step with a 95 MiB temporary (above a thread arena's 64 MiB heap): run by JAX's
+# dispatch thread, glibc maps it afresh at every call whatever the settings; run inline on
+# the main thread, the kept heap serves it again.
+_STEP_FAULTS_PROGRAM = r"""
+import json, resource, sys
+import jax, jax.numpy as jnp
+from arl.host import allocator
+
+inline = allocator.run_computations_inline() if sys.argv[1] == "inline" else False
+kept = allocator.keep_freed_memory()
+
+@jax.jit
+def step(x):
+    return jnp.sum(jnp.sin(jnp.outer(x, x)), axis=0)
+
+x = jnp.linspace(0.0, 1.0, 5000, dtype=jnp.float32)
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(dict(inline=inline, kept=kept, faults=faults,
+                      late=allocator.run_computations_inline())))
+"""
+
+
 def _is_glibc() -> bool:
     return allocator._glibc() is not None  # pylint: disable=protected-access
 
@@ -55,6 +82,26 @@ def test_a_freed_block_is_reused_without_page_faults():
     assert faults["kept"][2] * 20 < min(faults["default"]), faults
 
 
+def _step_faults(mode):
+    out = subprocess.run([sys.executable, "-c", _STEP_FAULTS_PROGRAM, mode],
+                         capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
+                    reason="glibc malloc only")
+def test_a_step_run_inline_reuses_its_scratch_without_page_faults():
+    dispatched, inline = _step_faults("dispatched"), _step_faults("inline")
+    assert inline["inline"] is True and inline["kept"] is True
+    # Too late once the backend runs: the setting is refused, not silently half-applied.
+    assert inline["late"] is False and dispatched["late"] is False
+    pages = (5000 * 5000 * 4) // 4096
+    # Dispatched to a worker thread, the temporary is a fresh mapping at every call.
+    assert min(dispatched["faults"][2:]) > pages // 4, dispatched
+    # Inline, the first calls grow the main heap; later ones reuse it.
+    assert max(inline["faults"][2:]) < 100, inline
+
+
 def test_environment_switch_disables_it(monkeypatch):
     called = []
     monkeypatch.setattr(allocator, "keep_freed_memory", lambda: called.append(1) or True)
@@ -67,6 +114,17 @@ def test_environment_switch_disables_it(monkeypatch):
     monkeypatch.delenv(allocator.ENV_VAR)
     assert allocator.keep_freed_memory_unless_disabled() is True
     assert len(called) == 2
+
+
+def test_environment_switch_disables_inline_runs(monkeypatch):
+    called = []
+    monkeypatch.setattr(allocator, "run_computations_inline", lambda: called.append(1) or True)
+    monkeypatch.setenv(allocator.ENV_VAR, "0")
+    assert allocator.run_computations_inline_unless_disabled() is False
+    assert not called
+    monkeypatch.setenv(allocator.ENV_VAR, "1")
+    assert allocator.run_computations_inline_unless_disabled() is True
+    assert called == [1]
 
 
 def test_without_glibc_it_is_a_no_op(monkeypatch):

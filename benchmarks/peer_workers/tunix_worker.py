@@ -286,6 +286,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if os.environ.get("ARL_PEERS_INLINE_DISPATCH") == "1":
+        # What arl's training CLI does (`arl.host.allocator.run_computations_inline`),
+        # before JAX's backend starts: the driver's `--allocator=all`.
+        import jax
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
     channel = protocol.Channel()
     try:
         setting = protocol.Setting.from_json(args.setting)
