@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from arl.host import allocator
 from arl.host import writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,10 +24,12 @@ _LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ")
 _OWN_FILES = {"experiment.py", "writers.py"}  # the host loop's start/resume and progress
 
 
-def _run(program, *args, platforms_unset=False):
+def _run(program, *args, platforms_unset=False, host_defaults=False):
     env = dict(os.environ)
     if platforms_unset:  # as a user runs it: JAX probes the TPU/GPU backends
         env.pop("JAX_PLATFORMS", None)
+    if host_defaults:  # as a user runs it: steps inline, freed memory kept (the suite's
+        env.pop(allocator.ENV_VAR, None)  # conftest turns both off)
     return subprocess.run([sys.executable, "-m", program, *args], cwd=_ROOT, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
 
@@ -45,7 +48,9 @@ def test_quickstart_log_is_progress_warnings_and_errors_only(tmp_path):
     """The quickstart (configs/grpo_bandit.py, 100 steps, log_every 5) at reduced sizes:
     10 steps, two checkpoints and two evaluations. Before, orbax logged ~40 INFO lines
     per checkpoint and JAX its backend probe; now the log is one line to start and one
-    progress line per `log_every` steps, so the full quickstart prints ~21 lines."""
+    progress line per `log_every` steps, so the full quickstart prints ~21 lines. Run
+    with the CLI's host settings: a backend started before `main` would make
+    `run_computations_inline` warn here."""
     steps, log_every = 10, 5
     result = _run(
         "experiments.train", "--config=configs/grpo_bandit.py", f"--workdir={tmp_path}",
@@ -54,7 +59,7 @@ def test_quickstart_log_is_progress_warnings_and_errors_only(tmp_path):
         "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
         "--config.model.d_model=16", "--config.model.num_layers=1",
         "--config.model.num_heads=2", "--config.model.num_kv_heads=2",
-        "--config.model.mlp_dim=32", platforms_unset=True)
+        "--config.model.mlp_dim=32", platforms_unset=True, host_defaults=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not _foreign_lines(result.stderr), _foreign_lines(result.stderr)[:10]
     lines = result.stderr.splitlines()
