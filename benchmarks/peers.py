@@ -579,8 +579,8 @@ def main(argv=None):
 
     # As the training CLI: computations inline from the start (before anything starts
     # JAX's backend), freed memory kept mapped.
-    arl_keeps_freed_memory = args.allocator in ("arl", "all") and (
-        allocator.run_computations_inline() & allocator.keep_freed_memory())
+    arl_runs_inline = args.allocator in ("arl", "all") and allocator.run_computations_inline()
+    arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
     allocator_line = {
         "arl": "arl runs its steps inline and keeps freed memory mapped as its training CLI "
                "does (`arl.host.allocator`), the peers run with glibc's and their "
@@ -592,6 +592,8 @@ def main(argv=None):
     }[args.allocator]
     if args.allocator != "none" and not arl_keeps_freed_memory:
         allocator_line += " (not applied: the C library is not glibc)"
+    if args.allocator != "none" and not arl_runs_inline:
+        allocator_line += " (arl's steps dispatched asynchronously: JAX had already started)"
     log(f"allocator: {allocator_line}")
     load_start = common.load_average()
     log(f"machine: {common.machine_line()}")

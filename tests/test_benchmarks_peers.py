@@ -25,6 +25,7 @@ def peers():
         sys.path.remove(BENCH)
 
 
+@pytest.mark.slow  # compiles arl's step and rollout (~15 s): default suite budget
 def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp_path):
     out = peers.main(["--settings=tiny", "--peers=arl", "--rounds=2", "--warmup=1",
                       f"--cache_dir={tmp_path}", "--peak_size=64"])
