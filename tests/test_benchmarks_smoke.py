@@ -116,7 +116,7 @@ def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
     np.testing.assert_array_equal([float(m["value"][0]) for m in seen], [0.0, 1.0, 2.0])
 
 
-@pytest.mark.slow  # three processes, each compiling a train step
+@pytest.mark.slow  # four processes, each compiling a train step
 def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tmp_path):
     sys.path.insert(0, BENCH)
     try:
@@ -128,3 +128,4 @@ def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tm
     assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
     faults = {row[1]: int(row[4].replace(",", "")) for row in rows}
     assert faults["keep"] <= faults["default"], faults
+    assert faults["keep + inline"] <= faults["default"], faults

@@ -33,8 +33,8 @@ def _differences(want: list[dict], got: list[dict]) -> list[str]:
 # The longest cases (35-80 s each on the 2-core CI machine) run with `pytest -m slow`,
 # which keeps the default suite within its time budget.
 SLOW_CASES = ("drgrpo_guess_number", "erpo_mixture", "grpo_calculator", "grpo_lora_kl_sharded",
-              "llama_calculator", "ppo_process_rewards", "reinforce_pp_whiten_turns",
-              "rloo_dataset_dapo", "vineppo_guess_number")
+              "llama_calculator", "ppo_guess_number", "ppo_process_rewards",
+              "reinforce_pp_whiten_turns", "rloo_dataset_dapo", "vineppo_guess_number")
 
 
 @pytest.mark.parametrize("name", [
