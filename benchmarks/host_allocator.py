@@ -6,7 +6,8 @@ serves large blocks as fresh mappings, so every step faults its scratch in again
 are process-wide), alternated round by round:
 
 * default: glibc as it comes (ARL_KEEP_FREED_MEMORY=0);
-* keep: `arl.host.allocator.keep_freed_memory()`, what the training CLI does;
+* keep: `arl.host.allocator.keep_freed_memory()` alone (steps dispatched to JAX's worker
+  thread, as the training CLI ran them before it ran them inline);
 * keep + inline: what the training CLI does: also `run_computations_inline()` before
   JAX starts, so the step runs (and allocates) on the main thread, whose heap keeps
   blocks of any size;
