@@ -108,29 +108,20 @@ def test_a_step_run_inline_reuses_its_scratch_without_page_faults():
     assert statistics.median(inline["faults"][1:]) < 100, inline
 
 
-def test_environment_switch_disables_it(monkeypatch):
+@pytest.mark.parametrize("setting", ["keep_freed_memory", "run_computations_inline"])
+def test_environment_switch_disables_it(monkeypatch, setting):
     called = []
-    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: called.append(1) or True)
+    monkeypatch.setattr(allocator, setting, lambda: called.append(1) or True)
+    unless_disabled = getattr(allocator, f"{setting}_unless_disabled")
     for off in ("0", "false", "OFF", " no "):
         monkeypatch.setenv(allocator.ENV_VAR, off)
-        assert allocator.keep_freed_memory_unless_disabled() is False
+        assert unless_disabled() is False
     assert not called
     monkeypatch.setenv(allocator.ENV_VAR, "1")
-    assert allocator.keep_freed_memory_unless_disabled() is True
+    assert unless_disabled() is True
     monkeypatch.delenv(allocator.ENV_VAR)
-    assert allocator.keep_freed_memory_unless_disabled() is True
+    assert unless_disabled() is True
     assert len(called) == 2
-
-
-def test_environment_switch_disables_inline_runs(monkeypatch):
-    called = []
-    monkeypatch.setattr(allocator, "run_computations_inline", lambda: called.append(1) or True)
-    monkeypatch.setenv(allocator.ENV_VAR, "0")
-    assert allocator.run_computations_inline_unless_disabled() is False
-    assert not called
-    monkeypatch.setenv(allocator.ENV_VAR, "1")
-    assert allocator.run_computations_inline_unless_disabled() is True
-    assert called == [1]
 
 
 def test_without_glibc_it_is_a_no_op(monkeypatch):
