@@ -645,7 +645,13 @@ def _result(collected: _Collected, limits: SandboxLimits, returncode: int | None
         number, cpu_seconds = int(detail.split()[0]), float(detail.split()[1])
         exit_code = -number
         cpu_limit = _rlimits(limits)["CPU"][0]
-        if number == signal.SIGXCPU or (number == signal.SIGKILL and cpu_seconds >= cpu_limit):
+        if last_line.startswith("MemoryError"):
+            # The program was dying of the memory limit (its traceback is the last thing
+            # it wrote) when the CPU limit or a kill caught up with it: on a loaded host,
+            # faulting in the memory can use most of the CPU allowance.
+            status = Status.MEMORY_LIMIT
+            line = f"memory limit exceeded ({_format_bytes(limits.memory_bytes)})"
+        elif number == signal.SIGXCPU or (number == signal.SIGKILL and cpu_seconds >= cpu_limit):
             status = Status.CPU_LIMIT
             line = f"cpu time limit exceeded ({cpu_limit} s)"
         elif number == signal.SIGXFSZ:

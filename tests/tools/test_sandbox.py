@@ -535,3 +535,21 @@ def test_bad_arguments_raise_clear_errors():
         SandboxLimits(max_processes=1.5)
     with pytest.raises(ValueError, match="python must be the path"):
         run_python("print(1)", python="/nonexistent/python")
+
+
+@pytest.mark.parametrize("stderr, status", [
+    ("Traceback (most recent call last):\n  File \"<string>\", line 2\nMemoryError\n",
+     Status.MEMORY_LIMIT),
+    ("", Status.CPU_LIMIT),
+    ("MemoryError\nbut it went on computing\n", Status.CPU_LIMIT),
+])
+def test_a_program_dying_of_memory_when_the_cpu_limit_strikes_reports_memory(stderr, status):
+    """On a loaded host, faulting in 256 MiB can use the whole CPU allowance: the list bomb
+    was seen killed by SIGXCPU while printing its MemoryError. The traceback as the last
+    output means the memory limit came first."""
+    collected = sandbox._Collected(  # pylint: disable=protected-access
+        stdout=bytearray(), stderr=bytearray(stderr.encode()),
+        status_line=f"signal {int(signal.SIGXCPU)} 1.02", output_exceeded=False,
+        backstop_timeout=False)
+    result = sandbox._result(collected, QUICK, None, 1.5)  # pylint: disable=protected-access
+    assert result.status is status, result
