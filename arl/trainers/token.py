@@ -37,6 +37,7 @@ from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
 from arl.trainers import signals as signals_lib
+from arl.trainers.tracing import trace_once
 from arl.trainers.credit import ProcessModels
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
@@ -250,11 +251,14 @@ class TokenTrainer:
             return self.learner.update(params, opt_state, batch, update_key, state.step,
                                        state.base_params)
 
+        # Traced once: the skipping branch needs the metrics' shapes, and a second trace
+        # of the update (forward, backward, optimizer) was a fifth of the step's lowering.
+        do_update, update_shapes = trace_once(do_update, (state.params, state.opt_state))
+
         def skip_update(operand):
             params, opt_state = operand
-            shapes = jax.eval_shape(do_update, operand)[2]
             return params, opt_state, jax.tree.map(
-                lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+                lambda s: jnp.zeros(s.shape, s.dtype), update_shapes[2])
 
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
