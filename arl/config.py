@@ -122,11 +122,13 @@ def default_config() -> ml_collections.ConfigDict:
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
     # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
     c.model.logprob_chunk = 0
-    # Self-attention of the training / scoring forward pass (KV-cached decoding always
-    # attends densely over its cache): "dense" ([B, H, T, T] scores), "blocked"
-    # (FlashAttention-style tiling in JAX, memory linear in the context, any backend),
-    # "cudnn" (cuDNN's fused kernel, NVIDIA GPUs), "auto" = dense up to attention_block
-    # tokens and blocked beyond (benchmarks/RESULTS.md, "Update phase").
+    # Self-attention: "dense" ([B, H, T, T] scores), "blocked" (FlashAttention-style
+    # tiling in JAX, memory linear in the context, any backend), "cudnn" (cuDNN's fused
+    # kernel, NVIDIA GPUs; cached decoding stays dense), "auto" = dense up to
+    # attention_block tokens and blocked beyond (benchmarks/RESULTS.md, "Update phase").
+    # For KV-cached decoding the length is the cache's capacity: blocked decoding reads
+    # only the cache blocks up to the last query (benchmarks/RESULTS.md, "Cached
+    # decoding").
     c.model.attention = "auto"
     c.model.attention_block = 512
     # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json + safetensors)

@@ -1,5 +1,6 @@
-"""Causal self-attention of the cache-free (training / scoring) forward pass, with memory
-linear in the context length.
+"""Causal self-attention with memory linear in the context length: the cache-free
+(training / scoring) forward pass, and KV-cached decoding over the filled part of the
+cache (`cached_attention`).
 
     out_t = sum_{s <= t, real_s} softmax_s(q_t . k_s / sqrt(d)) v_s        (per head, GQA)
 
@@ -133,6 +134,97 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array,
     out = out.reshape(num_blocks, batch, num_kv, block, groups, head_dim).transpose(
         1, 0, 3, 2, 4, 5).reshape(batch, padded, num_heads, head_dim)
     return out[:, :seq_len]
+
+
+def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
+                     layer_index, query_slots: jax.Array, *, block_size: int) -> jax.Array:
+    """Attention of T new queries over one layer of a KV cache, reading only the filled
+    part of the cache.
+
+        out_t = sum_{s <= slot_t} softmax_s(q_t . k_s / sqrt(d)) v_s
+
+    The cache's S slots are cut into blocks of min(block_size, S) and a `fori_loop`
+    visits blocks 0 .. ceil((max_b,t slot[b, t] + 1) / block) - 1 with the online
+    softmax of the module docstring, so a decoding step costs O(filled) instead of
+    O(S): a multi-turn rollout whose static buffer is sized for its longest context no
+    longer attends over the empty tail at every token. Each block is sliced from the
+    stacked cache directly (no copy of the whole layer); the last block is clamped
+    into the buffer and its slots already counted are masked.
+
+    Forward only (a cached call is inference: the loop's trip count is data
+    dependent). The dense cached path of `Transformer` computes the same function.
+
+    Args:
+      q: [B, T, H, d] queries (rotary embedding applied).
+      all_keys, all_values: [L, B, S, KV, d] the cache of every layer, this call's new
+        keys and values already written; read in q's dtype.
+      layer_index: int scalar (may be traced), the layer to read.
+      query_slots: int [B, T] the cache slot of each query; a query sees slots <= its
+        own (its row's real tokens before it, and itself).
+      block_size: slots per block (static).
+
+    Returns:
+      [B, T, H, d] in q's dtype. Scores, softmax statistics and the accumulation are
+      float32; the probabilities are cast to q's dtype before mixing the values, as in
+      the dense path.
+    """
+    batch, q_len, num_heads, head_dim = q.shape
+    _, cache_batch, capacity, num_kv, cache_dim = all_keys.shape
+    if (cache_batch, cache_dim) != (batch, head_dim) or all_values.shape != all_keys.shape:
+        raise ValueError(f"cached_attention: the cache must be [L, B={batch}, S, KV, "
+                         f"d={head_dim}], got keys {all_keys.shape}, values "
+                         f"{all_values.shape}")
+    if num_heads % num_kv:
+        raise ValueError(f"cached_attention: {num_kv} key/value heads must divide "
+                         f"{num_heads} query heads")
+    if query_slots.shape != (batch, q_len):
+        raise ValueError(f"cached_attention: query_slots must be [B, T]=({batch}, {q_len}), "
+                         f"got {query_slots.shape}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"cached_attention: block_size must be a positive int, got "
+                         f"{block_size!r}")
+    groups = num_heads // num_kv
+    block = min(block_size, capacity)
+    num_blocks = -(-capacity // block)
+    needed = jnp.minimum(jnp.max(query_slots) // block + 1, num_blocks).astype(jnp.int32)
+    # Rows of the query-major layout [B, KV, M = T G, d]: row t G + g is query t, head
+    # kv G + g (the dense path's head order).
+    qm = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(0, 2, 1, 3, 4).reshape(
+        batch, num_kv, q_len * groups, head_dim)
+    row_slots = jnp.repeat(query_slots, groups, axis=1)[:, None, :, None]  # [B, 1, M, 1]
+    scale = 1.0 / math.sqrt(head_dim)
+
+    def read(cache, start):
+        sizes = (1, batch, block, num_kv, head_dim)
+        return jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0].astype(
+            q.dtype)  # [B, c, KV, d]
+
+    def key_block(j, carry):
+        m, l, acc = carry
+        first = j * block
+        start = jnp.minimum(first, capacity - block)
+        slots = start + jnp.arange(block)
+        keys, values = read(all_keys, start), read(all_values, start)
+        s = jax.lax.dot_general(qm, keys, (((3,), (3,)), ((0, 1), (0, 2))),
+                                preferred_element_type=jnp.float32) * scale  # [B, KV, M, c]
+        allowed = (slots >= first) & (slots <= row_slots)
+        s = jnp.where(allowed, s, _MASKED)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        alpha = jnp.exp(m - m_new)
+        l = alpha * l + jnp.sum(p, axis=-1)
+        pv = jax.lax.dot_general(p.astype(q.dtype), values, (((3,), (1,)), ((0, 1), (0, 2))),
+                                 preferred_element_type=jnp.float32)  # [B, KV, M, d]
+        return m_new, l, alpha[..., None] * acc + pv
+
+    shape = qm.shape[:-1]
+    init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros(qm.shape, jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, needed, key_block, init)
+    # Slot 0 is in the first block and every query sees it: l > 0.
+    out = (acc / l[..., None]).astype(q.dtype)
+    return out.reshape(batch, num_kv, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4).reshape(
+        batch, q_len, num_heads, head_dim)
 
 
 def _matmul(x, y, contract_x: int, contract_y: int):

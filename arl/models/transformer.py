@@ -361,7 +361,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions,
-                 attend, key_mask=None):
+                 attend, key_mask=None, query_slots=None):
         """x [B, T, D]; positions int [B, T] (query positions, also the RoPE positions).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
@@ -379,7 +379,10 @@ class Attention(nn.Module):
         Cache-free calls whose `config.attention` resolves to "blocked" or "cudnn" for T
         tokens use `arl.models.attention.causal_self_attention` instead (causal by
         sequence order, padding keys removed by `key_mask` bool [B, T] or None; `attend`
-        is then None).
+        is then None). Cached calls whose `config.attention` resolves to "blocked" for
+        the S slots (auto: S > attention_block) use
+        `arl.models.attention.cached_attention`, which reads only the blocks up to the
+        last query's slot (`query_slots` int [B, T]; the same rule as `attend`).
 
         The projections run on the tokens flattened to [B*T, D], like `SwiGLU`.
         """
@@ -410,15 +413,16 @@ class Attention(nn.Module):
         if cache_kv is None:
             keys, values = k, v
             key_pos = positions  # [B, T]
+        elif attention_lib.resolve_implementation(
+                cfg.attention, cache_kv[0].shape[2], cfg.attention_block) == "blocked":
+            all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
+            out = attention_lib.cached_attention(
+                q, all_keys, all_values, layer_index, query_slots,
+                block_size=cfg.attention_block)
+            return (_output_projection(cfg, constrain_activation(out, _HEADS)),
+                    (all_keys, all_values))
         else:
-            all_keys, all_values = cache_kv
-            batch_index = jnp.arange(x.shape[0])[:, None]
-            # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
-            # clamping onto the last slot as dynamic_update_slice would.
-            all_keys = all_keys.at[layer_index, batch_index, write_positions].set(
-                k.astype(all_keys.dtype), mode="drop")
-            all_values = all_values.at[layer_index, batch_index, write_positions].set(
-                v.astype(all_values.dtype), mode="drop")
+            all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
             cache_kv = (all_keys, all_values)
             keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
@@ -438,6 +442,20 @@ class Attention(nn.Module):
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(
             batch, q_len, num_heads, head_dim)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
+
+
+def _write_cache(cache_kv, layer_index, write_positions, k, v):
+    """The cache with this layer's new keys and values at `[layer_index, b,
+    write_positions[b, t]]`."""
+    all_keys, all_values = cache_kv
+    batch_index = jnp.arange(k.shape[0])[:, None]
+    # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
+    # clamping onto the last slot as dynamic_update_slice would.
+    all_keys = all_keys.at[layer_index, batch_index, write_positions].set(
+        k.astype(all_keys.dtype), mode="drop")
+    all_values = all_values.at[layer_index, batch_index, write_positions].set(
+        v.astype(all_values.dtype), mode="drop")
+    return all_keys, all_values
 
 
 def _output_projection(cfg, out):
@@ -498,14 +516,14 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend,
-                 key_mask):
+                 key_mask, query_slots):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
-            key_positions, attend, key_mask)
+            key_positions, attend, key_mask, query_slots)
         h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
         return (constrain_activation(h, RESIDUAL), cache_kv), None
@@ -614,7 +632,7 @@ class Transformer(nn.Module):
                         positions = jnp.maximum(
                             jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
             layer_caches = None
-            write_positions = key_positions = None
+            write_positions = key_positions = slots = None
         else:
             expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
                         cfg.resolved_head_dim)
@@ -667,7 +685,7 @@ class Transformer(nn.Module):
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                     nn.broadcast),
+                     nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             # Cached calls keep one layer per iteration: their in-place cache update
             # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
@@ -676,7 +694,7 @@ class Transformer(nn.Module):
         (h, new_layer_caches), _ = layers((h, layer_caches),
                                           jnp.arange(cfg.num_layers, dtype=jnp.int32),
                                           positions, write_positions, key_positions, attend,
-                                          key_mask)
+                                          key_mask, slots)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)

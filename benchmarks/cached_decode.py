@@ -1,0 +1,102 @@
+"""Decoding with a KV cache larger than what is filled: dense attention over every slot vs
+`model.attention = "auto"`, which reads only the cache blocks up to the last query
+(`arl.models.attention.cached_attention`).
+
+A multi-turn rollout sizes its static cache for the longest context an episode can
+reach, so early turns decode against a mostly empty buffer. Each point prefills
+`prompt` tokens into a cache of `capacity` slots and decodes `new` tokens (`generate`,
+full budget); both sides run the same model and weights and sample the same tokens
+(the script checks it). Times are medians of interleaved rounds.
+
+    python benchmarks/cached_decode.py            # table; --append adds it to RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from arl.models import Transformer, TransformerConfig, generate, init_cache  # noqa: E402
+import common  # noqa: E402  pylint: disable=wrong-import-position
+
+POINTS = ((1024, 64), (2048, 64), (4096, 64), (4096, 1024), (4096, 2048), (4096, 3968))
+
+
+def make_decoder(config: TransformerConfig, batch: int, capacity: int, prompt_len: int,
+                 new_tokens: int):
+    model = Transformer(config)
+
+    @jax.jit
+    def decode(params, prompt, key):
+        out = model.apply({"params": params}, prompt, cache=init_cache(config, batch, capacity))
+        return generate(model, params, out.cache, out.logits[:, -1], key,
+                        max_new_tokens=new_tokens, eot_id=-1, pad_id=0, temperature=1.0)
+    return decode
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--new", type=int, default=64, help="decoded tokens per row")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--points", default=",".join(f"{c}:{p}" for c, p in POINTS),
+                        help="capacity:prompt pairs")
+    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
+    args = parser.parse_args(argv)
+    points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
+
+    base = TransformerConfig(vocab_size=512, d_model=256, num_layers=4, num_heads=8,
+                             num_kv_heads=2, mlp_dim=1024, max_len=max(c for c, _ in points))
+    configs = {"dense": dataclasses.replace(base, attention="dense"),
+               "filled blocks": dataclasses.replace(base, attention="auto",
+                                                    attention_block=512)}
+    params = jax.jit(Transformer(base).init)(jax.random.key(0),
+                                             jnp.zeros((1, 1), jnp.int32))["params"]
+    start_load = common.load_average()
+    rows = []
+    for capacity, prompt_len in points:
+        prompt = jax.random.randint(jax.random.key(1), (args.batch, prompt_len), 0,
+                                    base.vocab_size)
+        key = jax.random.key(2)
+        fns, outputs = {}, {}
+        for name, config in configs.items():
+            decode = make_decoder(config, args.batch, capacity, prompt_len, args.new)
+            outputs[name] = jax.block_until_ready(decode(params, prompt, key))
+            fns[name] = (lambda d=decode: jax.block_until_ready(d(params, prompt, key)))
+        same = bool(np.array_equal(outputs["dense"].tokens, outputs["filled blocks"].tokens))
+        logp_gap = float(np.max(np.abs(np.asarray(outputs["dense"].logp)
+                                       - np.asarray(outputs["filled blocks"].logp))))
+        times = common.interleaved_median_times(fns, args.repeats)
+        rows.append((capacity, prompt_len, common.fmt_ms(times["dense"]),
+                     common.fmt_ms(times["filled blocks"]),
+                     f"{times['dense'] / times['filled blocks']:.2f}x",
+                     "yes" if same else "NO", f"{logp_gap:.1e}"))
+        print(rows[-1], flush=True)
+
+    header = ("cache capacity", "prompt", "dense (ms)", "filled blocks (ms)", "speedup",
+              "same tokens", "max |logp diff|")
+    text = "\n".join([
+        f"### `benchmarks/cached_decode.py` — {common.utc_now()}", "",
+        common.machine_line(), "",
+        f"Prefill + {args.new} sampled tokens per row, {args.batch} rows; model d_model 256, "
+        f"4 layers, 8 query / 2 key-value heads, MLP 1024, vocab 512, float32; "
+        f"median of {args.repeats} interleaved rounds (load average {start_load:.1f} at the "
+        f"start, {common.load_average():.1f} at the end). \"filled blocks\": "
+        f"`attention=\"auto\"`, blocks of 512 slots.", "",
+        common.markdown_table(header, rows), ""])
+    print(text)
+    if args.append:
+        common.append_section("Cached decoding", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Cached (decoding) attention over the filled blocks of the KV cache
+(`arl.models.attention.cached_attention`): against a float64 NumPy reference, never
+reading past the last query's block, and through `Transformer` and `generate` against
+the dense cached path."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from arl.models import Transformer, generate, init_cache
+from arl.models.attention import cached_attention
+from tests.models.helpers import SMALL, make
+
+LAYERS, BATCH, CAPACITY, KV, DIM = 2, 3, 20, 2, 8
+
+
+def _numpy_cached_attention(q, keys, values, layer, slots):
+    """out[b, t, h] = sum_{s <= slots[b, t]} softmax(q . k[layer, b, s] / sqrt(d)) v,
+    float64."""
+    q, keys, values = (np.asarray(x, np.float64) for x in (q, keys, values))
+    batch, length, heads, dim = q.shape
+    groups = heads // keys.shape[3]
+    out = np.zeros_like(q)
+    for b in range(batch):
+        for t in range(length):
+            seen = slice(0, min(int(slots[b, t]), keys.shape[2] - 1) + 1)
+            for h in range(heads):
+                z = keys[layer, b, seen, h // groups] @ q[b, t, h] / math.sqrt(dim)
+                p = np.exp(z - z.max())
+                out[b, t, h] = (p / p.sum()) @ values[layer, b, seen, h // groups]
+    return out
+
+
+def _cache_and_queries(heads=4, q_len=3, seed=0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    shape = (LAYERS, BATCH, CAPACITY, KV, DIM)
+    q = jax.random.normal(kq, (BATCH, q_len, heads, DIM))
+    # Row 0 early in the cache, row 1 at its end (the clamped last block), row 2 at slot 0.
+    slots = np.array([[4, 5, 6], [17, 18, 19], [0, 1, 2]])[:, :q_len]
+    return q, jax.random.normal(kk, shape), jax.random.normal(kv, shape), slots
+
+
+@pytest.mark.parametrize("block_size", [1, 5, 8, 32])
+@pytest.mark.parametrize("heads", [2, 4])
+def test_equals_the_numpy_reference(block_size, heads):
+    """Blocks of 8 over 20 slots: the third block is clamped to slots 12-19 and slots
+    12-15, already seen, are masked in it."""
+    q, keys, values, slots = _cache_and_queries(heads)
+    attend = jax.jit(lambda q, k, v, layer, s: cached_attention(q, k, v, layer, s,
+                                                                block_size=block_size))
+    for layer in range(LAYERS):
+        got = attend(q, keys, values, layer, jnp.asarray(slots))
+        np.testing.assert_allclose(got, _numpy_cached_attention(q, keys, values, layer, slots),
+                                   atol=2e-6, rtol=1e-5)
+
+
+def test_blocks_past_the_last_query_are_never_read():
+    """NaN in every slot past the block of the largest query slot (6, block 0 of 8
+    slots): the result stays finite and equal to the reference, so those blocks were
+    skipped, not masked (a masked NaN value would still poison p @ v)."""
+    q, keys, values, slots = _cache_and_queries()
+    slots = np.minimum(slots, 6)
+    poisoned = [x.at[:, :, 8:].set(jnp.nan) for x in (keys, values)]
+    got = cached_attention(q, *poisoned, 1, jnp.asarray(slots), block_size=8)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, _numpy_cached_attention(q, keys, values, 1, slots),
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_bfloat16_is_close_to_float32():
+    q, keys, values, slots = _cache_and_queries()
+    full = cached_attention(q, keys, values, 0, jnp.asarray(slots), block_size=8)
+    half = cached_attention(q.astype(jnp.bfloat16), keys.astype(jnp.bfloat16),
+                            values.astype(jnp.bfloat16), 0, jnp.asarray(slots), block_size=8)
+    assert half.dtype == jnp.bfloat16
+    np.testing.assert_allclose(half.astype(jnp.float32), full, atol=0.05)
+
+
+def test_arguments_are_checked():
+    q, keys, values, slots = _cache_and_queries()
+    with pytest.raises(ValueError, match="query_slots"):
+        cached_attention(q, keys, values, 0, jnp.asarray(slots[:, :2]), block_size=8)
+    with pytest.raises(ValueError, match="block_size"):
+        cached_attention(q, keys, values, 0, jnp.asarray(slots), block_size=0)
+    with pytest.raises(ValueError, match="divide"):
+        cached_attention(q[:, :, :3], keys, values, 0, jnp.asarray(slots), block_size=8)
+
+
+# Cache capacity 32 > attention_block 8: "auto" resolves cached calls to the blocked path.
+AUTO_SMALL_BLOCKS = dataclasses.replace(SMALL, attention_block=8)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_transformer_decoding_equals_the_dense_cached_path(padded):
+    """Prefill (left-padded rows through attention_mask, or num_valid) then 12 decoded
+    tokens: logits, values and the cache equal the dense path's at every call."""
+    _, _, params = make(SMALL)
+    tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, SMALL.vocab_size)
+    if padded:
+        mask = np.ones((3, 9), bool)
+        mask[0, :4] = False
+        mask[2, :1] = False
+        prefill = dict(attention_mask=jnp.asarray(mask))
+    else:
+        prefill = dict(num_valid=jnp.asarray([9, 3, 6], jnp.int32))
+    steps = jax.random.randint(jax.random.key(2), (12, 3, 1), 0, SMALL.vocab_size)
+
+    def run(config):
+        model = Transformer(config)
+
+        @jax.jit
+        def decode(params):
+            cache = init_cache(config, 3, 32)
+            out = model.apply({"params": params}, tokens, cache=cache, **prefill)
+            outs = [out]
+            for token in steps:
+                outs.append(model.apply({"params": params}, token, cache=outs[-1].cache))
+            return outs
+        return decode(params)
+
+    real = np.ones((3, 9), bool) if not padded else mask  # padding queries: meaningless
+    for call, (blocked, dense) in enumerate(zip(run(AUTO_SMALL_BLOCKS), run(SMALL))):
+        seen = real if call == 0 else np.ones((3, 1), bool)
+        np.testing.assert_allclose(blocked.logits * seen[..., None],
+                                   dense.logits * seen[..., None], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(blocked.values * seen, dense.values * seen, atol=1e-5)
+        np.testing.assert_array_equal(blocked.cache.length, dense.cache.length)
+        np.testing.assert_allclose(blocked.cache.keys, dense.cache.keys, atol=1e-5)
+
+
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_sampled_generation_is_unchanged(stop_early):
+    """`generate` after a ragged prefill: the same tokens (sampled at temperature 0.7,
+    same key) and log-probs as with the dense cached attention."""
+    _, _, params = make(SMALL)
+    prompt = jax.random.randint(jax.random.key(3), (4, 5), 0, SMALL.vocab_size)
+    num_valid = jnp.asarray([5, 2, 4, 1], jnp.int32)
+
+    def run(config):
+        model = Transformer(config)
+
+        @jax.jit
+        def sample(params):
+            out = model.apply({"params": params}, prompt, cache=init_cache(config, 4, 32),
+                              num_valid=num_valid)
+            last = jnp.take_along_axis(out.logits, (num_valid - 1)[:, None, None],
+                                       axis=1)[:, 0]
+            return generate(model, params, out.cache, last, jax.random.key(4),
+                            max_new_tokens=20, eot_id=SMALL.vocab_size - 1, pad_id=0,
+                            temperature=0.7, stop_early=stop_early)
+        return sample(params)
+
+    blocked, dense = run(AUTO_SMALL_BLOCKS), run(SMALL)
+    np.testing.assert_array_equal(blocked.tokens, dense.tokens)
+    np.testing.assert_allclose(blocked.logp, dense.logp, atol=1e-5)
