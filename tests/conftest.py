@@ -6,12 +6,11 @@ import os
 import shutil
 import tempfile
 
-# Must happen before JAX initialises its backends. LLVM optimisation level 0 compiles the
-# trainer programs about a third faster; the tests check numbers, not CPU speed
-# (benchmarks/ measure that at the default level).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                   "--xla_backend_optimization_level=0")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from tests import xla_flags
+
+# Before JAX initialises its backends; the xdist workers inherit the controller's
+# setting (tests/xla_flags.py says which flags and why).
+xla_flags.set_suite_flags()
 # A test worker runs hundreds of short programs, mostly compiling: it keeps glibc's
 # defaults (tests/test_allocator.py checks `arl.host.allocator` in a subprocess).
 os.environ.setdefault("ARL_KEEP_FREED_MEMORY", "0")

@@ -11,7 +11,7 @@ in the commit message:
     python -m tests.golden_run --record            # every case
     python -m tests.golden_run --record grpo_bandit
 
-Recording uses the test suite's XLA flags (tests/conftest.py), so the numbers are those
+Recording uses the test suite's XLA flags (tests/xla_flags.py), so the numbers are those
 the tests compute.
 """
 
@@ -24,9 +24,9 @@ import sys
 import tempfile
 
 if __name__ == "__main__":  # the same backend settings as the test suite
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                       "--xla_backend_optimization_level=0")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from tests import xla_flags
+
+    xla_flags.set_suite_flags()
 
 GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 STEPS = 3
