@@ -183,6 +183,8 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"cached_attention: block_size must be a positive int, got "
                          f"{block_size!r}")
+    if q_len == 0:  # an empty reply (an env without observations) reads nothing
+        return jnp.zeros_like(q)
     groups = num_heads // num_kv
     block = min(block_size, capacity)
     num_blocks = -(-capacity // block)

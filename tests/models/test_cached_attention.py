@@ -132,6 +132,23 @@ def test_transformer_decoding_equals_the_dense_cached_path(padded):
         np.testing.assert_allclose(blocked.cache.keys, dense.cache.keys, atol=1e-5)
 
 
+def test_an_empty_call_leaves_the_cache_as_it_is():
+    """A call with no tokens (the reply of an env without observations, [B, 0]) on the
+    blocked path: empty logits, the cache unchanged (it crashed on an empty max before)."""
+    _, _, params = make(SMALL)
+    model = Transformer(AUTO_SMALL_BLOCKS)
+    tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, SMALL.vocab_size)
+    cache = model.apply({"params": params}, tokens, cache=init_cache(AUTO_SMALL_BLOCKS, 3, 32),
+                        num_valid=jnp.asarray([9, 3, 6], jnp.int32)).cache
+    out = jax.jit(lambda p, c: model.apply({"params": p}, jnp.zeros((3, 0), jnp.int32),
+                                           cache=c, num_valid=jnp.zeros((3,), jnp.int32))
+                  )(params, cache)
+    assert out.logits.shape == (3, 0, SMALL.vocab_size)
+    np.testing.assert_array_equal(out.cache.length, [9, 3, 6])
+    np.testing.assert_array_equal(out.cache.keys, cache.keys)
+    np.testing.assert_array_equal(out.cache.values, cache.values)
+
+
 @pytest.mark.parametrize("stop_early", [False, True])
 def test_sampled_generation_is_unchanged(stop_early):
     """`generate` after a ragged prefill: the same tokens (sampled at temperature 0.7,
