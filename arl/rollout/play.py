@@ -7,6 +7,9 @@ chunk and its reply is prefilled into the cache. The result is a `Trajectory`
 
 Groups: the `group_size` rows of a task share the reset key, so they see the same task
 (environments sample the task in `reset` from its key) while their step keys differ.
+Rows that start from the same observation also share its prefill: the model reads each
+group's prompt once and the KV cache is copied to the group's rows (the rows diverge from
+their first sampled token on).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def rollout(
     env_params: Any = None,
     reset_keys: jax.Array | None = None,
     record_turn_states: bool = False,
+    share_group_prefill: bool | None = None,
 ) -> Trajectory:
     """Plays `num_tasks * group_size` episodes of `env` and returns their trajectory.
 
@@ -77,6 +81,13 @@ def rollout(
         rows of a group.
       record_turn_states: also return the environment state before every turn
         (`Trajectory.turn_states`), for Monte Carlo branching.
+      share_group_prefill: prefill the first observation once per group and copy the
+        KV cache (and values) to the group's rows, saving `group_size - 1` of every
+        `group_size` prefills. Only valid when the rows of a group start from the same
+        observation, which holds when they share reset key and env params (the default
+        `reset_keys`, and per-task params such as `default_row_params` or the trainers'
+        `task_params`); the result then equals the unshared one. None (default): on
+        exactly when both `reset_keys` and `env_params` are left to their defaults.
     """
     if action_source not in ACTION_SOURCES:
         raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
@@ -85,6 +96,8 @@ def rollout(
     if num_tasks < 1 or group_size < 1:
         raise ValueError(f"num_tasks={num_tasks} and group_size={group_size} must be >= 1.")
     batch = num_tasks * group_size
+    if share_group_prefill is None:
+        share_group_prefill = reset_keys is None and env_params is None
     if env_params is None:
         env_params = default_row_params(env, num_tasks, group_size)
     codec = env.codec
@@ -113,14 +126,12 @@ def rollout(
     if use_model:
         # Keys and values are computed in the activation dtype: a cache in that dtype
         # holds them exactly, at half the bytes of float32 for bfloat16 activations.
-        cache = transformer_lib.init_cache(model.config, batch, width, model.config.dtype)
         first = jnp.concatenate(
             [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
-        out = model.apply({"params": params}, first, cache=cache, num_valid=offset)
-        cache = out.cache
-        last_logits = sampling_lib.take_last_valid(out.logits, offset)
+        cache, last_logits, prompt_values = _prefill(
+            model, params, first, offset, width, group_size if share_group_prefill else 1)
         if record_values:
-            values = write_rows(zeros, out.values, jnp.zeros((batch,), jnp.int32), offset)
+            values = write_rows(zeros, prompt_values, jnp.zeros((batch,), jnp.int32), offset)
     else:
         cache, last_logits = None, None
 
@@ -152,6 +163,33 @@ def rollout(
         turn_success=per_turn.success,
         turn_states=per_turn.state,
     )
+
+
+def _prefill(model, params, first, num_valid, capacity: int, group_size: int):
+    """(KV cache, logits of the next token, values) after reading `first` [B, T] (row b's
+    first `num_valid[b]` tokens) into an empty cache of `capacity` slots. With
+    `group_size` > 1 the B rows are B / group_size groups of identical rows: the model
+    reads each group's first row only and its results are copied to the group."""
+    batch = first.shape[0]
+    rows = batch // group_size
+    leaders = lambda x: x.reshape((rows, group_size) + x.shape[1:])[:, 0]
+    cache = transformer_lib.init_cache(model.config, rows, capacity, model.config.dtype)
+    out = model.apply({"params": params}, leaders(first), cache=cache,
+                      num_valid=leaders(num_valid))
+    last_logits = sampling_lib.take_last_valid(out.logits, leaders(num_valid))
+    if group_size == 1:
+        return out.cache, last_logits, out.values
+
+    def to_rows(x, axis=0):
+        x = jnp.expand_dims(x, axis + 1)
+        x = jnp.broadcast_to(x, x.shape[:axis + 1] + (group_size,) + x.shape[axis + 2:])
+        return x.reshape(x.shape[:axis] + (batch,) + x.shape[axis + 2:])
+
+    cache = out.cache.replace(keys=to_rows(out.cache.keys, axis=1),
+                              values=to_rows(out.cache.values, axis=1),
+                              length=to_rows(out.cache.length))
+    values = None if out.values is None else to_rows(out.values)
+    return cache, to_rows(last_logits), values
 
 
 @functools.partial(jax.jit, static_argnames=("env", "num_tasks", "group_size", "action_source"))

@@ -190,7 +190,8 @@ class TokenTrainer:
             self.env, rollout_key, num_tasks=c.rollout.num_tasks,
             group_size=c.rollout.group_size, model=self.model, params=policy,
             sampling=self.sampling, horizon=horizon, env_params=row_params,
-            record_turn_states=bool(self.branch_turns))
+            record_turn_states=bool(self.branch_turns),
+            share_group_prefill=True)  # `task_params` gives a group's rows one task
         traj = jax.lax.with_sharding_constraint(traj, batch_axes)
         mask = traj.agent_mask
         metrics = {}
