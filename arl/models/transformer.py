@@ -90,6 +90,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from arl.models import attention as attention_lib
+from arl.models.activations import swiglu
 
 # Logical axis name -> mesh axis (or None: replicated). Mesh axes are ("data", "fsdp",
 # "tensor"): FSDP shards the model dimension of every matrix, tensor parallelism shards
@@ -502,7 +503,7 @@ class SwiGLU(nn.Module):
         # The activation sharding names [B, T, mlp]: constrained in that shape (free
         # reshapes; no operation at all without a mesh).
         hidden = constrain_activation(
-            (nn.silu(gate) * up).reshape(leading + (cfg.mlp_dim,)),
+            swiglu(gate, up).reshape(leading + (cfg.mlp_dim,)),
             _MLP).reshape(-1, cfg.mlp_dim)
         out = dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
         return out.reshape(leading + (cfg.d_model,))
