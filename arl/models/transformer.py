@@ -197,8 +197,9 @@ class TransformerConfig:
         [B, H, T, T] scores in one piece), "blocked" (FlashAttention-style tiling in JAX,
         memory linear in T, `arl.models.attention`), "cudnn" (cuDNN's fused kernel via
         `jax.nn.dot_product_attention`, NVIDIA GPUs only) or "auto" (dense up to
-        `attention_block` tokens, blocked beyond). KV-cached calls always attend densely
-        over the cache.
+        `attention_block` tokens, blocked beyond). KV-cached calls follow the same rule
+        with the cache's capacity as the length: blocked reads only the cache blocks up
+        to the last query's slot (`attention.cached_attention`); cudnn attends densely.
       attention_block: the largest query / key block of the blocked attention (the
         context is cut into the fewest equal blocks, `attention.block_layout`).
     """
