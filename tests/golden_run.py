@@ -5,8 +5,11 @@ below through the real host loop (`arl.host.experiment.run`: warm start, train s
 and sampled evaluation) and compares every logged metric with the values recorded in
 `tests/golden/<case>.json`, bit for bit.
 
-Record again only when a change is MEANT to change numbers (a semantic fix), and say so
-in the commit message:
+Record again only when a change is MEANT to change numbers, and say so in the commit
+message: a semantic fix, or a faster computation of the same function that rounds
+differently (e.g. a hand-written backward pass), which then comes with a test of the new
+path against the previous one at float tolerance. The numbers belong to one JAX/XLA
+build: the test extra of setup.py pins the JAX they were recorded with.
 
     python -m tests.golden_run --record            # every case
     python -m tests.golden_run --record grpo_bandit
