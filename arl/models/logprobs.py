@@ -8,8 +8,8 @@ chunk (one `lax.map` step) the [B, c, V] logits are formed, reduced to
     log pi(y_t) = z_{t, y_t} - logsumexp_v z_{t, v}
     H_t         = -sum_v p_{t, v} log p_{t, v},   log p_t = z_t - logsumexp_v z_{t, v}
 
-and dropped. The chunk body is wrapped in `jax.checkpoint` with nothing saved, so the
-backward pass recomputes each chunk's logits instead of storing them: peak memory is
+and dropped. The backward pass (a custom VJP) recomputes each chunk's logits instead of
+storing them and accumulates the output matrix's gradient in float32: peak memory is
 O(B c V) in both directions instead of O(B T V) (the same idea as the "chunked / fused
 cross-entropy" of Liger-Kernel, Hsu et al. 2024, arXiv 2410.10989, and of Rabe & Staats
 2021, arXiv 2112.05682, for attention). All reductions are float32 whatever the dtype of
@@ -49,23 +49,78 @@ def _check(hidden, unembed, targets, chunk_size):
     return hidden, unembed, targets
 
 
-def _chunk_stats(hidden_chunk, unembed, target_chunk):
-    """[B, c, D], [D, V], [B, c] -> (log-prob, entropy), each float32 [B, c]."""
-    logits = jnp.einsum("bcd,dv->bcv", hidden_chunk, unembed.astype(hidden_chunk.dtype),
-                        preferred_element_type=jnp.float32)
-    log_normaliser = jax.nn.logsumexp(logits, axis=-1)
-    chosen = jnp.take_along_axis(logits, target_chunk[..., None], axis=-1)[..., 0]
-    log_probs = logits - log_normaliser[..., None]
+def _chunk_log_probs(hidden_chunk, weights, temperature):
+    """[B, c, D], [D, V] -> float32 [B, c, V] log-softmax of (h W) / temperature."""
+    logits = jnp.einsum("bcd,dv->bcv", hidden_chunk, weights,
+                        preferred_element_type=jnp.float32) / temperature
+    return logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _chunk_stats(log_probs, target_chunk):
+    """float32 [B, c, V] log-probs -> (log-prob of the targets, entropy), each [B, c]."""
+    chosen = jnp.take_along_axis(log_probs, target_chunk[..., None], axis=-1)[..., 0]
     # -sum p log p (not lse - sum p z): no cancellation between two large numbers when
     # the distribution is peaked, and never negative.
     entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return chosen - log_normaliser, entropy
+    return chosen, entropy
+
+
+@jax.custom_vjp
+def _chunked_stats(hidden_chunks, unembed, target_chunks, temperature):
+    """[n, B, c, D], [D, V], int [n, B, c], float32 [] -> (log-prob, entropy) [n, B, c]."""
+    weights = unembed.astype(hidden_chunks.dtype)
+    return jax.lax.map(
+        lambda xs: _chunk_stats(_chunk_log_probs(xs[0], weights, temperature), xs[1]),
+        (hidden_chunks, target_chunks))
+
+
+def _chunked_stats_forward(hidden_chunks, unembed, target_chunks, temperature):
+    out = _chunked_stats(hidden_chunks, unembed, target_chunks, temperature)
+    return out, (hidden_chunks, unembed, target_chunks, temperature)
+
+
+def _chunked_stats_backward(residuals, cotangents):
+    """Recomputes each chunk's log-probs and accumulates the [D, V] gradient over the
+    chunks in float32 (z = h W / tau, log p = z - lse, H = -sum p log p):
+
+        d z_j = g_logp (1[j = y] - p_j) - g_H p_j (log p_j + H),
+        d h = (d z / tau) W^T,   d W = sum over chunks of h^T (d z / tau).
+    """
+    hidden_chunks, unembed, target_chunks, temperature = residuals
+    d_logp, d_entropy = cotangents
+    weights = unembed.astype(hidden_chunks.dtype)
+    vocab = unembed.shape[1]
+
+    def chunk(d_weights, xs):
+        hidden_chunk, target_chunk, g_logp, g_entropy = xs
+        log_probs = _chunk_log_probs(hidden_chunk, weights, temperature)
+        probs = jnp.exp(log_probs)
+        entropy = -jnp.sum(probs * log_probs, axis=-1, keepdims=True)
+        chosen = jnp.arange(vocab) == target_chunk[..., None]
+        d_logits = (g_logp[..., None] * (chosen - probs)
+                    - g_entropy[..., None] * probs * (log_probs + entropy)) / temperature
+        d_hidden = jnp.einsum("bcv,dv->bcd", d_logits.astype(weights.dtype), weights,
+                              preferred_element_type=jnp.float32)
+        d_weights = d_weights + jnp.einsum(
+            "bcd,bcv->dv", hidden_chunk, d_logits.astype(hidden_chunk.dtype),
+            preferred_element_type=jnp.float32)
+        return d_weights, d_hidden.astype(hidden_chunk.dtype)
+
+    d_weights, d_hidden = jax.lax.scan(
+        chunk, jnp.zeros(unembed.shape, jnp.float32),
+        (hidden_chunks, target_chunks, d_logp, d_entropy))
+    return d_hidden, d_weights.astype(unembed.dtype), None, None
+
+
+_chunked_stats.defvjp(_chunked_stats_forward, _chunked_stats_backward)
 
 
 def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array,
-                           chunk_size: int = 256) -> tuple[jax.Array, jax.Array]:
-    """(log pi(targets) f32 [B, T], entropy f32 [B, T]) of logits `hidden @ unembed`,
-    never holding more than [B, chunk_size, V] logits (forward and backward).
+                           chunk_size: int = 256, temperature=1.0
+                           ) -> tuple[jax.Array, jax.Array]:
+    """(log pi(targets) f32 [B, T], entropy f32 [B, T]) of logits
+    `(hidden @ unembed) / temperature`, never holding more than [B, chunk_size, V]
+    logits (forward and backward).
 
     Args:
       hidden: [B, T, D] final (normed) hidden states, any float dtype.
@@ -74,9 +129,14 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
         (for next-token log-probs pass hidden[:, :-1] and tokens[:, 1:]).
       chunk_size: positions per chunk (static); T need not be a multiple (the tail
         chunk is zero-padded and the padding dropped).
+      temperature: divides the logits (a positive scalar; not differentiated).
 
-    Equal to `token_logprobs(hidden @ unembed, targets)` and `entropy(...)` up to float32
-    summation order, gradients included.
+    Equal to `token_logprobs(hidden @ unembed / temperature, targets)` and
+    `entropy(...)` up to float32 summation order, gradients included. The backward pass
+    (a custom VJP) recomputes each chunk's logits and accumulates the gradient of
+    `unembed` over the chunks in float32; `unembed` is read in `hidden`'s dtype and never
+    copied to float32 (for a bfloat16 model, one [D, V] float32 buffer less than autodiff
+    of a float32 matrix).
     """
     hidden, unembed, targets = _check(hidden, unembed, targets, chunk_size)
     batch, length, width = hidden.shape
@@ -90,9 +150,8 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
     # [n, B, c, ...]: lax.map runs over the leading chunk axis.
     hidden_chunks = hidden.reshape(batch, num_chunks, chunk_size, width).swapaxes(0, 1)
     target_chunks = targets.reshape(batch, num_chunks, chunk_size).swapaxes(0, 1)
-    body = jax.checkpoint(lambda xs: _chunk_stats(xs[0], unembed, xs[1]),
-                          policy=jax.checkpoint_policies.nothing_saveable)
-    logp, ent = jax.lax.map(body, (hidden_chunks, target_chunks))
+    logp, ent = _chunked_stats(hidden_chunks, unembed, target_chunks,
+                               jnp.asarray(temperature, jnp.float32))
     logp = logp.swapaxes(0, 1).reshape(batch, padded)[:, :length]
     ent = ent.swapaxes(0, 1).reshape(batch, padded)[:, :length]
     chex.assert_shape([logp, ent], (batch, length))
@@ -118,8 +177,8 @@ def model_token_logprobs(model: Transformer, params, tokens: jax.Array,
         raise ValueError(f"model_token_logprobs: temperature must be > 0, got {temperature}")
     out = model.apply({"params": params}, tokens, return_hidden=True, compute_logits=False,
                       attention_mask=attention_mask, positions=positions)
-    # (h W) / tau == h (W / tau): scaling the [D, V] matrix is cheaper than the logits.
-    unembed = unembedding_matrix(params, model.config).astype(jnp.float32) / temperature
-    logp, ent = chunked_token_logprobs(out.hidden[:, :-1], unembed, tokens[:, 1:], chunk_size)
+    logp, ent = chunked_token_logprobs(out.hidden[:, :-1],
+                                       unembedding_matrix(params, model.config),
+                                       tokens[:, 1:], chunk_size, temperature)
     zeros = jnp.zeros((tokens.shape[0], 1), jnp.float32)
     return jnp.concatenate([zeros, logp], axis=1), jnp.concatenate([zeros, ent], axis=1)

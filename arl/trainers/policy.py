@@ -207,10 +207,8 @@ class Policy:
         never the whole [B, N, V] logits), or in one piece as the model's own head does."""
         unembed = transformer_lib.unembedding_matrix(params, self.model.config)
         if self.logprob_chunk:
-            # (h W) / tau == h (W / tau): scale the [D, V] matrix, not the logits.
-            return chunked_token_logprobs(
-                hidden, unembed.astype(jnp.float32) / jnp.maximum(self.temperature, 1e-6),
-                targets, self.logprob_chunk)
+            return chunked_token_logprobs(hidden, unembed, targets, self.logprob_chunk,
+                                          jnp.maximum(self.temperature, 1e-6))
         batch, length, width = hidden.shape
         logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * length, width),
                             unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)

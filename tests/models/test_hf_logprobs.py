@@ -70,6 +70,63 @@ def test_chunked_gradients_equal_naive():
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+def _numpy_gradients(hidden, unembed, targets, temperature, g_logp, g_ent):
+    """d/d(hidden, unembed) of sum(g_logp logp + g_ent H) for logits h W / tau, float64,
+    from dz_j = g_logp (1[j = y] - p_j) - g_ent p_j (log p_j + H)."""
+    h, w = np.asarray(hidden, np.float64), np.asarray(unembed, np.float64)
+    z = h @ w / temperature
+    z = z - z.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    p = np.exp(log_p)
+    ent = -(p * log_p).sum(-1, keepdims=True)
+    onehot = np.arange(w.shape[1]) == np.asarray(targets)[..., None]
+    dz = (np.asarray(g_logp)[..., None] * (onehot - p)
+          - np.asarray(g_ent)[..., None] * p * (log_p + ent)) / temperature
+    return dz @ w.T, np.einsum("btd,btv->dv", h, dz)
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
+def test_tempered_gradients_equal_numpy(dtype, tol):
+    """Temperature 0.7, a tail chunk (11 = 4 + 4 + 3), bfloat16 too: the gradient of
+    `unembed` comes back in its dtype, accumulated over the chunks in float32."""
+    k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(8), 5)
+    hidden = jax.random.normal(k1, (2, 11, 8)).astype(dtype)
+    unembed = jax.random.normal(k2, (8, 40)).astype(dtype)
+    targets = jax.random.randint(k3, (2, 11), 0, 40)
+    g_logp, g_ent = jax.random.normal(k4, (2, 11)), jax.random.normal(k5, (2, 11))
+
+    def f(h, w):
+        logp, ent = chunked_token_logprobs(h, w, targets, 4, temperature=0.7)
+        return jnp.sum(g_logp * logp) + jnp.sum(g_ent * ent)
+
+    d_hidden, d_unembed = jax.jit(jax.grad(f, argnums=(0, 1)))(hidden, unembed)
+    assert d_hidden.dtype == d_unembed.dtype == dtype
+    want_h, want_w = _numpy_gradients(hidden.astype(jnp.float32), unembed.astype(jnp.float32),
+                                      targets, 0.7, g_logp, g_ent)
+    scale = lambda x: np.abs(x).max()
+    np.testing.assert_allclose(np.asarray(d_hidden, np.float64), want_h,
+                               atol=tol * scale(want_h), rtol=tol)
+    np.testing.assert_allclose(np.asarray(d_unembed, np.float64), want_w,
+                               atol=tol * scale(want_w), rtol=tol)
+
+
+def test_bfloat16_matrix_gradient_is_accumulated_in_float32():
+    """A bfloat16 matrix's gradient summed over 96 chunks of one position is rounded to
+    bfloat16 once, at the end: within 2^-7 of float64 on its large entries (summing the
+    chunks in bfloat16, as autodiff of a bfloat16 matrix does, drifts well past that)."""
+    k1, k2, k3 = jax.random.split(jax.random.key(9), 3)
+    hidden = jax.random.normal(k1, (4, 96, 16)).astype(jnp.bfloat16)
+    unembed = jax.random.normal(k2, (16, 32)).astype(jnp.bfloat16)
+    targets = jax.random.randint(k3, (4, 96), 0, 32)
+    grad = jax.jit(jax.grad(
+        lambda w: jnp.sum(chunked_token_logprobs(hidden, w, targets, 1)[0])))(unembed)
+    _, want = _numpy_gradients(hidden.astype(jnp.float32), unembed.astype(jnp.float32),
+                               targets, 1.0, np.ones((4, 96)), np.zeros((4, 96)))
+    large = np.abs(want) > 0.25 * np.abs(want).max()
+    np.testing.assert_allclose(np.asarray(grad, np.float64)[large], want[large],
+                               rtol=2.0 ** -7)
+
+
 @pytest.mark.slow
 def test_vmap_over_an_extra_axis():
     hidden = jax.random.normal(jax.random.key(2), (4, 2, 6, 8))
