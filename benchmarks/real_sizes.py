@@ -127,13 +127,13 @@ def estimate(trainer) -> dict[str, int]:
                    outputs alias it
       gradients  = P (p + 4)                  in the parameter dtype, and float32 for
                                               clipping and Adam
-      vocabulary = (V/t) D (2p + 12)          the [V, D] matrices gathered over fsdp
+      vocabulary = (V/t) D (2p + 8)           the [V, D] matrices gathered over fsdp
                    like every FSDP weight: the lookup's and the log-probs' copies (2p),
-                   the float32 copy the chunked log-probs take (4), the float32 gradient
-                   they accumulate over chunks (4) and the float32 scatter-add gradient
-                   of the lookup (4); the same bytes whether the embedding and the
-                   output matrix are one (tied) or two; alive from the loss head's
-                   backward pass to the embedding's
+                   the float32 gradient the chunked log-probs accumulate over chunks (4;
+                   they read the matrix in the activation dtype, no float32 copy) and the
+                   float32 scatter-add gradient of the lookup (4); the same bytes whether
+                   the embedding and the output matrix are one (tied) or two; alive from
+                   the loss head's backward pass to the embedding's
       residuals  = L b S D (a + 4)            the residual stream saved at each layer
                    (remat), and the float32 copy XLA:CPU keeps for the RMSNorm
       layer      = attention                  the backward pass of one (recomputed)
@@ -192,7 +192,7 @@ def estimate(trainer) -> dict[str, int]:
     terms = {
         "state": params_per_device * (p + master + 8),
         "gradients": params_per_device * (p + 4),
-        "vocabulary": vocab * cfg.d_model * (2 * p + 12),
+        "vocabulary": vocab * cfg.d_model * (2 * p + 8),
         "residuals": cfg.num_layers * rows * seq * cfg.d_model * (a + 4),
         "layer": attention_bytes + 2 * layer_weights * (p + 4),
         "logits": 2 * rows * chunk * vocab * 4,
