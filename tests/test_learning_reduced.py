@@ -9,7 +9,8 @@ what RL adds over SFT and over the teacher.
 
 Measured (seed 0, this recipe; mean sampled success of the first 2 -> last 5 steps):
 grpo 0.28 -> 0.91, drgrpo 0.32 -> 0.91, rloo 0.32 -> 0.91, reinforce_pp 0.32 -> 0.91,
-ppo (critic, token GAE) 0.40 -> 0.93, erpo 0.32 -> 0.87; on the two-pull bandit vineppo
+ppo (critic, token GAE) 0.40 -> 0.93, erpo 0.32 -> 0.87 (0.31 -> 0.77 since 2026-12-02's
+rounding changes, below); on the two-pull bandit vineppo
 0.58 -> 0.92 (demonstrators: one pull 0.47, two pulls 0.74). About 25 s per algorithm
 (most of it compilation) after a 30 s warm start.
 
