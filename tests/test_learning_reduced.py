@@ -7,7 +7,8 @@ algorithm then trains with RL alone (no SFT term) for 20 steps of 8 tasks x 8 sa
 must end well above both its start and the demonstrator it was cloned from. That gap is
 what RL adds over SFT and over the teacher.
 
-Measured (seed 0, this recipe; mean sampled success of the first 2 -> last 5 steps):
+Measured (seed 0, this recipe, 2026-12-01 build; mean sampled success of the first 2 -> last
+5 steps):
 grpo 0.28 -> 0.91, drgrpo 0.32 -> 0.91, rloo 0.32 -> 0.91, reinforce_pp 0.32 -> 0.91,
 ppo (critic, token GAE) 0.40 -> 0.93, erpo 0.32 -> 0.87 (0.31 -> 0.77 since 2026-12-02's
 rounding changes, below); on the two-pull bandit vineppo
