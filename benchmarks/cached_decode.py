@@ -87,18 +87,14 @@ def main(argv=None) -> None:
 
     header = ("cache capacity", "prompt", "dense (ms)", "filled blocks (ms)", "speedup",
               "same tokens", "max |logp diff|")
-    text = "\n".join([
-        f"### `benchmarks/cached_decode.py` — {common.utc_now()}", "",
-        common.machine_line(), "",
+    common.report(
+        "cached_decode.py", "Cached decoding",
         f"{args.new} sampled tokens per row after the prefill (not timed), {args.batch} rows; model d_model 256, "
         f"4 layers, 8 query / 2 key-value heads, MLP 1024, vocab 512, float32; "
         f"median of {args.repeats} interleaved rounds (load average {start_load:.1f} at the "
         f"start, {common.load_average():.1f} at the end). \"filled blocks\": "
-        f"`attention=\"auto\"`, blocks of 512 slots.", "",
-        common.markdown_table(header, rows), ""])
-    print(text)
-    if args.append:
-        common.append_section("Cached decoding", text)
+        f"`attention=\"auto\"`, blocks of 512 slots.",
+        header, rows, append=args.append)
 
 
 if __name__ == "__main__":

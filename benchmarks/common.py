@@ -169,6 +169,18 @@ def append_section(section: str, text: str, path: str | None = None) -> str:
     return path
 
 
+def report(script: str, section: str, description: str, header: Sequence[str],
+           rows: Sequence[Sequence[object]], *, append: bool) -> str:
+    """A dated record of one run of `script` (heading, machine line, `description`, the
+    table), printed, and appended to RESULTS.md under `section` when `append`."""
+    text = "\n".join([f"### `benchmarks/{script}` — {utc_now()}", "", machine_line(), "",
+                      description, "", markdown_table(header, rows), ""])
+    print(text)
+    if append:
+        append_section(section, text)
+    return text
+
+
 def fmt_rate(x: float) -> str:
     return f"{x:,.0f}"
 

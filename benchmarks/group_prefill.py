@@ -81,18 +81,14 @@ def main(argv=None) -> None:
 
     header = ("prompt", "group size", "prefill per row (ms)", "shared prefill (ms)",
               "speedup", "same tokens", "max |logp diff|")
-    text = "\n".join([
-        f"### `benchmarks/group_prefill.py` — {common.utc_now()}", "",
-        common.machine_line(), "",
+    common.report(
+        "group_prefill.py", "Shared group prefill",
         f"One single-turn rollout: {args.num_tasks} prompts x group size rows, {args.new} "
         f"sampled tokens per row; model d_model 256, 4 layers, 8 query / 2 key-value heads, "
         f"MLP 1024, vocab {vocab + 1}, float32, dense attention below 512 cache slots and "
         f"filled blocks above; median of {args.repeats} interleaved rounds (load average "
-        f"{start_load:.1f} at the start, {common.load_average():.1f} at the end).", "",
-        common.markdown_table(header, rows), ""])
-    print(text)
-    if args.append:
-        common.append_section("Shared group prefill", text)
+        f"{start_load:.1f} at the start, {common.load_average():.1f} at the end).",
+        header, rows, append=args.append)
 
 
 if __name__ == "__main__":
