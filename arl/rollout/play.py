@@ -180,6 +180,8 @@ def _prefill(model, params, first, num_valid, capacity: int, group_size: int):
     if group_size == 1:
         return out.cache, last_logits, out.values
 
+    # Broadcast + reshape: jnp.repeat copies the same values but lowers to another
+    # program, and the sharded golden run then rounds differently.
     def to_rows(x, axis=0):
         x = jnp.expand_dims(x, axis + 1)
         x = jnp.broadcast_to(x, x.shape[:axis + 1] + (group_size,) + x.shape[axis + 2:])
