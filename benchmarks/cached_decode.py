@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
                         help="capacity:prompt pairs")
     parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
     args = parser.parse_args(argv)
-    points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
+    points = common.int_pairs(args.points)
 
     base = TransformerConfig(vocab_size=512, d_model=256, num_layers=4, num_heads=8,
                              num_kv_heads=2, mlp_dim=1024, max_len=max(c for c, _ in points))
@@ -70,19 +70,10 @@ def main(argv=None) -> None:
         prompt = jax.random.randint(jax.random.key(1), (args.batch, prompt_len), 0,
                                     base.vocab_size)
         key = jax.random.key(2)
-        fns, outputs = {}, {}
-        for name, config in configs.items():
-            decode = make_decoder(config, params, prompt, capacity, args.new)
-            outputs[name] = jax.block_until_ready(decode(key))
-            fns[name] = (lambda d=decode: jax.block_until_ready(d(key)))
-        same = bool(np.array_equal(outputs["dense"].tokens, outputs["filled blocks"].tokens))
-        logp_gap = float(np.max(np.abs(np.asarray(outputs["dense"].logp)
-                                       - np.asarray(outputs["filled blocks"].logp))))
-        times = common.interleaved_median_times(fns, args.repeats)
-        rows.append((capacity, prompt_len, common.fmt_ms(times["dense"]),
-                     common.fmt_ms(times["filled blocks"]),
-                     f"{times['dense'] / times['filled blocks']:.2f}x",
-                     "yes" if same else "NO", f"{logp_gap:.1e}"))
+        runs = {name: functools.partial(make_decoder(config, params, prompt, capacity,
+                                                     args.new), key)
+                for name, config in configs.items()}
+        rows.append((capacity, prompt_len) + common.sampling_ab(runs, args.repeats))
         print(rows[-1], flush=True)
 
     header = ("cache capacity", "prompt", "dense (ms)", "filled blocks (ms)", "speedup",

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,6 +50,29 @@ def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: i
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def int_pairs(text: str) -> list[tuple[int, int]]:
+    """"a:b,c:d" -> [(a, b), (c, d)]: the `--points` of a benchmark."""
+    return [tuple(int(x) for x in pair.split(":")) for pair in text.split(",")]
+
+
+def sampling_ab(runs: Mapping[str, Callable[[], object]], repeats: int,
+                logp_field: str = "logp") -> tuple[str, ...]:
+    """Two ways of sampling the same tokens (name -> a call returning an output with
+    `tokens` and `logp_field`), timed as interleaved rounds. Returns the
+    table cells: ms of each, the first's time over the second's, whether both sampled
+    the same tokens ("yes" / "NO"), and their largest log-prob gap."""
+    outputs = {name: jax.block_until_ready(run()) for name, run in runs.items()}
+    (first, first_out), (second, second_out) = outputs.items()
+    same = bool(np.array_equal(first_out.tokens, second_out.tokens))
+    gap = float(np.max(np.abs(np.asarray(getattr(first_out, logp_field))
+                              - np.asarray(getattr(second_out, logp_field)))))
+    times = interleaved_median_times(
+        {name: (lambda run=run: jax.block_until_ready(run())) for name, run in runs.items()},
+        repeats)
+    return (fmt_ms(times[first]), fmt_ms(times[second]),
+            f"{times[first] / times[second]:.2f}x", "yes" if same else "NO", f"{gap:.1e}")
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:

@@ -13,13 +13,12 @@ that both sides sample the same tokens and reports the largest behaviour log-pro
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import os
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +50,7 @@ def main(argv=None) -> None:
                         help="prompt:group_size pairs")
     parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
     args = parser.parse_args(argv)
-    points = [tuple(int(x) for x in p.split(":")) for p in args.points.split(",")]
+    points = common.int_pairs(args.points)
 
     vocab = 512
     config = TransformerConfig(vocab_size=vocab + 1, d_model=256, num_layers=4, num_heads=8,
@@ -64,19 +63,11 @@ def main(argv=None) -> None:
     for prompt_len, group_size in points:
         env = TargetToken(vocab=vocab, prompt_len=prompt_len, gen_len=args.new)
         key = jax.random.key(1)
-        fns, outputs = {}, {}
-        for name, share in (("per row", False), ("shared", True)):
-            play = make_rollout(env, model, args.num_tasks, group_size, share)
-            outputs[name] = jax.block_until_ready(play(params, key))
-            fns[name] = (lambda p=play: jax.block_until_ready(p(params, key)))
-        same = bool(np.array_equal(outputs["per row"].tokens, outputs["shared"].tokens))
-        logp_gap = float(np.max(np.abs(np.asarray(outputs["per row"].behaviour_logp)
-                                       - np.asarray(outputs["shared"].behaviour_logp))))
-        times = common.interleaved_median_times(fns, args.repeats)
-        rows.append((prompt_len, group_size, common.fmt_ms(times["per row"]),
-                     common.fmt_ms(times["shared"]),
-                     f"{times['per row'] / times['shared']:.2f}x",
-                     "yes" if same else "NO", f"{logp_gap:.1e}"))
+        runs = {name: functools.partial(
+                    make_rollout(env, model, args.num_tasks, group_size, share), params, key)
+                for name, share in (("per row", False), ("shared", True))}
+        rows.append((prompt_len, group_size)
+                    + common.sampling_ab(runs, args.repeats, logp_field="behaviour_logp"))
         print(rows[-1], flush=True)
 
     header = ("prompt", "group size", "prefill per row (ms)", "shared prefill (ms)",
