@@ -338,16 +338,47 @@ class RMSNorm(nn.Module):
         return normed.astype(self.dtype) * scale.astype(self.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding, rotate-half layout. x [B, T, N, D], positions int [B, T]."""
-    head_dim = x.shape[-1]
+def rope_tables(positions: jax.Array, head_dim: int, theta: float, dtype
+                ) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) [B, T, 1, head_dim] of the rotary angles at `positions` int [B, T],
+    rotate-half layout, in `dtype`."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, D]
-    cos, sin = jnp.cos(angles).astype(x.dtype), jnp.sin(angles).astype(x.dtype)
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+# Largest sequence whose RoPE tables (sequence x head_dim / 2 elements each) are built as
+# constants of the compiled program; a longer one computes them in the program.
+_CONSTANT_ROPE_ELEMENTS = 1 << 20
+
+
+def _constant_rope_tables(seq_len: int, head_dim: int, theta: float, dtype
+                          ) -> tuple[jax.Array, jax.Array] | None:
+    """`rope_tables` at positions 0..seq_len-1 as host constants [1, T, 1, head_dim], or
+    None for a sequence above `_CONSTANT_ROPE_ELEMENTS`.
+
+    The angles are float32 products, as in the program (and in Hugging Face's
+    implementation); their cos and sin are evaluated in float64 and rounded once.
+    """
+    if seq_len * head_dim // 2 > _CONSTANT_ROPE_ELEMENTS:
+        return None
+    inv_freq = (1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
+    angles = np.arange(seq_len, dtype=np.float32)[:, None] * inv_freq  # [T, D/2] float32
+    angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)[None, :, None]
+    return (jnp.asarray(np.cos(angles), dtype), jnp.asarray(np.sin(angles), dtype))
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, N, D] rotated by the `rope_tables` of its positions."""
     x1, x2 = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return x * cos + rotated * sin
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding, rotate-half layout. x [B, T, N, D], positions int [B, T]."""
+    return _rotate(x, *rope_tables(positions, x.shape[-1], theta, x.dtype))
 
 
 def _projection(config, features, names, use_bias, name):
@@ -362,9 +393,10 @@ class Attention(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x, positions, cache_kv, layer_index, write_positions, key_positions,
-                 attend, key_mask=None, query_slots=None):
-        """x [B, T, D]; positions int [B, T] (query positions, also the RoPE positions).
+    def __call__(self, x, positions, rope, cache_kv, layer_index, write_positions,
+                 key_positions, attend, key_mask=None, query_slots=None):
+        """x [B, T, D]; positions int [B, T] (query positions); rope: their `rope_tables`
+        (computed once per forward pass, not in every layer).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
         (every layer's keys, values [L, B, S, KV, Dh]) this layer's new keys are scattered
@@ -401,8 +433,8 @@ class Attention(nn.Module):
         q = project(num_heads, ("heads", "head_dim"), "q_proj", _HEADS)
         k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", _KV_HEADS)
         v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", _KV_HEADS)
-        q = apply_rope(q, positions, cfg.rope_theta)
-        k = apply_rope(k, positions, cfg.rope_theta)
+        q = _rotate(q, *rope)
+        k = _rotate(k, *rope)
 
         implementation = attention_lib.resolve_implementation(cfg.attention, q_len,
                                                               cfg.attention_block)
@@ -517,15 +549,15 @@ class DecoderLayer(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, carry, layer_index, positions, write_positions, key_positions, attend,
-                 key_mask, query_slots):
+    def __call__(self, carry, layer_index, positions, rope, write_positions, key_positions,
+                 attend, key_mask, query_slots):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
         attn_out, cache_kv = Attention(cfg, name="self_attn")(
-            norm("input_layernorm")(h), positions, cache_kv, layer_index, write_positions,
-            key_positions, attend, key_mask, query_slots)
+            norm("input_layernorm")(h), positions, rope, cache_kv, layer_index,
+            write_positions, key_positions, attend, key_mask, query_slots)
         h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
         return (constrain_activation(h, RESIDUAL), cache_kv), None
@@ -681,13 +713,23 @@ class Transformer(nn.Module):
         table = constrain_activation(embed.embedding, ("activation_vocab", "activation_embed"))
         h = constrain_activation(jnp.take(table.astype(cfg.dtype), tokens, axis=0), RESIDUAL)
 
+        # Every layer rotates by the same angles. At the default positions 0..T-1 (no
+        # cache, no mask: the training forward pass) they are constants of the program:
+        # computed in it, XLA fused the cos and sin into each rotation and evaluated them
+        # again for every head, in every layer, forward and backward.
+        rope = None
+        if cache is None and not explicit_positions and real is None:
+            rope = _constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
+                                         cfg.dtype)
+        if rope is None:
+            rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
         layer_cls = DecoderLayer
         if cfg.remat:
             layer_cls = nn.remat(layer_cls, prevent_cse=False)
         layers = nn.scan(
             layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                     nn.broadcast, nn.broadcast),
+                     nn.broadcast, nn.broadcast, nn.broadcast),
             length=cfg.num_layers,
             # Cached calls keep one layer per iteration: their in-place cache update
             # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
@@ -695,8 +737,8 @@ class Transformer(nn.Module):
             metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
         (h, new_layer_caches), _ = layers((h, layer_caches),
                                           jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                                          positions, write_positions, key_positions, attend,
-                                          key_mask, slots)
+                                          positions, rope, write_positions, key_positions,
+                                          attend, key_mask, slots)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)

@@ -12,6 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from arl.models import (LOGICAL_AXIS_RULES, Transformer, TransformerConfig, abstract_params,
                         init_cache, param_partition_specs, param_shardings,
                         unembedding_matrix)
+from arl.models import transformer as transformer_lib
 from tests.models.helpers import SMALL, jitted_forward, make
 
 # Multi-query attention, Qwen2-style QKV bias, tied embeddings, no value head.
@@ -148,6 +149,49 @@ def test_causality_and_rope_relative_positions():
     np.testing.assert_array_equal(apply(a)[0, :4], apply(b)[0, :4])
     # Position matters: the same token after different prefixes differs.
     assert not np.allclose(apply(a)[0, 1], apply(jnp.array([[9, 6]]))[0, 1])
+
+
+@pytest.mark.parametrize("seq_len, head_dim, theta", [(24, 8, 1e4), (1047, 64, 1e6),
+                                                     (8082, 128, 5e5)])
+def test_constant_rope_tables_are_the_computed_ones_to_the_last_bit(seq_len, head_dim, theta):
+    """The training forward pass's tables (host constants) against the program's own
+    `rope_tables`: float32 angles alike, so cos and sin differ by at most one rounding."""
+    const_cos, const_sin = transformer_lib._constant_rope_tables(seq_len, head_dim, theta,
+                                                                 jnp.float32)
+    cos, sin = jax.jit(lambda p: transformer_lib.rope_tables(p, head_dim, theta, jnp.float32))(
+        jnp.arange(seq_len)[None])
+    assert const_cos.shape == cos.shape == (1, seq_len, 1, head_dim)
+    np.testing.assert_allclose(const_cos, cos, rtol=0, atol=2 ** -24)
+    np.testing.assert_allclose(const_sin, sin, rtol=0, atol=2 ** -24)
+
+
+@pytest.mark.parametrize("limit", [None, 4], ids=["constant-tables", "computed-tables"])
+def test_default_positions_use_constant_rope_tables(limit, monkeypatch):
+    """The forward pass at the default positions (constant tables, no cos or sin in the
+    compiled program; above the size limit computed ones) equals the one given the same
+    positions explicitly (tables computed in the program), logits and gradients."""
+    if limit is not None:
+        monkeypatch.setattr(transformer_lib, "_CONSTANT_ROPE_ELEMENTS", limit)
+    model, _, params = make(MQA_TIED)
+    tokens = jax.random.randint(jax.random.key(5), (3, 7), 0, MQA_TIED.vocab_size)
+    explicit = jnp.broadcast_to(jnp.arange(7), (3, 7))
+
+    weights = jax.random.normal(jax.random.key(6), (3, 7, MQA_TIED.vocab_size))
+
+    def loss(p, positions):  # no trigonometry of its own, unlike e.g. sum(sin(logits))
+        logits = model.apply({"params": p}, tokens, positions=positions).logits
+        return jnp.sum(weights * logits ** 2), logits
+
+    default = jax.jit(lambda p: jax.value_and_grad(loss, has_aux=True)(p, None))
+    given = jax.jit(lambda p: jax.value_and_grad(loss, has_aux=True)(p, explicit))
+    (_, want_logits), want_grads = given(params)
+    (_, got_logits), got_grads = default(params)
+    np.testing.assert_allclose(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    compiled = default.lower(params).compile().as_text()
+    assert ("cosine(" in compiled) == (limit is not None)
+    assert "cosine(" in given.lower(params).compile().as_text()
 
 
 # ----------------------------------------------------------------------------- KV cache
