@@ -35,7 +35,9 @@ width d and a sequence of T positions,
     rollout (prefill + decoding) = B x (prompt + generated) x (2 P + 4 L T d)
 where trained tokens = B x T, the positions each side runs forward + backward on (arl:
 its static [B, S] buffer; TRL, tunix: prompt + completion, padded). The update's FLOP/s
-is reported against the float32 matmul peak of a large `jnp.dot` measured in this run.
+is reported against the float32 matmul peak of a large `jnp.dot` measured in this run:
+the best of its measurements at the start and after each setting (one measurement at the
+start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core machine).
 
     python benchmarks/peers.py [--settings=toy,modest,multiturn] [--peers=arl,trl,tunix]
         [--rounds=5] [--cache_dir=~/.cache/arl-bench-peers] [--record]
@@ -611,15 +613,23 @@ def main(argv=None):
             failures.append(("all", peer, install_notes[peer]))
             log(f"[{peer}] skipped: {install_notes[peer]}")
 
-    peak = common.matmul_peak_flops(args.peak_size)
-    log(f"measured float32 matmul peak ({args.peak_size}^2 jnp.dot): {peak / 1e9:.1f} GFLOP/s")
+    peaks = []
+
+    def measure_peak():
+        peaks.append(common.matmul_peak_flops(args.peak_size, repeats=10))
+        log(f"float32 matmul peak ({args.peak_size}^2 jnp.dot): {peaks[-1] / 1e9:.1f} GFLOP/s"
+            f" (best so far {max(peaks) / 1e9:.1f})")
+
+    measure_peak()
     results = []
     for name in settings:
         setting = protocol.SETTINGS[name]
         log(f"== {setting_line(setting)}")
         result = run_setting(setting, peers, args, log, pythons, failures)
         results.append(result)
-        log(table(result, peak))
+        measure_peak()
+        log(table(result, max(peaks)))
+    peak = max(peaks)
     load_end = common.load_average()
 
     blocks = []
@@ -645,8 +655,9 @@ def main(argv=None):
             f"rollout = generation alone (arl: its "
             f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
-            f"/ update time, against the measured float32 matmul peak of {peak / 1e9:.1f} "
-            f"GFLOP/s. Compile|setup: arl's lower + compile seconds; the peers' trainer "
+            f"/ update time, against the float32 matmul peak of {peak / 1e9:.1f} GFLOP/s, "
+            f"the best of {len(peaks)} measurements in this run (at the start and after each "
+            f"setting: {min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}). Compile|setup: arl's lower + compile seconds; the peers' trainer "
             f"construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
@@ -657,6 +668,7 @@ def main(argv=None):
         with open(out, "w", encoding="utf-8") as f:
             json.dump(dict(date=common.utc_now(), machine=common.machine_line(),
                            load_start=load_start, load_end=load_end, peak_flops=peak,
+                           peak_measurements=peaks,
                            allocator=args.allocator,
                            install=install_notes, failures=failures, results=results),
                       f, indent=1, default=str)
