@@ -153,7 +153,7 @@ def test_causality_and_rope_relative_positions():
 
 @pytest.mark.parametrize("seq_len, head_dim, theta", [(24, 8, 1e4), (1047, 64, 1e6),
                                                      (8082, 128, 5e5)])
-def test_constant_rope_tables_are_the_computed_ones_to_the_last_bit(seq_len, head_dim, theta):
+def test_constant_rope_tables_are_the_computed_ones_within_one_rounding(seq_len, head_dim, theta):
     """The training forward pass's tables (host constants) against the program's own
     `rope_tables`: float32 angles alike, so cos and sin differ by at most one rounding."""
     const_cos, const_sin = transformer_lib._constant_rope_tables(seq_len, head_dim, theta,
