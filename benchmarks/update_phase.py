@@ -22,6 +22,14 @@ process (`common.interleaved_median_times`), so machine load hits all variants a
   (1047) of configs/real_sizes.py, dense against blocked (`attention_part`).
 * shipped: whether model.attention "auto" lowers to the same program as "dense" at the
   context of every shipped token config (`shipped_part`).
+* ceiling: how close to the matmul peak the update can get with the matmul kernels it
+  has. Every `dot` of the compiled update program (`Learner.update` as the trainer runs
+  it: agent tokens scored) is taken from its optimized HLO with its operand shapes and
+  dimension numbers (times the trip count of any loop around it) and timed alone as a
+  jitted `lax.dot_general` of those shapes, less the time of calling a jitted program
+  that does next to nothing; the sum is the update's time if everything but its matmuls
+  were free. Reported against the update itself, both as a share of the
+  peak (model FLOPs as counted below).
 
 FLOPs (executed matmul FLOPs, counted per row of the static [B, S] program): forward =
 S x 2 x P_layers (q/k/v/o and MLP projections) + L x 4 x S^2 x H x head_dim (dense
@@ -30,7 +38,8 @@ diagonal, about half of it at long contexts, so its count uses n (n + 1) / 2 c^2
 blocks of c, `attention.block_layout`) + (scored positions) x 2 x d x V (LM head); forward + backward = 3 x forward. The
 peak is a 1024^2 float32 `jnp.dot` measured at the start and end of the run.
 
-    python benchmarks/update_phase.py [--parts layers,update,long,attention,shipped] [--baseline d07546c]
+    python benchmarks/update_phase.py [--parts layers,update,long,attention,shipped,ceiling]
+                                      [--baseline d07546c]
                                       [--repeats 7] [--contexts 512,1024,2048,4096,8192]
                                       [--no-write]
 """
@@ -38,9 +47,11 @@ peak is a 1024^2 float32 `jnp.dot` measured at the start and end of the run.
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -55,6 +66,8 @@ sys.path.insert(0, REPO)  # the checkout this script belongs to, not an installe
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
+
+from arl.host import allocator  # noqa: E402
 
 from arl import config as config_lib  # noqa: E402
 from arl import sharding as sharding_lib  # noqa: E402
@@ -181,7 +194,8 @@ def loss_config():
     return c
 
 
-def update_program(policy, bound, batch, params, epochs=1):
+def compiled_update(policy, bound, batch, params, epochs=1):
+    """(compiled `Learner.update`, a blocking call of it)."""
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-5))
     learner = Learner(policy, optimizer, loss_config(), epochs=epochs, minibatches=1,
                       mesh=sharding_lib.make_mesh((1, 1, 1)),
@@ -193,7 +207,29 @@ def update_program(policy, bound, batch, params, epochs=1):
 
     compiled, _ = common.compile_jitted(jax.jit(run), params, opt_state, batch,
                                         jax.random.key(0))
-    return lambda: jax.block_until_ready(compiled(params, opt_state, batch, jax.random.key(0)))
+    return compiled, lambda: jax.block_until_ready(
+        compiled(params, opt_state, batch, jax.random.key(0)))
+
+
+def update_program(policy, bound, batch, params, epochs=1):
+    return compiled_update(policy, bound, batch, params, epochs)[1]
+
+
+def update_inputs(s):
+    """(update batch laid out as the setting's rollouts, model config, params)."""
+    length = context_length(s)
+    mask = jnp.broadcast_to(jnp.asarray(agent_mask(s)), (s.batch, length))
+    keys = jax.random.split(jax.random.key(2), 3)
+    tokens = jax.random.randint(keys[0], (s.batch, length), 0, s.vocab)
+    batch = UpdateBatch(
+        tokens=tokens, mask=mask,
+        old_logp=-jax.random.uniform(keys[1], mask.shape, minval=3, maxval=6) * mask,
+        advantages=jax.random.normal(keys[2], mask.shape) * mask,
+        observation_mask=jnp.zeros_like(mask))
+    config = model_config(transformer_lib, s)
+    params = nn.unbox(transformer_lib.Transformer(config).init(
+        jax.random.key(1), tokens[:1]))["params"]
+    return batch, config, params
 
 
 def update_part(baseline, revision, repeats, peak, log):
@@ -201,17 +237,7 @@ def update_part(baseline, revision, repeats, peak, log):
     for name in SETTINGS:
         s = protocol.SETTINGS[name]
         length = context_length(s)
-        mask = jnp.broadcast_to(jnp.asarray(agent_mask(s)), (s.batch, length))
-        keys = jax.random.split(jax.random.key(2), 3)
-        tokens = jax.random.randint(keys[0], (s.batch, length), 0, s.vocab)
-        batch = UpdateBatch(
-            tokens=tokens, mask=mask,
-            old_logp=-jax.random.uniform(keys[1], mask.shape, minval=3, maxval=6) * mask,
-            advantages=jax.random.normal(keys[2], mask.shape) * mask,
-            observation_mask=jnp.zeros_like(mask))
-        config = model_config(transformer_lib, s)
-        params = nn.unbox(transformer_lib.Transformer(config).init(
-            jax.random.key(1), tokens[:1]))["params"]
+        batch, config, params = update_inputs(s)
         bound = int(agent_mask(s).sum())
         current = Policy(transformer_lib.Transformer(config))
         old = Policy(baseline.Transformer(model_config(baseline, s)))
@@ -391,6 +417,139 @@ def shipped_part(log):
          "auto and dense lower to the same program"], rows)
 
 
+# ----------------------------------------------------------------------------- ceiling
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
+_DOT = re.compile(r"^\s*(?:ROOT )?%[\w.\-]+ = (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), "
+                  r"%([\w.\-]+)\)(.*)$")
+_CALLEE = re.compile(r"(calls|body|to_apply|condition)=%([\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def _dims(text: str, field: str) -> tuple[int, ...]:
+    match = re.search(field + r"=\{([\d,]*)\}", text)
+    return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
+
+
+def hlo_dots(hlo_text: str) -> list[dict]:
+    """Every `dot` of an optimized HLO module: dtype, operand shapes, dimension numbers and
+    how many times it runs (the product of the known trip counts of the loops around it;
+    computations reached from several places count once per caller)."""
+    shapes, lines_of, callers = {}, collections.defaultdict(list), collections.defaultdict(list)
+    computation = None
+    for line in hlo_text.splitlines():
+        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+            computation = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+            for name, dims in re.findall(r"%?([\w.\-]+): \w+\[([\d,]*)\]", line):
+                shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+            continue
+        match = _INSTRUCTION.match(line)
+        if match:  # (tuple-shaped instructions, e.g. loops, have no array shape)
+            shapes[match.group(1)] = tuple(int(d) for d in match.group(3).split(",") if d)
+        lines_of[computation].append(line)
+        trips = _TRIP_COUNT.search(line)
+        for kind, callee in _CALLEE.findall(line):
+            count = int(trips.group(1)) if trips and kind == "body" else 1
+            callers[callee].append((computation, count))
+
+    def runs(name: str) -> int:
+        if not callers.get(name):
+            return 1
+        return sum(count * runs(caller) for caller, count in callers[name])
+
+    dots = []
+    for computation, lines in lines_of.items():
+        for line in lines:
+            match = _DOT.match(line)
+            if not match:
+                continue
+            dtype, lhs, rhs, rest = match.groups()
+            dots.append(dict(
+                dtype=dtype, lhs=shapes[lhs], rhs=shapes[rhs], runs=runs(computation),
+                numbers=((_dims(rest, "lhs_contracting_dims"),
+                          _dims(rest, "rhs_contracting_dims")),
+                         (_dims(rest, "lhs_batch_dims"), _dims(rest, "rhs_batch_dims")))))
+    return dots
+
+
+def dot_flops(dot: dict) -> float:
+    """2 x (batch x M x K) x N."""
+    (_, rhs_contract), (_, rhs_batch) = dot["numbers"]
+    rhs_free = [d for i, d in enumerate(dot["rhs"]) if i not in rhs_contract + rhs_batch]
+    return 2.0 * math.prod(dot["lhs"]) * math.prod(rhs_free)
+
+
+def dispatch_seconds(repeats: int) -> float:
+    """Median seconds of calling a jitted program that does next to nothing: the part of
+    a dot's time alone that the same dot inside the update does not pay."""
+    scalar = jnp.ones((), jnp.float32)
+    program = jax.jit(lambda a: a + 1.0)
+    jax.block_until_ready(program(scalar))
+    return common.interleaved_median_times(
+        {"call": lambda: jax.block_until_ready(program(scalar))}, repeats)["call"]
+
+
+def dot_seconds(dot: dict, repeats: int) -> float:
+    """Median seconds of the dot alone (random operands of its shapes), call included."""
+    dtype = jnp.dtype(dot["dtype"].replace("f32", "float32").replace("bf16", "bfloat16"))
+    lhs = jax.random.normal(jax.random.key(0), dot["lhs"], dtype)
+    rhs = jax.random.normal(jax.random.key(1), dot["rhs"], dtype)
+    program = jax.jit(lambda a, b: jax.lax.dot_general(a, b, dot["numbers"]))
+    jax.block_until_ready(program(lhs, rhs))
+    return common.interleaved_median_times(
+        {"dot": lambda: jax.block_until_ready(program(lhs, rhs))}, repeats)["dot"]
+
+
+def ceiling_part(repeats, peak, log, peak_size):
+    """The shares use the best peak measured (the run's first one and one before each
+    setting): on this shared machine single readings of the same matmul vary 2x."""
+    rows, peaks = [], [peak]
+    for name in SETTINGS:
+        peaks.append(common.matmul_peak_flops(peak_size))
+        s = protocol.SETTINGS[name]
+        length = context_length(s)
+        batch, config, params = update_inputs(s)
+        bound = int(agent_mask(s).sum())
+        compiled, run = compiled_update(Policy(transformer_lib.Transformer(config)), bound,
+                                        batch, params)
+        dots = hlo_dots(compiled.as_text())
+        signatures = collections.Counter()
+        for dot in dots:
+            signatures[(dot["dtype"], dot["lhs"], dot["rhs"], dot["numbers"])] += dot["runs"]
+        call = dispatch_seconds(5 * repeats)
+        timed = []  # (seconds of all its runs, GFLOP/s, signature, runs)
+        for signature, runs in signatures.items():
+            dot = dict(zip(("dtype", "lhs", "rhs", "numbers"), signature))
+            seconds = max(1e-9, dot_seconds(dot, repeats) - call)
+            timed.append((runs * seconds, dot_flops(dot) / seconds / 1e9, signature, runs))
+        matmul_seconds = sum(t[0] for t in timed)
+        executed = sum(runs * dot_flops(dict(lhs=l, rhs=r, numbers=n))
+                       for (_, l, r, n), runs in signatures.items())
+        for seconds, rate, (dtype, lhs, rhs, numbers), runs in sorted(timed, reverse=True)[:6]:
+            log(f"  {name} dot {dtype} {lhs} x {rhs} {numbers} x{runs}: "
+                f"{1e3 * seconds:.1f} ms, {rate:.0f} GFLOP/s")
+        run()
+        update_seconds = common.interleaved_median_times({"update": run}, repeats)["update"]
+        work = flops(config, s.batch, length, bound)
+        rows.append([name, f"{s.batch} x {length}", sum(d["runs"] for d in dots),
+                     len(signatures), f"{executed / 1e9:.1f} / {work / 1e9:.1f}",
+                     common.fmt_ms(update_seconds), common.fmt_ms(matmul_seconds),
+                     work / update_seconds, work / matmul_seconds,
+                     f"{update_seconds / matmul_seconds:.2f}x"])
+        log(f"ceiling {name}: update {update_seconds:.3f} s, its {len(dots)} dots alone "
+            f"{matmul_seconds:.3f} s")
+    best = max(peaks)
+    for row in rows:
+        row[7:9] = [f"{rate / best:.0%}" for rate in row[7:9]]
+    log(f"ceiling: float32 matmul peak readings {', '.join(f'{p / 1e9:.0f}' for p in peaks)} "
+        f"GFLOP/s, shares against the best")
+    return (f"Shares of the best float32 matmul peak measured in this part, "
+            f"{best / 1e9:.1f} GFLOP/s (readings: "
+            f"{', '.join(f'{p / 1e9:.0f}' for p in peaks)}).\n\n" + common.markdown_table(
+                ["setting", "B x S", "dots executed", "distinct shapes",
+                 "dot GFLOP executed / model count", "update ms", "its dots alone ms",
+                 "update of peak", "dots alone of peak", "update / dots"], rows))
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True,
                           check=False).stdout.strip()
@@ -398,7 +557,7 @@ def uptime() -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="layers,update,long,attention,shipped")
+    parser.add_argument("--parts", default="layers,update,long,attention,shipped,ceiling")
     parser.add_argument("--attention-batch", type=int, default=2)
     parser.add_argument("--baseline", default=BASELINE,
                         help="git revision of the decoder to compare against")
@@ -408,6 +567,10 @@ def main(argv=None):
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
+    # As the training CLI runs: computations inline, freed memory kept mapped (a fresh
+    # mapping per step costs the large matmuls up to 2x in page faults).
+    allocator.run_computations_inline()
+    allocator.keep_freed_memory()
     log = lambda line: print(line, flush=True)
     uptime_start = uptime()
     log(f"uptime: {uptime_start}")
@@ -432,6 +595,9 @@ def main(argv=None):
     if "shipped" in parts:
         sections.append(("Shipped configs: model.attention 'auto' against 'dense'",
                          shipped_part(log)))
+    if "ceiling" in parts:
+        sections.append(("The update against its own matmuls run alone",
+                         ceiling_part(args.repeats, peak, log, args.peak_size)))
     peak_after = common.matmul_peak_flops(args.peak_size)
     uptime_end = uptime()
     text = (f"### `benchmarks/update_phase.py` — {common.utc_now()}\n\n"

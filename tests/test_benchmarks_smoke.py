@@ -128,3 +128,35 @@ def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tm
     assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
     faults = {row[1]: int(row[4].replace(",", "")) for row in rows}
     assert faults["keep"] <= faults["default"], faults
+
+
+def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
+    sys.path.insert(0, BENCH)
+    try:
+        update_phase = importlib.import_module("update_phase")
+    finally:
+        sys.path.remove(BENCH)
+
+    def program(x, w, q, k):
+        y = x @ w                                       # [32, 24] x [24, 40], runs once
+        scores = jnp.einsum("bqd,bkd->bqk", q, k)       # batched, runs once
+
+        def body(h, _):
+            return jnp.tanh(h @ w[:, :24]), None        # [32, 24] x [24, 24], 7 times
+
+        h, _ = jax.lax.scan(body, x, None, length=7)
+        return y.sum() + scores.sum() + h.sum()
+
+    args = (jnp.ones((32, 24)), jnp.ones((24, 40)), jnp.ones((3, 5, 8)), jnp.ones((3, 6, 8)))
+    dots = update_phase.hlo_dots(jax.jit(program).lower(*args).compile().as_text())
+    runs = {}
+    for dot in dots:
+        key = (tuple(sorted(dot["lhs"] + dot["rhs"])), len(dot["numbers"][1][0]))
+        runs[key] = runs.get(key, 0) + dot["runs"]
+    assert runs == {(tuple(sorted((32, 24, 24, 40))), 0): 1,
+                    (tuple(sorted((3, 5, 8, 3, 6, 8))), 1): 1,
+                    (tuple(sorted((32, 24, 24, 24))), 0): 7}
+    batched = next(d for d in dots if d["numbers"][1][0])
+    assert update_phase.dot_flops(batched) == 2 * 3 * 5 * 6 * 8
+    plain = next(d for d in dots if d["runs"] == 1 and not d["numbers"][1][0])
+    assert update_phase.dot_flops(plain) == 2 * 32 * 24 * 40
