@@ -160,3 +160,15 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
     assert update_phase.dot_flops(batched) == 2 * 3 * 5 * 6 * 8
     plain = next(d for d in dots if d["runs"] == 1 and not d["numbers"][1][0])
     assert update_phase.dot_flops(plain) == 2 * 32 * 24 * 40
+
+
+def test_sampling_benchmark_draws_the_same_tokens_both_ways():
+    sys.path.insert(0, BENCH)
+    try:
+        sampling_bench = importlib.import_module("sampling")
+    finally:
+        sys.path.remove(BENCH)
+    draw, decode = sampling_bench.main(["--draw-points=4:16,2:300", "--generate-points=2:64",
+                                        "--repeats=1"])
+    assert [row[:2] for row in draw] == [(4, "16"), (2, "300")]
+    assert all(row[5] == "yes" for row in draw + decode), draw + decode

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from arl.models import (generate, init_cache, sample_from_logits, take_last_valid,
                         truncation_mask)
+from arl.models.sampling import first_argmax
 from tests.models.helpers import SMALL, jitted_forward, log_softmax_at, make
 
 # ----------------------------------------------------------------------------- sample_from_logits
@@ -288,6 +289,47 @@ def test_generate_sharded_matches_unsharded():
     np.testing.assert_array_equal(gen.tokens, ref.tokens)
     np.testing.assert_allclose(gen.logp, ref.logp, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(gen.cache.keys, ref.cache.keys, rtol=1e-5, atol=1e-6)
+
+
+# A few values so that rows tie often; NaN, infinities and both zeros included.
+_ARGMAX_VALUES = (np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5, 1e-30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 40), st.data())
+def test_first_argmax_is_numpy_argmax_ties_nan_and_infinities_included(rows, width, data):
+    x = np.asarray(data.draw(st.lists(st.sampled_from(_ARGMAX_VALUES), min_size=rows * width,
+                                      max_size=rows * width)), np.float32).reshape(rows, width)
+    expected = np.argmax(x, axis=-1)  # NumPy: first index of the max, a NaN counts as max
+    np.testing.assert_array_equal(jax.jit(first_argmax)(x), expected)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(first_argmax))(x[:, None, :])[:, 0],
+                                  expected)
+    assert jax.jit(first_argmax)(x).dtype == jnp.int32
+
+
+def test_first_argmax_at_vocabulary_sizes_equals_jnp_argmax():
+    for shape in ((64, 64), (8, 32000), (3, 151936)):
+        x = jax.random.gumbel(jax.random.key(shape[1]), shape)
+        x = x.at[0, shape[1] // 2].set(jnp.max(x[0]))  # a tie at the maximum
+        np.testing.assert_array_equal(jax.jit(first_argmax)(x), jnp.argmax(x, axis=-1))
+
+
+def test_sampled_tokens_are_those_jax_random_categorical_draws():
+    """Without noise drawn ahead, the token is `jax.random.categorical`'s for the key (on
+    the allowed logits / temperature), and greedy is `jnp.argmax`."""
+    keys = jax.random.split(jax.random.key(3), 256)
+    logits = jax.random.normal(jax.random.key(4), (4, 512)) * 3.0
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9)):
+        tokens, _ = jax.jit(jax.vmap(lambda k: sample_from_logits(
+            k, logits, temperature=0.8, top_k=top_k, top_p=top_p)))(keys)
+        scaled = logits / 0.8
+        allowed = jnp.where(truncation_mask(scaled, top_k=top_k, top_p=top_p), scaled,
+                            -jnp.inf)
+        expected = jax.jit(jax.vmap(lambda k: jax.random.categorical(k, allowed)))(keys)
+        np.testing.assert_array_equal(tokens, expected)
+        assert len(np.unique(tokens)) > 4
+    greedy, _ = jax.jit(lambda: sample_from_logits(None, logits, greedy=True))()
+    np.testing.assert_array_equal(greedy, jnp.argmax(logits, axis=-1))
 
 
 def test_sample_from_logits_with_noise_drawn_ahead_is_categorical():
