@@ -15,13 +15,19 @@ SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhe
            "layer_scan")
 
 
-@pytest.fixture(scope="module")
-def bench():
+def import_benchmark(name: str):
+    """A script of benchmarks/ imported as a module (its directory on the path meanwhile,
+    for the `common` it imports)."""
     sys.path.insert(0, BENCH)
     try:
-        yield {name: importlib.import_module(name) for name in SCRIPTS}
+        return importlib.import_module(name)
     finally:
         sys.path.remove(BENCH)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return {name: import_benchmark(name) for name in SCRIPTS}
 
 
 def test_append_section_writes_each_heading_once_per_run_of_sections(bench, tmp_path):
@@ -118,11 +124,7 @@ def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
 
 @pytest.mark.slow  # four processes, each compiling a train step
 def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        host_allocator = importlib.import_module("host_allocator")
-    finally:
-        sys.path.remove(BENCH)
+    host_allocator = import_benchmark("host_allocator")
     rows = host_allocator.main(["--settings=tiny", "--rounds=1", "--steps=2",
                                 f"--cache_dir={tmp_path}"])
     assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
@@ -131,11 +133,7 @@ def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tm
 
 
 def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
-    sys.path.insert(0, BENCH)
-    try:
-        update_phase = importlib.import_module("update_phase")
-    finally:
-        sys.path.remove(BENCH)
+    update_phase = import_benchmark("update_phase")
 
     def program(x, w, q, k):
         y = x @ w                                       # [32, 24] x [24, 40], runs once
@@ -163,11 +161,7 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
 
 
 def test_sampling_benchmark_draws_the_same_tokens_both_ways():
-    sys.path.insert(0, BENCH)
-    try:
-        sampling_bench = importlib.import_module("sampling")
-    finally:
-        sys.path.remove(BENCH)
+    sampling_bench = import_benchmark("sampling")
     draw, decode = sampling_bench.main(["--draw-points=4:16,2:300", "--generate-points=2:64",
                                         "--repeats=1"])
     assert [row[:2] for row in draw] == [(4, "16"), (2, "300")]
