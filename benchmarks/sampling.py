@@ -13,7 +13,8 @@ the same programs except for that function (the previous one is patched back in 
 * generate: `generate` of 32 new tokens by a 2-layer model (d_model 256, 8 / 2 heads,
   MLP 1024) after an 8-token prompt, its vocabulary projection included.
 
-    python benchmarks/sampling.py [--points 64:64,...] [--repeats 9] [--append]
+    python benchmarks/sampling.py [--draw-points 64:64,...] [--generate-points 8:32000,...]
+                                  [--repeats 9] [--append]
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def compare(make_program, points, repeats):
     return rows
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> tuple[list, list]:
+    """Runs both parts; returns their table rows (draw, generate)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draw-points", default=",".join(f"{r}:{v}" for r, v in DRAW_POINTS),
                         help="rows:vocabulary pairs of the draw part")

@@ -483,7 +483,6 @@ def dispatch_seconds(repeats: int) -> float:
     a dot's time alone that the same dot inside the update does not pay."""
     scalar = jnp.ones((), jnp.float32)
     program = jax.jit(lambda a: a + 1.0)
-    jax.block_until_ready(program(scalar))
     return common.interleaved_median_times(
         {"call": lambda: jax.block_until_ready(program(scalar))}, repeats)["call"]
 
@@ -494,7 +493,6 @@ def dot_seconds(dot: dict, repeats: int) -> float:
     lhs = jax.random.normal(jax.random.key(0), dot["lhs"], dtype)
     rhs = jax.random.normal(jax.random.key(1), dot["rhs"], dtype)
     program = jax.jit(lambda a, b: jax.lax.dot_general(a, b, dot["numbers"]))
-    jax.block_until_ready(program(lhs, rhs))
     return common.interleaved_median_times(
         {"dot": lambda: jax.block_until_ready(program(lhs, rhs))}, repeats)["dot"]
 
@@ -516,18 +514,19 @@ def ceiling_part(repeats, peak, log, peak_size):
         for dot in dots:
             signatures[(dot["dtype"], dot["lhs"], dot["rhs"], dot["numbers"])] += dot["runs"]
         call = dispatch_seconds(5 * repeats)
-        timed = []  # (seconds of all its runs, GFLOP/s, signature, runs)
+        timed = []  # (seconds of all its runs, GFLOP/s, signature, runs, FLOPs of one run)
         for signature, runs in signatures.items():
             dot = dict(zip(("dtype", "lhs", "rhs", "numbers"), signature))
             seconds = max(1e-9, dot_seconds(dot, repeats) - call)
-            timed.append((runs * seconds, dot_flops(dot) / seconds / 1e9, signature, runs))
+            work_once = dot_flops(dot)
+            timed.append((runs * seconds, work_once / seconds / 1e9, signature, runs,
+                          work_once))
         matmul_seconds = sum(t[0] for t in timed)
-        executed = sum(runs * dot_flops(dict(lhs=l, rhs=r, numbers=n))
-                       for (_, l, r, n), runs in signatures.items())
-        for seconds, rate, (dtype, lhs, rhs, numbers), runs in sorted(timed, reverse=True)[:6]:
+        executed = sum(t[3] * t[4] for t in timed)
+        for seconds, rate, (dtype, lhs, rhs, numbers), runs, _ in sorted(timed,
+                                                                         reverse=True)[:6]:
             log(f"  {name} dot {dtype} {lhs} x {rhs} {numbers} x{runs}: "
                 f"{1e3 * seconds:.1f} ms, {rate:.0f} GFLOP/s")
-        run()
         update_seconds = common.interleaved_median_times({"update": run}, repeats)["update"]
         work = flops(config, s.batch, length, bound)
         rows.append([name, f"{s.batch} x {length}", sum(d["runs"] for d in dots),
