@@ -1,7 +1,9 @@
 """Benchmark of the arl.algorithms kernels against rlax and plain NumPy/Python.
 
 Times are medians over `--repeats` runs after compilation (`block_until_ready`), all
-measured in the same process so the ratios are comparable on a shared machine.
+measured in the same process so the ratios are comparable on a shared machine, with the
+host allocator set as arl's command line sets it (`arl.host.allocator`; every candidate
+shares the process, so every candidate gets it; ARL_KEEP_FREED_MEMORY=0 turns it off).
 
     python benchmarks/kernels.py              # print the table
     python benchmarks/kernels.py --append     # also append it to benchmarks/RESULTS.md
@@ -25,6 +27,7 @@ import rlax
 
 import arl
 from arl import algorithms as alg
+from arl.host import allocator
 
 GAE_SHAPES = ((256, 512), (1024, 1024), (64, 8192))
 GROUP_SIZES = (4096, 65536)
@@ -217,6 +220,8 @@ def main():
     parser.add_argument("--append", action="store_true",
                         help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    inline = allocator.run_computations_inline_unless_disabled()
+    kept = allocator.keep_freed_memory_unless_disabled()
     rng = np.random.default_rng(0)
     gae_rows = bench_gae(args.repeats, rng)
     group_rows = bench_groups(args.repeats, rng)
@@ -230,7 +235,8 @@ def main():
               f"Machine: {nproc} CPUs ({cpu}), backend {jax.default_backend()}, "
               f"load average {load[0]:.1f} at the end. Versions: arl {arl.__version__}, "
               f"jax {jax.__version__}, rlax {rlax.__version__}, numpy {np.__version__}. "
-              f"Median of {args.repeats} runs after compilation.")
+              f"Median of {args.repeats} runs after compilation; host allocator "
+              f"{'inline + kept heap' if inline and kept else 'default'}.")
     text = header + "\n\n" + table(gae_rows, group_rows, policy)
     print(text)
     if args.append:

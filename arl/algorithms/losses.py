@@ -62,19 +62,15 @@ def _broadcast_advantages(fn, advantages, shape):
 
 
 def _sums_and_maxima(summands, maximands):
-    """(sums, maxima) of float32 arrays over all their elements, in one variadic
-    reduction: a single pass over the tokens, where separate full-size reductions cost
-    several times the loss itself on CPU at small batches."""
-    operands = [x.reshape(-1) for x in list(summands) + list(maximands)]
-    num_sums = len(summands)
+    """(sums, maxima) of float32 arrays over all their elements, one reduction each.
 
-    def combine(x, y):
-        return tuple([x[i] + y[i] for i in range(num_sums)] +
-                     [jnp.maximum(x[i], y[i]) for i in range(num_sums, len(x))])
-
-    inits = [jnp.float32(0.0)] * num_sums + [jnp.float32(-jnp.inf)] * len(maximands)
-    totals = jax.lax.reduce(operands, inits, combine, (0,))
-    return list(totals[:num_sums]), list(totals[num_sums:])
+    Separate reductions rather than one variadic `lax.reduce` over all operands: XLA:CPU
+    runs a variadic reduction as a sequential scalar loop (also a sequential float32
+    sum, which loses precision over many tokens), while each plain reduction is
+    vectorised: `policy_loss` forward + backward 2.9-3.5x faster from 65k to 1M tokens
+    (on par around 2k), and its sums 100x more accurate at 1M.
+    """
+    return ([jnp.sum(x) for x in summands], [jnp.max(x) for x in maximands])
 
 
 def _policy_terms(fn, logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip):
@@ -228,12 +224,15 @@ def _value_diagnostics(returns, values, clipped_active, mask):
     """(clip fraction, explained variance 1 - Var(R - v) / Var(R)) over masked tokens;
     0 when no token is masked in / when Var(R) = 0 or fewer than two tokens.
 
-    One pass (`_sums_and_maxima`) over the shifted sums of x and x^2 for x = R and
+    Sums (`_sums_and_maxima`) of the shifted x and x^2 for x = R and
     x = R - v; the shift is the first masked-in token's value, so the variance does not
     cancel catastrophically when the returns sit far from 0 ("shifted data" algorithm).
     """
     flat_mask = mask.reshape(-1)
-    first = jnp.argmax(flat_mask)
+    # The first masked-in position as a min over indices: `argmax` on a mask is a
+    # variadic (value, index) reduction, a scalar loop on CPU.
+    positions = jnp.arange(flat_mask.shape[0])
+    first = jnp.min(jnp.where(flat_mask, positions, flat_mask.shape[0] - 1))
     series = [returns.reshape(-1), (returns - values).reshape(-1)]
     # `clipped_active` is already false outside the mask (`_value_terms`).
     operands = [flat_mask.astype(jnp.float32), clipped_active.reshape(-1).astype(jnp.float32)]
