@@ -16,7 +16,8 @@ are process-wide), alternated round by round:
   arena's 64 MiB stop being mapped afresh too; the threads then share one lock).
 
 The steps are the peers-benchmark settings (`benchmarks/peers.py`: same model, same
-GRPO step). Reported: median step time, minor page faults per step (getrusage).
+GRPO step). Reported: which settings took effect in each process, median step time,
+minor page faults per step (getrusage).
 
     python benchmarks/host_allocator.py                  # toy, multiturn, modest; 3 rounds
     python benchmarks/host_allocator.py --record         # + RESULTS.md
@@ -73,6 +74,15 @@ def run_variant(variant: str, setting: str, steps: int, cache_dir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def applied_settings(results: list[dict]) -> str:
+    """What the variant's processes report they applied (the same in every process, or
+    each process's report)."""
+    reports = {" + ".join(name for name, on in (("kept heap", r["applied"]),
+                                                 ("inline", r["inline"])) if on) or "none"
+               for r in results}
+    return " / ".join(sorted(reports))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", default="toy,multiturn,modest")
@@ -104,13 +114,14 @@ def main(argv=None):
             per_process = [statistics.median(r["step_s"]) for r in results]
             step = statistics.median(per_process)
             faults = statistics.median(f for r in results for f in r["faults"])
-            rows.append([name, variant, f"{step * 1e3:.1f}",
+            rows.append([name, variant, applied_settings(results), f"{step * 1e3:.1f}",
                          " / ".join(f"{t * 1e3:.1f}" for t in per_process),
                          f"{faults:,.0f}", f"{base / step:.2f}x"])
             print(" | ".join(rows[-1]), flush=True)
     load_end = common.load_average()
     table = common.markdown_table(
-        ["setting", "allocator", "step ms (median)", "per process", "page faults / step",
+        ["setting", "allocator", "took effect", "step ms (median)", "per process",
+         "page faults / step",
          "speedup vs default"], rows)
     text = (f"### `benchmarks/host_allocator.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "

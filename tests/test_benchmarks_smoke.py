@@ -128,8 +128,12 @@ def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tm
     rows = host_allocator.main(["--settings=tiny", "--rounds=1", "--steps=2",
                                 f"--cache_dir={tmp_path}"])
     assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
-    faults = {row[1]: int(row[4].replace(",", "")) for row in rows}
-    assert faults["keep"] <= faults["default"], faults
+    # Each process applied its own variant's settings (they are process-wide); whether
+    # they remove page faults is tested in tests/test_allocator.py at a size where they do.
+    assert {row[1]: row[2] for row in rows} == {
+        "default": "none", "keep": "kept heap", "keep + inline": "kept heap + inline",
+        "keep + 1 arena": "kept heap"}
+    assert all(int(row[5].replace(",", "")) >= 0 and float(row[3]) > 0 for row in rows)
 
 
 def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
