@@ -170,3 +170,14 @@ def test_sampling_benchmark_draws_the_same_tokens_both_ways():
                                         "--repeats=1"])
     assert [row[:2] for row in draw] == [(4, "16"), (2, "300")]
     assert all(row[5] == "yes" for row in draw + decode), draw + decode
+
+
+def test_decode_attention_benchmark_compares_equal_outputs(monkeypatch):
+    decode_attention = import_benchmark("decode_attention")
+    monkeypatch.setattr(decode_attention, "ATTENTION_SHAPES", {"tiny": (2, 6, 2, 2, 8)})
+    monkeypatch.setattr(decode_attention, "GENERATE_SHAPES", {"tiny": (2, 32, 4, 2)})
+    monkeypatch.setattr(decode_attention, "STEPS", 3)
+    attention, decode = decode_attention.main(["--repeats=1"])
+    assert [row[:2] for row in attention] == [("tiny", "B 2 S 6 KV 2 G 2 d 8")]
+    assert float(attention[0][5]) < 1e-5, attention
+    assert decode[0][5] == "yes", decode

@@ -229,6 +229,49 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         batch, q_len, num_heads, head_dim)
 
 
+def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
+    """Grouped-query scores `einsum("btkgd,bskd->bkgts", q, keys)` in float32, computed
+    from the products of every query head with every key/value head.
+
+    q [B, T, KV, G, d]; keys [B, S, KV, d], a layer of the KV cache as it is stored.
+    Returns [B, KV, G, T, S].
+
+    XLA:CPU runs a batched matrix product with its batch dimensions leading, so the
+    grouped einsum (batch dimensions B and KV, with S between them in the cache) copies the
+    layer's keys transposed before the product. Here the keys are read as they are: one
+    product over B alone gives every (query head, key/value head) pair, [B, T KV G, S, KV],
+    and the pairs whose heads match are kept. That is KV times the scores' FLOPs, which
+    for a decoded token (T = 1) cost less than the copy: the decode attention measured
+    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (`benchmarks/
+    decode_attention.py`).
+    """
+    batch, q_len, num_kv, groups, head_dim = q.shape
+    slots = keys.shape[1]
+    # Keys as [B, S KV, d] (a reshape, not a copy); faster than the same product with the
+    # keys kept four-dimensional at head dimension 128.
+    every = jax.lax.dot_general(q.reshape(batch, q_len * num_kv * groups, head_dim),
+                                keys.reshape(batch, slots * num_kv, head_dim),
+                                (((2,), (2,)), ((0,), (0,))),
+                                preferred_element_type=jnp.float32)  # [B, T KV G, S KV]
+    every = every.reshape(batch, q_len, num_kv, groups, slots, num_kv)
+    matching = jnp.stack([every[:, :, h, :, :, h] for h in range(num_kv)], axis=2)
+    return matching.transpose(0, 2, 3, 1, 4)
+
+
+def mix_every_head_pair(probs: jax.Array, values: jax.Array) -> jax.Array:
+    """`einsum("bkgts,bskd->btkgd", probs, values)` from the products of every query head's
+    probabilities with every key/value head's values (see `scores_every_head_pair`).
+
+    probs [B, KV, G, T, S]; values [B, S, KV, d] as stored in the cache. Returns
+    [B, T, KV, G, d] in the dtype of the product of probs and values.
+    """
+    batch, num_kv, groups, q_len, slots = probs.shape
+    rows = probs.transpose(0, 3, 1, 2, 4).reshape(batch, q_len * num_kv * groups, slots)
+    every = jax.lax.dot_general(rows, values, (((2,), (1,)), ((0,), (0,))))  # [B, M, KV, d]
+    every = every.reshape(batch, q_len, num_kv, groups, num_kv, values.shape[-1])
+    return jnp.stack([every[:, :, h, :, h, :] for h in range(num_kv)], axis=2)
+
+
 def _matmul(x, y, contract_x: int, contract_y: int):
     """Batched (over the two leading axes) product of two [B, KV, ., .] blocks, float32
     accumulation, contracting axis `contract_x` of x with `contract_y` of y."""

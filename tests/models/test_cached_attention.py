@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from arl.models import Transformer, generate, init_cache
+from arl.models import attention as attention_lib
 from arl.models.attention import cached_attention
 from tests.models.helpers import SMALL, make
 
@@ -174,3 +175,79 @@ def test_sampled_generation_is_unchanged(stop_early):
     blocked, dense = run(AUTO_SMALL_BLOCKS), run(SMALL)
     np.testing.assert_array_equal(blocked.tokens, dense.tokens)
     np.testing.assert_allclose(blocked.logp, dense.logp, atol=1e-5)
+
+
+# ------------------------------------------- single-token decoding: products over head pairs
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("num_kv,groups", [(1, 1), (1, 4), (2, 3), (4, 2), (8, 1)])
+def test_head_pair_products_equal_the_grouped_einsums(q_len, num_kv, groups):
+    """scores [B, KV, G, T, S] and the mix [B, T, KV, G, d] against float64 NumPy einsums,
+    for the cache layout [B, S, KV, d]."""
+    rng = np.random.default_rng(num_kv * 10 + groups + q_len)
+    batch, slots, dim = 3, 11, 8
+    q = rng.normal(size=(batch, q_len, num_kv, groups, dim)).astype(np.float32)
+    keys, values = (rng.normal(size=(batch, slots, num_kv, dim)).astype(np.float32)
+                    for _ in range(2))
+    probs = rng.random(size=(batch, num_kv, groups, q_len, slots)).astype(np.float32)
+    scores = jax.jit(attention_lib.scores_every_head_pair)(q, keys)
+    mixed = jax.jit(attention_lib.mix_every_head_pair)(probs, values)
+    assert scores.dtype == jnp.float32 and mixed.dtype == jnp.float32
+    f64 = lambda x: x.astype(np.float64)  # noqa: E731
+    np.testing.assert_allclose(scores, np.einsum("btkgd,bskd->bkgts", f64(q), f64(keys)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mixed, np.einsum("bkgts,bskd->btkgd", f64(probs), f64(values)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_head_pair_products_in_bfloat16():
+    """bfloat16 cache: float32 scores; the mix in bfloat16, as the einsum's."""
+    rng = np.random.default_rng(7)
+    q = jnp.asarray(rng.normal(size=(2, 1, 2, 3, 16)), jnp.bfloat16)
+    keys, values = (jnp.asarray(rng.normal(size=(2, 9, 2, 16)), jnp.bfloat16) for _ in range(2))
+    probs = jax.nn.softmax(attention_lib.scores_every_head_pair(q, keys), -1)
+    want = jax.nn.softmax(jnp.einsum("btkgd,bskd->bkgts", q, keys,
+                                     preferred_element_type=jnp.float32), -1)
+    assert probs.dtype == jnp.float32
+    np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
+    mixed = attention_lib.mix_every_head_pair(probs.astype(jnp.bfloat16), values)
+    assert mixed.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        mixed.astype(np.float32),
+        jnp.einsum("bkgts,bskd->btkgd", probs.astype(jnp.bfloat16), values).astype(np.float32),
+        rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="head pairs are the CPU path")
+def test_decoding_through_head_pairs_equals_the_grouped_einsums(monkeypatch):
+    """The model decodes single tokens through the head-pair products on the CPU: the
+    same logits (to float32 rounding) and the same sampled tokens as with the grouped
+    einsums patched back in."""
+    _, _, params = make(SMALL)
+    model = Transformer(SMALL)
+    prompt = jax.random.randint(jax.random.key(3), (4, 5), 0, SMALL.vocab_size)
+    num_valid = jnp.asarray([5, 2, 4, 1], jnp.int32)
+
+    def run():
+        @jax.jit
+        def sample(params):
+            out = model.apply({"params": params}, prompt, cache=init_cache(SMALL, 4, 32),
+                              num_valid=num_valid)
+            last = jnp.take_along_axis(out.logits, (num_valid - 1)[:, None, None],
+                                       axis=1)[:, 0]
+            step = model.apply({"params": params}, prompt[:, :1], cache=out.cache)
+            return step.logits, generate(model, params, out.cache, last, jax.random.key(4),
+                                         max_new_tokens=20, eot_id=SMALL.vocab_size - 1,
+                                         pad_id=0, temperature=0.7)
+        return sample(params)
+
+    pairs_logits, pairs = run()
+    monkeypatch.setattr(attention_lib, "scores_every_head_pair", lambda q, k: jnp.einsum(
+        "btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32))
+    monkeypatch.setattr(attention_lib, "mix_every_head_pair",
+                        lambda p, v: jnp.einsum("bkgts,bskd->btkgd", p, v))
+    einsum_logits, einsums = run()
+    np.testing.assert_allclose(pairs_logits, einsum_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(pairs.tokens, einsums.tokens)
+    np.testing.assert_allclose(pairs.logp, einsums.logp, atol=1e-5)

@@ -1,0 +1,173 @@
+"""Decode attention on the CPU: products over every head pair vs the grouped einsums.
+
+A decoded token attends over one layer of the KV cache, stored [B, S, KV, d]. The grouped
+einsums ("btkgd,bskd->bkgts" and "bkgts,bskd->btkgd") have batch dimensions B and KV,
+which XLA:CPU wants leading, so it copies the layer's keys and values transposed at every
+token and layer. `arl.models.attention.scores_every_head_pair` and
+`mix_every_head_pair` read the layer as stored, compute every (query head, key/value
+head) pair and keep the matching ones (KV times the attention's FLOPs, no copy); the
+model uses them for single-token cached calls on the CPU. Both sides here run the same
+programs except for those two functions (the einsums are patched back in for the
+"einsum" side) and must agree (checked).
+
+* attention: one layer read out of a stacked two-layer cache, scores, softmax and mix,
+  for one query token per row at the head shapes of the peers' settings and of
+  Qwen2.5-0.5B / 1.5B and Llama-3-8B (cache filled to S - 3 slots);
+* generate: `generate` of 32 new tokens by a 2-layer model after an 8-token prompt
+  (vocabulary 512), at the peers' toy and modest head shapes.
+
+    python benchmarks/decode_attention.py [--repeats 15] [--append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402  pylint: disable=wrong-import-position
+from arl.host import allocator  # noqa: E402
+from arl.models import Transformer, TransformerConfig, generate, init_cache  # noqa: E402
+from arl.models import attention as attention_lib  # noqa: E402
+
+# name: (rows B, cache slots S, key/value heads KV, query heads per key/value head G, d)
+ATTENTION_SHAPES = {
+    "peers toy": (64, 24, 2, 2, 32),
+    "peers modest": (128, 72, 4, 2, 32),
+    "Qwen2.5-0.5B heads": (16, 512, 2, 7, 64),
+    "Qwen2.5-1.5B heads": (16, 512, 2, 6, 128),
+    "Llama-3-8B heads": (8, 512, 8, 4, 128),
+    "multi-head, 16 heads": (16, 256, 16, 1, 64),
+}
+# name: (rows, d_model, heads, key/value heads)
+GENERATE_SHAPES = {"peers toy": (64, 128, 4, 2), "peers modest": (128, 256, 8, 4)}
+STEPS = 32
+
+
+def einsum_scores(q, keys):
+    return jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+
+
+def einsum_mix(probs, values):
+    return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+
+
+@contextlib.contextmanager
+def grouped_einsums():
+    """Traces inside the block use the grouped einsums for single-token attention."""
+    previous = attention_lib.scores_every_head_pair, attention_lib.mix_every_head_pair
+    attention_lib.scores_every_head_pair, attention_lib.mix_every_head_pair = (
+        einsum_scores, einsum_mix)
+    try:
+        yield
+    finally:
+        attention_lib.scores_every_head_pair, attention_lib.mix_every_head_pair = previous
+
+
+def attention_program(rows, slots, num_kv, groups, head_dim):
+    """One decode attention call as the model makes it: a layer read out of the stacked
+    cache, then scores, softmax and mix (the functions looked up when traced)."""
+    rng = np.random.default_rng(0)
+    cache = [jnp.asarray(rng.normal(size=(2, rows, slots, num_kv, head_dim)), jnp.float32)
+             for _ in range(2)]
+    q = jnp.asarray(rng.normal(size=(rows, 1, num_kv, groups, head_dim)), jnp.float32)
+
+    def run(all_keys, all_values, q, layer, last_slot):
+        keys = jax.lax.dynamic_index_in_dim(all_keys, layer, 0, keepdims=False)
+        values = jax.lax.dynamic_index_in_dim(all_values, layer, 0, keepdims=False)
+        scores = attention_lib.scores_every_head_pair(q, keys) / math.sqrt(head_dim)
+        allowed = jnp.arange(slots) <= last_slot
+        probs = jax.nn.softmax(jnp.where(allowed, scores, jnp.finfo(jnp.float32).min), -1)
+        return attention_lib.mix_every_head_pair(probs, values)
+
+    args = (*cache, q, jnp.int32(1), jnp.int32(slots - 3))
+    compiled = jax.jit(run).lower(*args).compile()
+    return lambda: compiled(*args)
+
+
+def generate_program(rows, d_model, heads, kv_heads):
+    config = TransformerConfig(vocab_size=512, d_model=d_model, num_layers=2, num_heads=heads,
+                               num_kv_heads=kv_heads, mlp_dim=4 * d_model,
+                               max_len=8 + STEPS)
+    model = Transformer(config)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    prompt = jax.random.randint(jax.random.key(1), (rows, 8), 0, 512)
+
+    def run(params, key):
+        out = model.apply({"params": params}, prompt, cache=init_cache(config, rows, 8 + STEPS))
+        return generate(model, params, out.cache, out.logits[:, -1], key,
+                        max_new_tokens=STEPS, eot_id=-1, pad_id=0, temperature=0.9)
+
+    compiled = jax.jit(run).lower(params, jax.random.key(2)).compile()
+    return lambda: compiled(params, jax.random.key(2))
+
+
+def compare_attention(repeats):
+    rows = []
+    for name, shape in ATTENTION_SHAPES.items():
+        with grouped_einsums():
+            before = attention_program(*shape)
+        after = attention_program(*shape)
+        gap = float(jnp.max(jnp.abs(before() - after())))
+        times = common.interleaved_median_times(
+            {"einsum": lambda: jax.block_until_ready(before()),
+             "pairs": lambda: jax.block_until_ready(after())}, repeats)
+        rows.append((name, "B {} S {} KV {} G {} d {}".format(*shape),
+                     f"{times['einsum'] * 1e3:.3f}", f"{times['pairs'] * 1e3:.3f}",
+                     f"{times['einsum'] / times['pairs']:.2f}x", f"{gap:.1e}"))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def compare_generate(repeats):
+    rows = []
+    for name, shape in GENERATE_SHAPES.items():
+        with grouped_einsums():
+            before = generate_program(*shape)
+        after = generate_program(*shape)
+        rows.append((name, "rows {} d_model {} heads {} / {}".format(*shape))
+                    + common.sampling_ab({"einsum": before, "pairs": after}, repeats))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> tuple[list, list]:
+    """Runs both parts; returns their table rows (attention, generate)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
+    args = parser.parse_args(argv)
+    # As the training CLI runs (before this process's first computation).
+    allocator.run_computations_inline()
+    allocator.keep_freed_memory()
+    start_load = common.load_average()
+    section = "Decode attention: products over every head pair"
+    description = (f"median of {args.repeats} interleaved rounds; computations inline, "
+                   f"freed memory kept (as the CLI)")
+    attention = compare_attention(args.repeats)
+    common.report("decode_attention.py", section,
+                  f"**attention** (one layer, one query token per row; {description}; load "
+                  f"average {start_load:.1f} at the start).",
+                  ("shape", "dimensions", "einsum (ms)", "head pairs (ms)", "speedup",
+                   "max |diff|"), attention, append=args.append)
+    decode = compare_generate(args.repeats)
+    common.report("decode_attention.py", section,
+                  f"**generate**: {STEPS} tokens, 2-layer model, MLP 4 x d_model, vocabulary "
+                  f"512, 8 prompt tokens ({description}; load average "
+                  f"{common.load_average():.1f} at the end).",
+                  ("setting", "model", "einsum (ms)", "head pairs (ms)", "speedup",
+                   "same tokens", "max |logp diff|"), decode, append=args.append)
+    return attention, decode
+
+
+if __name__ == "__main__":
+    main()
