@@ -176,8 +176,13 @@ def test_decode_attention_benchmark_compares_equal_outputs(monkeypatch):
     decode_attention = import_benchmark("decode_attention")
     monkeypatch.setattr(decode_attention, "ATTENTION_SHAPES", {"tiny": (2, 6, 2, 2, 8)})
     monkeypatch.setattr(decode_attention, "GENERATE_SHAPES", {"tiny": (2, 32, 4, 2)})
+    monkeypatch.setattr(decode_attention, "BLOCKED_SHAPES", {"tiny": (2, 2, 2, 8)})
+    monkeypatch.setattr(decode_attention, "BLOCKED_CAPACITY", 16)
+    monkeypatch.setattr(decode_attention, "BLOCK", 4)
     monkeypatch.setattr(decode_attention, "STEPS", 3)
-    attention, decode = decode_attention.main(["--repeats=1"])
+    attention, blocked, decode = decode_attention.main(["--repeats=1"])
     assert [row[:2] for row in attention] == [("tiny", "B 2 S 6 KV 2 G 2 d 8")]
-    assert float(attention[0][5]) < 1e-5, attention
+    assert [row[1] for row in blocked] == ["B 2 KV 2 G 2 d 8, 4 of 16 slots",
+                                           "B 2 KV 2 G 2 d 8, 16 of 16 slots"]
+    assert all(float(row[5]) < 1e-5 for row in attention + blocked), attention + blocked
     assert decode[0][5] == "yes", decode

@@ -152,7 +152,9 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
     into the buffer and its slots already counted are masked.
 
     Forward only (a cached call is inference: the loop's trip count is data
-    dependent). The dense cached path of `Transformer` computes the same function.
+    dependent). The dense cached path of `Transformer` computes the same function. A
+    single query per row on the CPU reads each block through the head-pair products
+    (`uses_head_pairs`).
 
     Args:
       q: [B, T, H, d] queries (rotary embedding applied).
@@ -201,22 +203,34 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         return jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0].astype(
             q.dtype)  # [B, c, KV, d]
 
+    head_pairs = uses_head_pairs(q_len)  # then each block is read as stored
+    q_grouped = q.reshape(batch, 1, num_kv, groups, head_dim) if head_pairs else None
+
     def key_block(j, carry):
         m, l, acc = carry
         first = j * block
         start = jnp.minimum(first, capacity - block)
         slots = start + jnp.arange(block)
         keys, values = read(all_keys, start), read(all_values, start)
-        s = jax.lax.dot_general(qm, keys, (((3,), (3,)), ((0, 1), (0, 2))),
-                                preferred_element_type=jnp.float32) * scale  # [B, KV, M, c]
+        if head_pairs:
+            s = scores_every_head_pair(q_grouped, keys).reshape(batch, num_kv, groups,
+                                                                 block) * scale
+        else:
+            s = jax.lax.dot_general(qm, keys, (((3,), (3,)), ((0, 1), (0, 2))),
+                                    preferred_element_type=jnp.float32) * scale  # [B, KV, M, c]
         allowed = (slots >= first) & (slots <= row_slots)
         s = jnp.where(allowed, s, _MASKED)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.exp(s - m_new[..., None])
         alpha = jnp.exp(m - m_new)
         l = alpha * l + jnp.sum(p, axis=-1)
-        pv = jax.lax.dot_general(p.astype(q.dtype), values, (((3,), (1,)), ((0, 1), (0, 2))),
-                                 preferred_element_type=jnp.float32)  # [B, KV, M, d]
+        if head_pairs:
+            pv = mix_every_head_pair(p.astype(q.dtype).reshape(batch, num_kv, groups, 1, block),
+                                     values).astype(jnp.float32).reshape(qm.shape)
+        else:
+            pv = jax.lax.dot_general(p.astype(q.dtype), values,
+                                     (((3,), (1,)), ((0, 1), (0, 2))),
+                                     preferred_element_type=jnp.float32)  # [B, KV, M, d]
         return m_new, l, alpha[..., None] * acc + pv
 
     shape = qm.shape[:-1]
@@ -227,6 +241,13 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
     out = (acc / l[..., None]).astype(q.dtype)
     return out.reshape(batch, num_kv, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4).reshape(
         batch, q_len, num_heads, head_dim)
+
+
+def uses_head_pairs(q_len: int) -> bool:
+    """Whether cached attention of `q_len` queries per row takes the head-pair products
+    (`scores_every_head_pair`, `mix_every_head_pair`): for a single decoded token on the
+    CPU. Prefill, training and accelerators keep the grouped products."""
+    return q_len == 1 and jax.default_backend() == "cpu"
 
 
 def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:

@@ -466,9 +466,8 @@ class Attention(nn.Module):
         groups = num_heads // num_kv
         q = q.reshape(batch, q_len, num_kv, groups, head_dim)
         # A decoded token on the CPU reads the cache layer as stored, through products over
-        # every head pair, instead of a transposed copy of it (see
-        # `attention.scores_every_head_pair`).
-        head_pairs = cache_kv is not None and q_len == 1 and jax.default_backend() == "cpu"
+        # every head pair, instead of a transposed copy of it (`attention.uses_head_pairs`).
+        head_pairs = cache_kv is not None and attention_lib.uses_head_pairs(q_len)
         if head_pairs:
             scores = attention_lib.scores_every_head_pair(q, keys)
         else:

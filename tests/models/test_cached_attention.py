@@ -47,10 +47,12 @@ def _cache_and_queries(heads=4, q_len=3, seed=0):
 
 @pytest.mark.parametrize("block_size", [1, 5, 8, 32])
 @pytest.mark.parametrize("heads", [2, 4])
-def test_equals_the_numpy_reference(block_size, heads):
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_equals_the_numpy_reference(block_size, heads, q_len):
     """Blocks of 8 over 20 slots: the third block is clamped to slots 12-19 and slots
-    12-15, already seen, are masked in it."""
-    q, keys, values, slots = _cache_and_queries(heads)
+    12-15, already seen, are masked in it. One query per row takes the head-pair products
+    on the CPU."""
+    q, keys, values, slots = _cache_and_queries(heads, q_len)
     attend = jax.jit(lambda q, k, v, layer, s: cached_attention(q, k, v, layer, s,
                                                                 block_size=block_size))
     for layer in range(LAYERS):
@@ -59,11 +61,12 @@ def test_equals_the_numpy_reference(block_size, heads):
                                    atol=2e-6, rtol=1e-5)
 
 
-def test_blocks_past_the_last_query_are_never_read():
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_blocks_past_the_last_query_are_never_read(q_len):
     """NaN in every slot past the block of the largest query slot (6, block 0 of 8
     slots): the result stays finite and equal to the reference, so those blocks were
     skipped, not masked (a masked NaN value would still poison p @ v)."""
-    q, keys, values, slots = _cache_and_queries()
+    q, keys, values, slots = _cache_and_queries(q_len=q_len)
     slots = np.minimum(slots, 6)
     poisoned = [x.at[:, :, 8:].set(jnp.nan) for x in (keys, values)]
     got = cached_attention(q, *poisoned, 1, jnp.asarray(slots), block_size=8)
@@ -222,15 +225,14 @@ def test_head_pair_products_in_bfloat16():
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="head pairs are the CPU path")
 def test_decoding_through_head_pairs_equals_the_grouped_einsums(monkeypatch):
     """The model decodes single tokens through the head-pair products on the CPU: the
-    same logits (to float32 rounding) and the same sampled tokens as with the grouped
-    einsums patched back in."""
+    same logits (to float32 rounding) and the same sampled tokens as through the grouped
+    einsums (the previous path, `uses_head_pairs` patched to False)."""
     _, _, params = make(SMALL)
     model = Transformer(SMALL)
     prompt = jax.random.randint(jax.random.key(3), (4, 5), 0, SMALL.vocab_size)
     num_valid = jnp.asarray([5, 2, 4, 1], jnp.int32)
 
     def run():
-        @jax.jit
         def sample(params):
             out = model.apply({"params": params}, prompt, cache=init_cache(SMALL, 4, 32),
                               num_valid=num_valid)
@@ -240,14 +242,12 @@ def test_decoding_through_head_pairs_equals_the_grouped_einsums(monkeypatch):
             return step.logits, generate(model, params, out.cache, last, jax.random.key(4),
                                          max_new_tokens=20, eot_id=SMALL.vocab_size - 1,
                                          pad_id=0, temperature=0.7)
-        return sample(params)
+        return str(jax.make_jaxpr(sample)(params)), jax.jit(sample)(params)
 
-    pairs_logits, pairs = run()
-    monkeypatch.setattr(attention_lib, "scores_every_head_pair", lambda q, k: jnp.einsum(
-        "btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32))
-    monkeypatch.setattr(attention_lib, "mix_every_head_pair",
-                        lambda p, v: jnp.einsum("bkgts,bskd->btkgd", p, v))
-    einsum_logits, einsums = run()
+    pairs_program, (pairs_logits, pairs) = run()
+    monkeypatch.setattr(attention_lib, "uses_head_pairs", lambda q_len: False)
+    einsum_program, (einsum_logits, einsums) = run()
+    assert pairs_program != einsum_program  # two paths, not one traced twice
     np.testing.assert_allclose(pairs_logits, einsum_logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(pairs.tokens, einsums.tokens)
     np.testing.assert_allclose(pairs.logp, einsums.logp, atol=1e-5)
