@@ -75,6 +75,26 @@ def sampling_ab(runs: Mapping[str, Callable[[], object]], repeats: int,
             f"{times[first] / times[second]:.2f}x", "yes" if same else "NO", f"{gap:.1e}")
 
 
+def compiled_generate(config, rows: int, prompt_len: int, steps: int) -> Callable[[], object]:
+    """A compiled `generate` of `steps` new tokens (temperature 0.9, no end of turn) by a
+    freshly initialised `config` model after a random `prompt_len`-token prompt of `rows`
+    rows, prefill included; returns the no-argument call (same key every time)."""
+    # Imported here: the rest of this module needs only JAX, not arl on the path.
+    from arl.models import Transformer, generate, init_cache  # pylint: disable=import-outside-toplevel
+    model = Transformer(config)
+    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    prompt = jax.random.randint(jax.random.key(1), (rows, prompt_len), 0, config.vocab_size)
+
+    def run(params, key):
+        cache = init_cache(config, rows, prompt_len + steps)
+        out = model.apply({"params": params}, prompt, cache=cache)
+        return generate(model, params, out.cache, out.logits[:, -1], key,
+                        max_new_tokens=steps, eot_id=-1, pad_id=0, temperature=0.9)
+
+    compiled = jax.jit(run).lower(params, jax.random.key(2)).compile()
+    return lambda: compiled(params, jax.random.key(2))
+
+
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
     """(result of the blocking call, wall seconds)."""
     start = time.perf_counter()

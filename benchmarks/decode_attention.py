@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from arl.host import allocator  # noqa: E402
-from arl.models import Transformer, TransformerConfig, generate, init_cache  # noqa: E402
+from arl.models import TransformerConfig  # noqa: E402
 from arl.models import attention as attention_lib  # noqa: E402
 
 # name: (rows B, cache slots S, key/value heads KV, query heads per key/value head G, d)
@@ -121,17 +121,7 @@ def generate_program(rows, d_model, heads, kv_heads):
     config = TransformerConfig(vocab_size=512, d_model=d_model, num_layers=2, num_heads=heads,
                                num_kv_heads=kv_heads, mlp_dim=4 * d_model,
                                max_len=8 + STEPS)
-    model = Transformer(config)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    prompt = jax.random.randint(jax.random.key(1), (rows, 8), 0, 512)
-
-    def run(params, key):
-        out = model.apply({"params": params}, prompt, cache=init_cache(config, rows, 8 + STEPS))
-        return generate(model, params, out.cache, out.logits[:, -1], key,
-                        max_new_tokens=STEPS, eot_id=-1, pad_id=0, temperature=0.9)
-
-    compiled = jax.jit(run).lower(params, jax.random.key(2)).compile()
-    return lambda: compiled(params, jax.random.key(2))
+    return common.compiled_generate(config, rows, prompt_len=8, steps=STEPS)
 
 
 def compare_outputs(name, dimensions, make_program, repeats):

@@ -33,7 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from arl.host import allocator  # noqa: E402
-from arl.models import Transformer, TransformerConfig, generate, init_cache  # noqa: E402
+from arl.models import TransformerConfig  # noqa: E402
 from arl.models import sampling  # noqa: E402
 
 DRAW_POINTS = ((64, 64), (128, 512), (64, 32000), (8, 151936), (64, 151936))
@@ -77,17 +77,7 @@ def draw_program(rows: int, vocab: int):
 def generate_program(rows: int, vocab: int):
     config = TransformerConfig(vocab_size=vocab, d_model=256, num_layers=2, num_heads=8,
                                num_kv_heads=2, mlp_dim=1024, max_len=8 + STEPS)
-    model = Transformer(config)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    prompt = jax.random.randint(jax.random.key(1), (rows, 8), 0, vocab)
-
-    def run(params, key):
-        out = model.apply({"params": params}, prompt, cache=init_cache(config, rows, 8 + STEPS))
-        return generate(model, params, out.cache, out.logits[:, -1], key,
-                        max_new_tokens=STEPS, eot_id=-1, pad_id=0, temperature=0.9)
-
-    compiled = jax.jit(run).lower(params, jax.random.key(2)).compile()
-    return lambda: compiled(params, jax.random.key(2))
+    return common.compiled_generate(config, rows, prompt_len=8, steps=STEPS)
 
 
 def compare(make_program, points, repeats):
