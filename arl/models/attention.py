@@ -226,7 +226,8 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         l = alpha * l + jnp.sum(p, axis=-1)
         if head_pairs:
             pv = mix_every_head_pair(p.astype(q.dtype).reshape(batch, num_kv, groups, 1, block),
-                                     values).astype(jnp.float32).reshape(qm.shape)
+                                     values, preferred_element_type=jnp.float32
+                                     ).reshape(qm.shape)
         else:
             pv = jax.lax.dot_general(p.astype(q.dtype), values,
                                      (((3,), (1,)), ((0, 1), (0, 2))),
@@ -279,16 +280,19 @@ def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
     return matching.transpose(0, 2, 3, 1, 4)
 
 
-def mix_every_head_pair(probs: jax.Array, values: jax.Array) -> jax.Array:
+def mix_every_head_pair(probs: jax.Array, values: jax.Array, *,
+                        preferred_element_type=None) -> jax.Array:
     """`einsum("bkgts,bskd->btkgd", probs, values)` from the products of every query head's
     probabilities with every key/value head's values (see `scores_every_head_pair`).
 
     probs [B, KV, G, T, S]; values [B, S, KV, d] as stored in the cache. Returns
-    [B, T, KV, G, d] in the dtype of the product of probs and values.
+    [B, T, KV, G, d] in `preferred_element_type` (None: the dtype of the product of probs
+    and values).
     """
     batch, num_kv, groups, q_len, slots = probs.shape
     rows = probs.transpose(0, 3, 1, 2, 4).reshape(batch, q_len * num_kv * groups, slots)
-    every = jax.lax.dot_general(rows, values, (((2,), (1,)), ((0,), (0,))))  # [B, M, KV, d]
+    every = jax.lax.dot_general(rows, values, (((2,), (1,)), ((0,), (0,))),
+                                preferred_element_type=preferred_element_type)  # [B, M, KV, d]
     every = every.reshape(batch, q_len, num_kv, groups, num_kv, values.shape[-1])
     return jnp.stack([every[:, :, h, :, h, :] for h in range(num_kv)], axis=2)
 

@@ -75,8 +75,9 @@ def test_blocks_past_the_last_query_are_never_read(q_len):
                                atol=2e-6, rtol=1e-5)
 
 
-def test_bfloat16_is_close_to_float32():
-    q, keys, values, slots = _cache_and_queries()
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_bfloat16_is_close_to_float32(q_len):
+    q, keys, values, slots = _cache_and_queries(q_len=q_len)
     full = cached_attention(q, keys, values, 0, jnp.asarray(slots), block_size=8)
     half = cached_attention(q.astype(jnp.bfloat16), keys.astype(jnp.bfloat16),
                             values.astype(jnp.bfloat16), 0, jnp.asarray(slots), block_size=8)
@@ -216,6 +217,12 @@ def test_head_pair_products_in_bfloat16():
     np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
     mixed = attention_lib.mix_every_head_pair(probs.astype(jnp.bfloat16), values)
     assert mixed.dtype == jnp.bfloat16
+    accumulated = attention_lib.mix_every_head_pair(probs.astype(jnp.bfloat16), values,
+                                                    preferred_element_type=jnp.float32)
+    assert accumulated.dtype == jnp.float32
+    np.testing.assert_allclose(
+        accumulated, jnp.einsum("bkgts,bskd->btkgd", probs.astype(jnp.bfloat16), values,
+                                preferred_element_type=jnp.float32), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
         mixed.astype(np.float32),
         jnp.einsum("bkgts,bskd->btkgd", probs.astype(jnp.bfloat16), values).astype(np.float32),
