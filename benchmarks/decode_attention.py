@@ -85,16 +85,12 @@ def attention_program(rows, slots, num_kv, groups, head_dim):
     def run(all_keys, all_values, q, layer, last_slot):
         keys = jax.lax.dynamic_index_in_dim(all_keys, layer, 0, keepdims=False)
         values = jax.lax.dynamic_index_in_dim(all_values, layer, 0, keepdims=False)
-        if attention_lib.uses_head_pairs(1):
-            scores = attention_lib.scores_every_head_pair(q, keys)
-        else:
-            scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+        head_pairs = attention_lib.uses_head_pairs(1)
+        scores = attention_lib.grouped_scores(q, keys, head_pairs=head_pairs)
         allowed = jnp.arange(slots) <= last_slot
         probs = jax.nn.softmax(jnp.where(allowed, scores / math.sqrt(head_dim),
                                          jnp.finfo(jnp.float32).min), -1)
-        if attention_lib.uses_head_pairs(1):
-            return attention_lib.mix_every_head_pair(probs, values)
-        return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+        return attention_lib.grouped_mix(probs, values, head_pairs=head_pairs)
 
     args = (*cache, q, jnp.int32(1), jnp.int32(slots - 3))
     compiled = jax.jit(run).lower(*args).compile()

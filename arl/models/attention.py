@@ -297,6 +297,22 @@ def mix_every_head_pair(probs: jax.Array, values: jax.Array, *,
     return jnp.stack([every[:, :, h, :, h, :] for h in range(num_kv)], axis=2)
 
 
+def grouped_scores(q: jax.Array, keys: jax.Array, *, head_pairs: bool) -> jax.Array:
+    """float32 scores [B, KV, G, T, S] of q [B, T, KV, G, d] against keys [B, S, KV, d]:
+    through `scores_every_head_pair` when `head_pairs`, else the grouped einsum."""
+    if head_pairs:
+        return scores_every_head_pair(q, keys)
+    return jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
+
+
+def grouped_mix(probs: jax.Array, values: jax.Array, *, head_pairs: bool) -> jax.Array:
+    """probs [B, KV, G, T, S] times values [B, S, KV, d] -> [B, T, KV, G, d]: through
+    `mix_every_head_pair` when `head_pairs`, else the grouped einsum."""
+    if head_pairs:
+        return mix_every_head_pair(probs, values)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, values)
+
+
 def _matmul(x, y, contract_x: int, contract_y: int):
     """Batched (over the two leading axes) product of two [B, KV, ., .] blocks, float32
     accumulation, contracting axis `contract_x` of x with `contract_y` of y."""

@@ -468,23 +468,16 @@ class Attention(nn.Module):
         # A decoded token on the CPU reads the cache layer as stored, through products over
         # every head pair, instead of a transposed copy of it (`attention.uses_head_pairs`).
         head_pairs = cache_kv is not None and attention_lib.uses_head_pairs(q_len)
-        if head_pairs:
-            scores = attention_lib.scores_every_head_pair(q, keys)
-        else:
-            scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
-                                preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(head_dim)
+        scores = attention_lib.grouped_scores(q, keys, head_pairs=head_pairs) / math.sqrt(
+            head_dim)
         if attend is None:
             allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
         else:
             allowed = attend[:, None, None, :, :]
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
-        if head_pairs:
-            out = attention_lib.mix_every_head_pair(probs, values)
-        else:
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, values)
-        out = out.reshape(batch, q_len, num_heads, head_dim)
+        out = attention_lib.grouped_mix(probs, values, head_pairs=head_pairs).reshape(
+            batch, q_len, num_heads, head_dim)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
 
 
