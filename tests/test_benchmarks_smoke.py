@@ -186,3 +186,14 @@ def test_decode_attention_benchmark_compares_equal_outputs(monkeypatch):
                                            "B 2 KV 2 G 2 d 8, 16 of 16 slots"]
     assert all(float(row[5]) < 1e-5 for row in attention + blocked), attention + blocked
     assert decode[0][5] == "yes", decode
+
+
+def test_per_layer_cache_benchmark_samples_the_same_tokens_both_ways(tmp_path):
+    per_layer_cache = import_benchmark("per_layer_cache")
+    rows = per_layer_cache.main(["--settings=tiny", "--rounds=1", f"--cache_dir={tmp_path}"])
+    assert [row[0] for row in rows] == ["tiny"]
+    assert rows[0][-1] == "yes", rows
+    # The patched path is restored: this process decodes per layer again.
+    from arl.models import sampling, transformer
+    config = transformer.TransformerConfig(vocab_size=8, num_layers=1, layer_unroll=1)
+    assert transformer.decodes_per_layer(config) and sampling.decodes_per_layer(config)

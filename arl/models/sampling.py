@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.models.transformer import KVCache, Transformer
+from arl.models.transformer import KVCache, Transformer, decodes_per_layer, per_layer_params
 
 # Most elements (max_new_tokens x rows x vocabulary) of Gumbel noise `generate` draws ahead
 # of decoding; beyond it (large vocabularies) each step draws its own.
@@ -210,7 +210,9 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
       model: a `Transformer`. params: its "params" collection (boxed or plain), or the
         full variables dict {"params": ...}.
       cache: the cache after the prefill; every row needs room for max_new_tokens more
-        positions (writes past capacity are silently dropped).
+        positions (writes past capacity are silently dropped). Stacked or per-layer
+        (`KVCache.per_layer()`), returned in the same form; with every layer unrolled
+        (`decodes_per_layer`) the loop runs on the per-layer form either way.
       last_logits: [B, V] logits at each row's last valid position (`take_last_valid`).
       key: PRNG key (split once per step).
       eot_id: the end-of-turn id, or a sequence / int array [K] of stop ids.
@@ -263,6 +265,15 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
             done = done | (length >= row_budget)
         return (out.cache, logits, done, length), (token, logp, value)
 
+    # With every layer unrolled (`TransformerConfig.layer_unroll`), decode on one cache
+    # buffer per layer, read and written in place at every token, and on weights sliced
+    # per layer once, here: from the stacked cache and weights XLA copies a layer's slice
+    # out at every token and layer.
+    per_layer = decodes_per_layer(model.config)
+    restack = per_layer and not cache.is_per_layer
+    if per_layer:
+        cache = cache.per_layer()
+        variables = {**variables, "params": per_layer_params(variables["params"])}
     carry = (cache, last_logits.astype(jnp.float32), ~active, jnp.zeros((batch,), jnp.int32))
     step_keys = jax.random.split(key, max_new_tokens)
     vocab = last_logits.shape[1]
@@ -304,5 +315,7 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
         values = values if has_values else None
 
     cache, logits, _, length = carry
+    if restack:
+        cache = cache.stacked()
     return GenerateOutput(tokens=tokens, logp=logp, length=length, cache=cache,
                           last_logits=logits, values=values)

@@ -191,8 +191,10 @@ class TransformerConfig:
       layer_unroll: layers per iteration of the layer scan in cache-free calls (training,
         recomputation): 1 = a loop of one compiled layer, num_layers = fully unrolled.
         Unrolling lets XLA drop the per-layer buffers the scan stacks for the backward
-        pass, at a compile time that grows with the depth. Calls with a KV cache always
-        run one layer per iteration.
+        pass, at a compile time that grows with the depth. Calls with a stacked KV cache
+        run one layer per iteration; with a per-layer cache (`KVCache.per_layer()`) the
+        layers run one after another. Fully unrolled, `generate` and the rollout's turns
+        decode on a per-layer cache (`decodes_per_layer`).
       attention: self-attention of cache-free calls (training, scoring): "dense" (the
         [B, H, T, T] scores in one piece), "blocked" (FlashAttention-style tiling in JAX,
         memory linear in T, `arl.models.attention`), "cudnn" (cuDNN's fused kernel via
@@ -274,20 +276,39 @@ class TransformerConfig:
 class KVCache:
     """Per-layer keys/values of every position written so far, one row per sequence.
 
-    keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity).
+    keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity), or, in the
+      per-layer form (`per_layer()`), a tuple of num_layers arrays [B, S, num_kv_heads,
+      head_dim]: one buffer per layer, which a decoding loop updates and reads in place
+      (the stacked form makes XLA copy a layer's slice out at every token and layer).
     length: int32 [B], number of valid positions of each row; position p of row b is
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
       valid queries. Padding (num_valid, attention_mask) is never written, so every
       slot below length[b] holds a real token.
     """
 
-    keys: jax.Array
-    values: jax.Array
+    keys: jax.Array | tuple[jax.Array, ...]
+    values: jax.Array | tuple[jax.Array, ...]
     length: jax.Array
 
     @property
+    def is_per_layer(self) -> bool:
+        return isinstance(self.keys, (tuple, list))
+
+    @property
     def capacity(self) -> int:
-        return self.keys.shape[2]
+        return self.keys[0].shape[1] if self.is_per_layer else self.keys.shape[2]
+
+    def per_layer(self) -> KVCache:
+        """The same cache as one buffer per layer (a copy of the cache)."""
+        if self.is_per_layer:
+            return self
+        return self.replace(keys=tuple(self.keys), values=tuple(self.values))
+
+    def stacked(self) -> KVCache:
+        """The same cache as [num_layers, B, S, num_kv_heads, head_dim] arrays."""
+        if not self.is_per_layer:
+            return self
+        return self.replace(keys=jnp.stack(self.keys), values=jnp.stack(self.values))
 
 
 @struct.dataclass
@@ -495,6 +516,75 @@ def _write_cache(cache_kv, layer_index, write_positions, k, v):
     return all_keys, all_values
 
 
+def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
+    expected = (batch, cache.capacity, cfg.num_kv_heads, cfg.resolved_head_dim)
+    if cache.is_per_layer:
+        shapes = [x.shape for x in (*cache.keys, *cache.values)]
+        if (len(cache.keys) != cfg.num_layers or len(cache.values) != cfg.num_layers
+                or any(shape != expected for shape in shapes)):
+            raise ValueError(f"Transformer: a per-layer cache needs {cfg.num_layers} keys and "
+                             f"values arrays of shape {expected} (batch, capacity, kv_heads, "
+                             f"head_dim), got {len(cache.keys)} / {len(cache.values)} arrays "
+                             f"of shapes {sorted(set(shapes))}")
+        return
+    expected = (cfg.num_layers,) + expected
+    if cache.keys.shape != expected or cache.values.shape != expected:
+        raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
+                         f"(layers, batch, capacity, kv_heads, head_dim), got "
+                         f"{cache.keys.shape} / {cache.values.shape}")
+
+
+def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
+    """The layers one after another, layer l on its own cache buffer (a per-layer
+    `KVCache`) and on its parameters (slices of the stacked `layer_params`, or element l
+    of their `per_layer_params` tuple): the computation of the scan over the stacked
+    cache, layer by layer.
+
+    Each buffer is handed to the layer as a one-layer stack ([1, B, S, KV, head_dim], a
+    reshape) at layer index 0, so the layer writes and reads it in place: inside a decoding
+    loop nothing is copied per token, and the weight slices do not depend on the token,
+    so XLA can take them once per loop.
+    """
+    params = nn.meta.unbox(layer_params)
+    if not isinstance(params, (tuple, list)):
+        params = [jax.tree.map(lambda p, i=index: p[i], params)
+                  for index in range(cfg.num_layers)]
+    layer = DecoderLayer(cfg, parent=None)
+    new_keys, new_values = [], []
+    for layer_params, keys, values in zip(params, *layer_caches):
+        (h, (keys, values)), _ = layer.apply(
+            {"params": layer_params}, (h, (keys[None], values[None])), jnp.int32(0),
+            *layer_args)
+        new_keys.append(keys[0])
+        new_values.append(values[0])
+    return h, (tuple(new_keys), tuple(new_values))
+
+
+def decodes_per_layer(config: TransformerConfig) -> bool:
+    """Whether decoding runs on a per-layer cache and per-layer weights: with every layer
+    unrolled (`layer_unroll >= num_layers`), where the program has one layer body per
+    layer anyway; a scanned layer stack keeps the stacked cache. Other models (a config
+    that is not a `TransformerConfig`) keep their own cache."""
+    return isinstance(config, TransformerConfig) and config.layer_unroll >= config.num_layers
+
+
+def per_layer_params(params):
+    """The model's parameters with the stacked layers (`params["layers"]`, leading axis
+    num_layers) as a tuple of one tree per layer (a copy of the layer weights).
+
+    Accepted, like the stacked form, by calls with a per-layer `KVCache`: a decoding loop
+    that receives them takes every weight slice once, before the loop, instead of at
+    every token.
+    """
+    params = dict(nn.meta.unbox(params))
+    stacked = params["layers"]
+    if not isinstance(stacked, (tuple, list)):
+        num_layers = jax.tree.leaves(stacked)[0].shape[0]
+        params["layers"] = tuple(jax.tree.map(lambda p, i=index: p[i], stacked)
+                                 for index in range(num_layers))
+    return params
+
+
 def _output_projection(cfg, out):
     """o_proj of the attention output [B, T, H, head_dim] -> [B, T, d_model], on the
     tokens flattened to [B*T, H, head_dim]."""
@@ -671,12 +761,7 @@ class Transformer(nn.Module):
             layer_caches = None
             write_positions = key_positions = slots = None
         else:
-            expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
-                        cfg.resolved_head_dim)
-            if cache.keys.shape != expected or cache.values.shape != expected:
-                raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
-                                 f"(layers, batch, capacity, kv_heads, head_dim), got "
-                                 f"{cache.keys.shape} / {cache.values.shape}")
+            _check_cache_shapes(cache, cfg, batch)
             if cache.length.shape != (batch,):
                 raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
                                  f"{cache.length.shape}")
@@ -726,22 +811,31 @@ class Transformer(nn.Module):
                                          cfg.dtype)
         if rope is None:
             rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
-        layer_cls = DecoderLayer
-        if cfg.remat:
-            layer_cls = nn.remat(layer_cls, prevent_cse=False)
-        layers = nn.scan(
-            layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                     nn.broadcast, nn.broadcast, nn.broadcast),
-            length=cfg.num_layers,
-            # Cached calls keep one layer per iteration: their in-place cache update
-            # measured slower unrolled (benchmarks/RESULTS.md, "Layer scan").
-            unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
-            metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
-        (h, new_layer_caches), _ = layers((h, layer_caches),
-                                          jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                                          positions, rope, write_positions, key_positions,
-                                          attend, key_mask, slots)
+        layer_args = (positions, rope, write_positions, key_positions, attend, key_mask,
+                      slots)
+        if cache is not None and cache.is_per_layer:
+            h, new_layer_caches = _per_layer_calls(
+                cfg, self.variables["params"]["layers"], h, layer_caches, layer_args)
+        else:
+            if isinstance(self.variables.get("params", {}).get("layers"), (tuple, list)):
+                raise ValueError("Transformer: parameters with per-layer trees "
+                                 "(`per_layer_params`) need a per-layer cache "
+                                 "(`KVCache.per_layer()`); pass the stacked parameters")
+            layer_cls = DecoderLayer
+            if cfg.remat:
+                layer_cls = nn.remat(layer_cls, prevent_cse=False)
+            layers = nn.scan(
+                layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                         nn.broadcast, nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                # Cached calls keep one layer per iteration: their in-place update of the
+                # stacked cache measured slower unrolled (benchmarks/RESULTS.md, "Layer
+                # scan"); a per-layer cache runs the layers one by one instead.
+                unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
+                metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
+            (h, new_layer_caches), _ = layers(
+                (h, layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32), *layer_args)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)

@@ -18,6 +18,7 @@ from flax import struct
 
 from arl.envs.base import TokenChunk
 from arl.models import sampling as sampling_lib
+from arl.models import transformer as transformer_lib
 from arl.rollout.trajectory import SamplingConfig
 
 SCRIPTED_SOURCES = ("demonstrator", "oracle")  # the env's scripted policies
@@ -136,12 +137,23 @@ class TurnPlayer:
         `first_turn[b] + i` of its episode, played while the row is not done and below
         the horizon. Returns the final carry and the per-turn record `[B, num_turns]`
         (with `record_states`, the environment state before each turn too)."""
+        player = self
+        per_layer = carry.cache is not None and transformer_lib.decodes_per_layer(
+            self.model.config)
+        if per_layer:
+            # Once for all turns, not at every turn's decoding (`generate`).
+            player = dataclasses.replace(self, params=transformer_lib.per_layer_params(
+                self.params))
+            carry = carry.replace(cache=carry.cache.per_layer())
+
         def scan_turn(carry, xs):
             i, turn_key = xs
-            return self._turn(carry, first_turn + i, turn_key, record_states)
+            return player._turn(carry, first_turn + i, turn_key, record_states)
 
         keys = jax.random.split(key, num_turns)
         carry, per_turn = jax.lax.scan(scan_turn, carry, (jnp.arange(num_turns), keys))
+        if per_layer:
+            carry = carry.replace(cache=carry.cache.stacked())
         return carry, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), per_turn)
 
     def _turn(self, carry: RolloutCarry, turn_index, key, record_states):
