@@ -549,6 +549,9 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     if not isinstance(params, (tuple, list)):
         params = [jax.tree.map(lambda p, i=index: p[i], params)
                   for index in range(cfg.num_layers)]
+    # Computed once for all layers, as the scan's broadcast inputs are: without the
+    # barrier XLA fuses the RoPE tables' sin / cos into every layer's rotations again.
+    layer_args = jax.lax.optimization_barrier(layer_args)
     layer = DecoderLayer(cfg, parent=None)
     new_keys, new_values = [], []
     for layer_params, keys, values in zip(params, *layer_caches):
