@@ -517,9 +517,10 @@ def _write_cache(cache_kv, layer_index, write_positions, k, v):
 
 
 def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
-    expected = (batch, cache.capacity, cfg.num_kv_heads, cfg.resolved_head_dim)
     if cache.is_per_layer:
         shapes = [x.shape for x in (*cache.keys, *cache.values)]
+        capacity = cache.capacity if cache.keys else None
+        expected = (batch, capacity, cfg.num_kv_heads, cfg.resolved_head_dim)
         if (len(cache.keys) != cfg.num_layers or len(cache.values) != cfg.num_layers
                 or any(shape != expected for shape in shapes)):
             raise ValueError(f"Transformer: a per-layer cache needs {cfg.num_layers} keys and "
@@ -527,7 +528,8 @@ def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
                              f"head_dim), got {len(cache.keys)} / {len(cache.values)} arrays "
                              f"of shapes {sorted(set(shapes))}")
         return
-    expected = (cfg.num_layers,) + expected
+    expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
+                cfg.resolved_head_dim)
     if cache.keys.shape != expected or cache.values.shape != expected:
         raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
                          f"(layers, batch, capacity, kv_heads, head_dim), got "
@@ -545,18 +547,15 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     loop nothing is copied per token, and the weight slices do not depend on the token,
     so XLA can take them once per loop.
     """
-    params = nn.meta.unbox(layer_params)
-    if not isinstance(params, (tuple, list)):
-        params = [jax.tree.map(lambda p, i=index: p[i], params)
-                  for index in range(cfg.num_layers)]
+    params = _layer_slices(nn.meta.unbox(layer_params))
     # Computed once for all layers, as the scan's broadcast inputs are: without the
     # barrier XLA fuses the RoPE tables' sin / cos into every layer's rotations again.
     layer_args = jax.lax.optimization_barrier(layer_args)
     layer = DecoderLayer(cfg, parent=None)
     new_keys, new_values = [], []
-    for layer_params, keys, values in zip(params, *layer_caches):
+    for one_layer, keys, values in zip(params, *layer_caches):
         (h, (keys, values)), _ = layer.apply(
-            {"params": layer_params}, (h, (keys[None], values[None])), jnp.int32(0),
+            {"params": one_layer}, (h, (keys[None], values[None])), jnp.int32(0),
             *layer_args)
         new_keys.append(keys[0])
         new_values.append(values[0])
@@ -580,12 +579,17 @@ def per_layer_params(params):
     every token.
     """
     params = dict(nn.meta.unbox(params))
-    stacked = params["layers"]
-    if not isinstance(stacked, (tuple, list)):
-        num_layers = jax.tree.leaves(stacked)[0].shape[0]
-        params["layers"] = tuple(jax.tree.map(lambda p, i=index: p[i], stacked)
-                                 for index in range(num_layers))
+    params["layers"] = _layer_slices(params["layers"])
     return params
+
+
+def _layer_slices(layers) -> tuple:
+    """Stacked layer parameters (leading axis num_layers) as one tree per layer; a tuple
+    or list of per-layer trees as it is."""
+    if isinstance(layers, (tuple, list)):
+        return tuple(layers)
+    num_layers = jax.tree.leaves(layers)[0].shape[0]
+    return tuple(jax.tree.map(lambda p, i=index: p[i], layers) for index in range(num_layers))
 
 
 def _output_projection(cfg, out):

@@ -140,6 +140,9 @@ def test_bad_per_layer_inputs_are_named():
     short = cache.per_layer().replace(keys=cache.per_layer().keys[:1])
     with pytest.raises(ValueError, match="per-layer cache needs 2 keys and values arrays"):
         model.apply({"params": params}, token, cache=short)
+    with pytest.raises(ValueError, match="got 0 / 0 arrays"):
+        model.apply({"params": params}, token, cache=KVCache(keys=(), values=(),
+                                                             length=cache.length))
     wrong = KVCache(keys=tuple(k[:, :, :1] for k in cache.keys),
                     values=tuple(cache.values), length=cache.length)
     with pytest.raises(ValueError, match="per-layer cache"):
