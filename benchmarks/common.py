@@ -147,6 +147,15 @@ def matmul_peak_flops(size: int, repeats: int = 5, dtype=jnp.float32) -> float:
     return 2.0 * size**3 / best
 
 
+def host_settings_as_the_cli() -> None:
+    """The training CLI's host settings, before this process's first computation: JAX
+    computations run inline on the calling thread and freed memory stays mapped (a fresh
+    mapping per step costs large matmuls up to 2x in page faults; `arl.host.allocator`)."""
+    from arl.host import allocator  # pylint: disable=import-outside-toplevel
+    allocator.run_computations_inline()
+    allocator.keep_freed_memory()
+
+
 def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 

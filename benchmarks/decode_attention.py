@@ -38,7 +38,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
-from arl.host import allocator  # noqa: E402
 from arl.models import TransformerConfig  # noqa: E402
 from arl.models import attention as attention_lib  # noqa: E402
 
@@ -171,9 +170,7 @@ def main(argv=None) -> tuple[list, list, list]:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
     args = parser.parse_args(argv)
-    # As the training CLI runs (before this process's first computation).
-    allocator.run_computations_inline()
-    allocator.keep_freed_memory()
+    common.host_settings_as_the_cli()
     start_load = common.load_average()
     section = "Decode attention: products over every head pair"
     description = (f"median of {args.repeats} interleaved rounds; computations inline, "

@@ -29,7 +29,6 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
 import peers  # noqa: E402  pylint: disable=wrong-import-position
-from arl.host import allocator  # noqa: E402
 from arl.models import sampling as sampling_lib  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
@@ -87,9 +86,7 @@ def main(argv=None) -> list:
         parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    # As the training CLI runs (before this process's first computation).
-    allocator.run_computations_inline()
-    allocator.keep_freed_memory()
+    common.host_settings_as_the_cli()
     start_load = common.load_average()
     rows = [compare_setting(name, args.rounds, args.cache_dir) for name in names]
     common.report(

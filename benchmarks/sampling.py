@@ -32,7 +32,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
-from arl.host import allocator  # noqa: E402
 from arl.models import TransformerConfig  # noqa: E402
 from arl.models import sampling  # noqa: E402
 
@@ -103,9 +102,7 @@ def main(argv=None) -> tuple[list, list]:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
     args = parser.parse_args(argv)
-    # As the training CLI runs (before this process's first computation).
-    allocator.run_computations_inline()
-    allocator.keep_freed_memory()
+    common.host_settings_as_the_cli()
     start_load = common.load_average()
     header = ("rows", "vocabulary", "jnp.argmax (ms)", "two reductions (ms)", "speedup",
               "same tokens", "max |logp diff|")

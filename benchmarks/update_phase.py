@@ -67,7 +67,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
 
-from arl.host import allocator  # noqa: E402
 
 from arl import config as config_lib  # noqa: E402
 from arl import sharding as sharding_lib  # noqa: E402
@@ -566,10 +565,7 @@ def main(argv=None):
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
-    # As the training CLI runs: computations inline, freed memory kept mapped (a fresh
-    # mapping per step costs the large matmuls up to 2x in page faults).
-    allocator.run_computations_inline()
-    allocator.keep_freed_memory()
+    common.host_settings_as_the_cli()
     log = lambda line: print(line, flush=True)
     uptime_start = uptime()
     log(f"uptime: {uptime_start}")
