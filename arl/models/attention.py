@@ -153,14 +153,18 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
 
     Forward only (a cached call is inference: the loop's trip count is data
     dependent). The dense cached path of `Transformer` computes the same function. A
-    single query per row on the CPU reads each block through the head-pair products
-    (`uses_head_pairs`).
+    single query per row on the CPU reads each block of the stacked cache through the
+    head-pair products (`uses_head_pairs`); a per-layer cache's blocks are read as stored
+    (`layer_scores`, `layer_mix`).
 
     Args:
       q: [B, T, H, d] queries (rotary embedding applied).
       all_keys, all_values: [L, B, S, KV, d] the cache of every layer, this call's new
-        keys and values already written; read in q's dtype.
-      layer_index: int scalar (may be traced), the layer to read.
+        keys and values already written; read in q's dtype. Or, with `layer_index`
+        None, one layer's buffers of a per-layer cache: keys [B, KV, d, S], values
+        [B, KV, S, d] (`transformer.KVCache.per_layer`).
+      layer_index: int scalar (may be traced), the layer to read; None for a per-layer
+        cache.
       query_slots: int [B, T] the cache slot of each query; a query sees slots <= its
         own (its row's real tokens before it, and itself).
       block_size: slots per block (static).
@@ -171,11 +175,18 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
       the dense path.
     """
     batch, q_len, num_heads, head_dim = q.shape
-    _, cache_batch, capacity, num_kv, cache_dim = all_keys.shape
-    if (cache_batch, cache_dim) != (batch, head_dim) or all_values.shape != all_keys.shape:
-        raise ValueError(f"cached_attention: the cache must be [L, B={batch}, S, KV, "
-                         f"d={head_dim}], got keys {all_keys.shape}, values "
-                         f"{all_values.shape}")
+    one_layer = layer_index is None
+    if one_layer:
+        cache_batch, num_kv, cache_dim, capacity = all_keys.shape
+        layout_ok = all_values.shape == (cache_batch, num_kv, capacity, cache_dim)
+        expected = f"keys [B={batch}, KV, d={head_dim}, S] and values [B, KV, S, d]"
+    else:
+        _, cache_batch, capacity, num_kv, cache_dim = all_keys.shape
+        layout_ok = all_values.shape == all_keys.shape
+        expected = f"[L, B={batch}, S, KV, d={head_dim}]"
+    if (cache_batch, cache_dim) != (batch, head_dim) or not layout_ok:
+        raise ValueError(f"cached_attention: the cache must be {expected}, got keys "
+                         f"{all_keys.shape}, values {all_values.shape}")
     if num_heads % num_kv:
         raise ValueError(f"cached_attention: {num_kv} key/value heads must divide "
                          f"{num_heads} query heads")
@@ -203,7 +214,14 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         return jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0].astype(
             q.dtype)  # [B, c, KV, d]
 
-    head_pairs = uses_head_pairs(q_len)  # then each block is read as stored
+    def read_layer(start):
+        keys = jax.lax.dynamic_slice(all_keys, (0, 0, 0, start),
+                                     (batch, num_kv, head_dim, block))
+        values = jax.lax.dynamic_slice(all_values, (0, 0, start, 0),
+                                       (batch, num_kv, block, head_dim))
+        return keys.astype(q.dtype), values.astype(q.dtype)  # [B, KV, d, c], [B, KV, c, d]
+
+    head_pairs = not one_layer and uses_head_pairs(q_len)  # then each block is read as stored
     q_grouped = q.reshape(batch, 1, num_kv, groups, head_dim) if head_pairs else None
 
     def key_block(j, carry):
@@ -211,8 +229,13 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         first = j * block
         start = jnp.minimum(first, capacity - block)
         slots = start + jnp.arange(block)
-        keys, values = read(all_keys, start), read(all_values, start)
-        if head_pairs:
+        if one_layer:
+            keys, values = read_layer(start)
+        else:
+            keys, values = read(all_keys, start), read(all_values, start)
+        if one_layer:
+            s = layer_scores(qm, keys) * scale  # [B, KV, M, c]
+        elif head_pairs:
             s = scores_every_head_pair(q_grouped, keys).reshape(batch, num_kv, groups,
                                                                  block) * scale
         else:
@@ -224,7 +247,9 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         p = jnp.exp(s - m_new[..., None])
         alpha = jnp.exp(m - m_new)
         l = alpha * l + jnp.sum(p, axis=-1)
-        if head_pairs:
+        if one_layer:
+            pv = layer_mix(p.astype(q.dtype), values, preferred_element_type=jnp.float32)
+        elif head_pairs:
             pv = mix_every_head_pair(p.astype(q.dtype).reshape(batch, num_kv, groups, 1, block),
                                      values, preferred_element_type=jnp.float32
                                      ).reshape(qm.shape)
@@ -295,6 +320,25 @@ def mix_every_head_pair(probs: jax.Array, values: jax.Array, *,
                                 preferred_element_type=preferred_element_type)  # [B, M, KV, d]
     every = every.reshape(batch, q_len, num_kv, groups, num_kv, values.shape[-1])
     return jnp.stack([every[:, :, h, :, h, :] for h in range(num_kv)], axis=2)
+
+
+def layer_scores(q: jax.Array, keys: jax.Array) -> jax.Array:
+    """float32 scores [B, KV, M, S] of q [B, KV, M, d] (M query rows per key/value head)
+    against one layer of a per-layer cache's keys [B, KV, d, S]: a batched product over
+    (B, KV) that reads the keys as stored (its right operand is [d, S] per batch entry),
+    where the stacked cache's [B, S, KV, d] layer needs a transposed copy or the products
+    of every head pair (`scores_every_head_pair`). A broadcast multiply summed over d
+    measured no faster on the CPU for a decoded token.
+    """
+    return jax.lax.dot_general(q, keys, (((3,), (2,)), ((0, 1), (0, 1))),
+                               preferred_element_type=jnp.float32)
+
+
+def layer_mix(probs: jax.Array, values: jax.Array, *, preferred_element_type=None) -> jax.Array:
+    """probs [B, KV, M, S] times one layer of a per-layer cache's values [B, KV, S, d]
+    -> [B, KV, M, d] (a batched product over (B, KV), the values read as stored)."""
+    return jax.lax.dot_general(probs, values, (((3,), (2,)), ((0, 1), (0, 1))),
+                               preferred_element_type=preferred_element_type)
 
 
 def grouped_scores(q: jax.Array, keys: jax.Array, *, head_pairs: bool) -> jax.Array:

@@ -277,9 +277,11 @@ class KVCache:
     """Per-layer keys/values of every position written so far, one row per sequence.
 
     keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity), or, in the
-      per-layer form (`per_layer()`), a tuple of num_layers arrays [B, S, num_kv_heads,
-      head_dim]: one buffer per layer, which a decoding loop updates and reads in place
-      (the stacked form makes XLA copy a layer's slice out at every token and layer).
+      per-layer form (`per_layer()`), tuples of num_layers arrays, keys [B, num_kv_heads,
+      head_dim, S] and values [B, num_kv_heads, S, head_dim]: one buffer per layer, which
+      a decoding loop updates and reads in place (the stacked form makes XLA copy a
+      layer's slice out at every token and layer), laid out as the attention's products
+      read them (slots last for the keys, so a decoded token's scores run along them).
     length: int32 [B], number of valid positions of each row; position p of row b is
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
       valid queries. Padding (num_valid, attention_mask) is never written, so every
@@ -296,19 +298,22 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.keys[0].shape[1] if self.is_per_layer else self.keys.shape[2]
+        return self.keys[0].shape[-1] if self.is_per_layer else self.keys.shape[2]
 
     def per_layer(self) -> KVCache:
-        """The same cache as one buffer per layer (a copy of the cache)."""
+        """The same cache as one buffer per layer, keys [B, KV, head_dim, S] and values
+        [B, KV, S, head_dim] (a transposed copy of the cache)."""
         if self.is_per_layer:
             return self
-        return self.replace(keys=tuple(self.keys), values=tuple(self.values))
+        return self.replace(keys=tuple(k.transpose(0, 2, 3, 1) for k in self.keys),
+                            values=tuple(v.transpose(0, 2, 1, 3) for v in self.values))
 
     def stacked(self) -> KVCache:
         """The same cache as [num_layers, B, S, num_kv_heads, head_dim] arrays."""
         if not self.is_per_layer:
             return self
-        return self.replace(keys=jnp.stack(self.keys), values=jnp.stack(self.values))
+        return self.replace(keys=jnp.stack([k.transpose(0, 3, 1, 2) for k in self.keys]),
+                            values=jnp.stack([v.transpose(0, 2, 1, 3) for v in self.values]))
 
 
 @struct.dataclass
@@ -420,7 +425,9 @@ class Attention(nn.Module):
         (computed once per forward pass, not in every layer).
 
         Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
-        (every layer's keys, values [L, B, S, KV, Dh]) this layer's new keys are scattered
+        (every layer's keys, values [L, B, S, KV, Dh]; or this layer's buffers of a
+        per-layer cache, keys [B, KV, Dh, S] and values [B, KV, S, Dh], with layer_index
+        None) this layer's new keys are scattered
         to `[layer_index, b, write_positions]` (out-of-range entries dropped) and queries
         attend to all S slots of the layer whose position is <= their own
         (`key_positions` [S]). The whole cache is updated in place (a scatter of the T new
@@ -465,6 +472,9 @@ class Attention(nn.Module):
                 block_size=cfg.attention_block)
             return _output_projection(cfg, constrain_activation(out, _HEADS)), None
 
+        if layer_index is None:
+            return self._on_layer_cache(q, k, v, cache_kv, positions, write_positions,
+                                        key_positions, attend, query_slots)
         if cache_kv is None:
             keys, values = k, v
             key_pos = positions  # [B, T]
@@ -501,6 +511,41 @@ class Attention(nn.Module):
             batch, q_len, num_heads, head_dim)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
 
+    def _on_layer_cache(self, q, k, v, layer_cache, positions, write_positions,
+                        key_positions, attend, query_slots):
+        """The cached attention of `__call__` on one layer's buffers of a per-layer cache
+        (keys [B, KV, Dh, S], values [B, KV, S, Dh]): the same function, with products
+        that read the buffers as stored."""
+        cfg = self.config
+        batch, q_len, num_heads, head_dim = q.shape
+        keys, values = _write_layer_cache(layer_cache, write_positions, k, v)
+        capacity = keys.shape[-1]
+        if attention_lib.resolve_implementation(cfg.attention, capacity,
+                                                cfg.attention_block) == "blocked":
+            out = attention_lib.cached_attention(q, keys, values, None, query_slots,
+                                                 block_size=cfg.attention_block)
+            return (_output_projection(cfg, constrain_activation(out, _HEADS)),
+                    (keys, values))
+        num_kv = keys.shape[1]
+        groups = num_heads // num_kv
+        # Query rows [B, KV, G T, Dh], row g T + t: query t of head kv G + g.
+        rows = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(
+            0, 2, 3, 1, 4).reshape(batch, num_kv, groups * q_len, head_dim)
+        scores = attention_lib.layer_scores(rows, keys.astype(cfg.dtype)).reshape(
+                batch, num_kv, groups, q_len, capacity) / math.sqrt(head_dim)
+        if attend is None:
+            allowed = key_positions[None, None, None, None, :] <= positions[
+                :, None, None, :, None]
+        else:
+            allowed = attend[:, None, None, :, :]
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        out = attention_lib.layer_mix(
+            probs.reshape(batch, num_kv, groups * q_len, capacity), values.astype(cfg.dtype))
+        out = out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(
+            0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
+        return _output_projection(cfg, constrain_activation(out, _HEADS)), (keys, values)
+
 
 def _write_cache(cache_kv, layer_index, write_positions, k, v):
     """The cache with this layer's new keys and values at `[layer_index, b,
@@ -516,17 +561,34 @@ def _write_cache(cache_kv, layer_index, write_positions, k, v):
     return all_keys, all_values
 
 
+def _write_layer_cache(layer_cache, write_positions, k, v):
+    """One layer's buffers of a per-layer cache (keys [B, KV, Dh, S], values [B, KV, S,
+    Dh]) with the new keys and values k, v [B, T, KV, Dh] at slots `write_positions[b,
+    t]` (out-of-range writes dropped, as in `_write_cache`)."""
+    keys, values = layer_cache
+    batch_index = jnp.arange(k.shape[0])[:, None]
+    # The indexed axes are not adjacent, so the indexed window is [B, T, KV, Dh]: k's shape.
+    keys = keys.at[batch_index, :, :, write_positions].set(k.astype(keys.dtype), mode="drop")
+    values = values.at[batch_index, :, write_positions].set(v.astype(values.dtype),
+                                                             mode="drop")
+    return keys, values
+
+
 def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
     if cache.is_per_layer:
-        shapes = [x.shape for x in (*cache.keys, *cache.values)]
         capacity = cache.capacity if cache.keys else None
-        expected = (batch, capacity, cfg.num_kv_heads, cfg.resolved_head_dim)
+        kv, head_dim = cfg.num_kv_heads, cfg.resolved_head_dim
+        keys_shape, values_shape = (batch, kv, head_dim, capacity), (batch, kv, capacity, head_dim)
         if (len(cache.keys) != cfg.num_layers or len(cache.values) != cfg.num_layers
-                or any(shape != expected for shape in shapes)):
-            raise ValueError(f"Transformer: a per-layer cache needs {cfg.num_layers} keys and "
-                             f"values arrays of shape {expected} (batch, capacity, kv_heads, "
-                             f"head_dim), got {len(cache.keys)} / {len(cache.values)} arrays "
-                             f"of shapes {sorted(set(shapes))}")
+                or any(x.shape != keys_shape for x in cache.keys)
+                or any(x.shape != values_shape for x in cache.values)):
+            shapes = sorted({x.shape for x in (*cache.keys, *cache.values)})
+            raise ValueError(f"Transformer: a per-layer cache needs {cfg.num_layers} keys "
+                             f"arrays of shape {keys_shape} (batch, kv_heads, head_dim, "
+                             f"capacity) and {cfg.num_layers} values arrays of shape "
+                             f"{values_shape} (batch, kv_heads, capacity, head_dim), got "
+                             f"{len(cache.keys)} / {len(cache.values)} arrays of shapes "
+                             f"{shapes}")
         return
     expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
                 cfg.resolved_head_dim)
@@ -542,10 +604,9 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     of their `per_layer_params` tuple): the computation of the scan over the stacked
     cache, layer by layer.
 
-    Each buffer is handed to the layer as a one-layer stack ([1, B, S, KV, head_dim], a
-    reshape) at layer index 0, so the layer writes and reads it in place: inside a decoding
-    loop nothing is copied per token, and the weight slices do not depend on the token,
-    so XLA can take them once per loop.
+    Each layer writes and reads its own buffers in place (layer index None): inside a
+    decoding loop nothing is copied per token, and the weight slices do not depend on the
+    token, so XLA can take them once per loop.
     """
     params = _layer_slices(nn.meta.unbox(layer_params))
     # Computed once for all layers, as the scan's broadcast inputs are: without the
@@ -555,10 +616,9 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     new_keys, new_values = [], []
     for one_layer, keys, values in zip(params, *layer_caches):
         (h, (keys, values)), _ = layer.apply(
-            {"params": one_layer}, (h, (keys[None], values[None])), jnp.int32(0),
-            *layer_args)
-        new_keys.append(keys[0])
-        new_values.append(values[0])
+            {"params": one_layer}, (h, (keys, values)), None, *layer_args)
+        new_keys.append(keys)
+        new_values.append(values)
     return h, (tuple(new_keys), tuple(new_values))
 
 

@@ -61,6 +61,43 @@ def test_equals_the_numpy_reference(block_size, heads, q_len):
                                    atol=2e-6, rtol=1e-5)
 
 
+def _one_layer(keys, values, layer):
+    """Layer `layer` of the stacked cache as a per-layer cache holds it: keys [B, KV, d,
+    S], values [B, KV, S, d] (`KVCache.per_layer`)."""
+    return keys[layer].transpose(0, 2, 3, 1), values[layer].transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 32])
+@pytest.mark.parametrize("heads", [2, 4])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_one_layer_of_a_per_layer_cache_equals_the_numpy_reference(block_size, heads, q_len):
+    """The same attention read from one layer's buffers (layer_index None), in the layout
+    of a per-layer cache."""
+    q, keys, values, slots = _cache_and_queries(heads, q_len)
+    attend = jax.jit(lambda q, k, v, s: cached_attention(q, k, v, None, s,
+                                                         block_size=block_size))
+    for layer in range(LAYERS):
+        got = attend(q, *_one_layer(keys, values, layer), jnp.asarray(slots))
+        np.testing.assert_allclose(got, _numpy_cached_attention(q, keys, values, layer, slots),
+                                   atol=2e-6, rtol=1e-5)
+
+
+def test_one_layer_blocks_past_the_last_query_are_never_read():
+    q, keys, values, slots = _cache_and_queries(q_len=1)
+    slots = np.minimum(slots, 6)
+    poisoned = [x.at[:, :, 8:].set(jnp.nan) for x in (keys, values)]
+    got = cached_attention(q, *_one_layer(*poisoned, 1), None, jnp.asarray(slots),
+                           block_size=8)
+    np.testing.assert_allclose(got, _numpy_cached_attention(q, keys, values, 1, slots),
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_one_layer_in_the_stacked_layout_is_named():
+    q, keys, values, slots = _cache_and_queries()
+    with pytest.raises(ValueError, match=r"keys \[B=3, KV, d=8, S\] and values \[B, KV, S, d\]"):
+        cached_attention(q, keys[0], values[0], None, jnp.asarray(slots), block_size=8)
+
+
 @pytest.mark.parametrize("q_len", [1, 3])
 def test_blocks_past_the_last_query_are_never_read(q_len):
     """NaN in every slot past the block of the largest query slot (6, block 0 of 8

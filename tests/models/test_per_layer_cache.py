@@ -35,11 +35,19 @@ def test_per_layer_and_stacked_forms_round_trip():
     _, _, cache, _ = _prefilled()
     layered = cache.per_layer()
     assert layered.is_per_layer and not cache.is_per_layer
-    assert len(layered.keys) == LAYERS and layered.keys[0].shape == cache.keys.shape[1:]
+    batch, capacity, kv, head_dim = cache.keys.shape[1:]
+    assert len(layered.keys) == len(layered.values) == LAYERS
+    assert layered.keys[0].shape == (batch, kv, head_dim, capacity)  # slots last
+    assert layered.values[0].shape == (batch, kv, capacity, head_dim)
     assert layered.capacity == cache.capacity == 32
     for layer in range(LAYERS):
-        np.testing.assert_array_equal(layered.keys[layer], cache.keys[layer])
-        np.testing.assert_array_equal(layered.values[layer], cache.values[layer])
+        for b, slot, h, i in [(0, 0, 0, 0), (1, 5, 1, 7), (3, 2, 0, 31)]:
+            assert layered.keys[layer][b, h, i, slot] == cache.keys[layer, b, slot, h, i]
+            assert layered.values[layer][b, h, slot, i] == cache.values[layer, b, slot, h, i]
+        np.testing.assert_array_equal(layered.keys[layer],
+                                      np.transpose(cache.keys[layer], (0, 2, 3, 1)))
+        np.testing.assert_array_equal(layered.values[layer],
+                                      np.transpose(cache.values[layer], (0, 2, 1, 3)))
     back = layered.stacked()
     np.testing.assert_array_equal(back.keys, cache.keys)
     np.testing.assert_array_equal(back.values, cache.values)
@@ -138,7 +146,8 @@ def test_bad_per_layer_inputs_are_named():
     model, params, cache, _ = _prefilled()
     token = jnp.zeros((4, 1), jnp.int32)
     short = cache.per_layer().replace(keys=cache.per_layer().keys[:1])
-    with pytest.raises(ValueError, match="per-layer cache needs 2 keys and values arrays"):
+    with pytest.raises(ValueError, match=r"per-layer cache needs 2 keys arrays of shape \(4, 2, 8, 32\) "
+                       r"\(batch, kv_heads, head_dim, capacity\) and 2 values arrays"):
         model.apply({"params": params}, token, cache=short)
     with pytest.raises(ValueError, match="got 0 / 0 arrays"):
         model.apply({"params": params}, token, cache=KVCache(keys=(), values=(),
