@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import config as config_lib  # noqa: E402
-from arl import rollout as rollout_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
 
 
@@ -81,15 +80,8 @@ def step_flops(trainer: TokenTrainer, params) -> dict:
 
 
 def rollout_program(trainer: TokenTrainer):
-    c = trainer.config
-
-    def run(params, key):
-        return rollout_lib.rollout(
-            trainer.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
-            model=trainer.model, params=params, sampling=trainer.sampling,
-            horizon=trainer.horizon(0))
-
-    return jax.jit(run)
+    """The train step's own rollout (`TokenTrainer.rollout`), compiled on its own."""
+    return jax.jit(lambda params, key: trainer.rollout(params, key, trainer.horizon(0)))
 
 
 def measure(config, repeats: int, peak: float) -> dict:

@@ -69,7 +69,6 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
-from arl import rollout as rollout_lib  # noqa: E402
 from arl.host import allocator  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
@@ -264,16 +263,10 @@ class ArlRunner:
             temp_mib=(common.temp_bytes(self.step_program) or 0) / 2**20)
 
     def _rollout_program(self):
-        trainer, c = self.trainer, self.trainer.config
-        row_params = trainer.task_params(c.rollout.num_tasks, c.rollout.group_size)
-
-        def run(params, key):
-            return rollout_lib.rollout(
-                trainer.env, key, num_tasks=c.rollout.num_tasks,
-                group_size=c.rollout.group_size, model=trainer.model, params=params,
-                sampling=trainer.sampling, horizon=trainer.horizon(0), env_params=row_params)
-
-        return jax.jit(run)
+        """The step's own rollout (`TokenTrainer.rollout`: the group's prompt prefilled
+        once), compiled on its own."""
+        trainer = self.trainer
+        return jax.jit(lambda params, key: trainer.rollout(params, key, trainer.horizon(0)))
 
     def _run_rollout(self):
         jax.block_until_ready(self.rollout_program(self.params, next(self._keys)))

@@ -50,6 +50,37 @@ def test_step_is_one_program_without_host_transfers(grpo_trainer):
     assert all(np.isfinite(float(v)) for v in metrics.values())
 
 
+def test_the_rollout_method_is_the_step_rollout(grpo_trainer, monkeypatch):
+    """Benchmarks time `TokenTrainer.rollout` as the step's rollout: the step plays its
+    episodes through it, once, and it prefills a group's prompt once, which plays the
+    same episodes as prefilling every row."""
+    from arl import rollout as rollout_lib
+    state = grpo_trainer.init_state()
+    trainer_type, original = type(grpo_trainer), type(grpo_trainer).rollout
+    calls = []
+    monkeypatch.setattr(trainer_type, "rollout",
+                        lambda self, *args: calls.append(args) or original(self, *args))
+    jax.eval_shape(lambda s: grpo_trainer.step(s), state)  # a new function: traced anew
+    assert len(calls) == 1
+    monkeypatch.setattr(trainer_type, "rollout", original)
+
+    played, shared = rollout_lib.rollout, []
+    monkeypatch.setattr(rollout_lib, "rollout", lambda *args, **kwargs: shared.append(
+        kwargs["share_group_prefill"]) or played(*args, **kwargs))
+    c = grpo_trainer.config
+    policy = grpo_trainer.policy_params(state)
+    key, horizon = jax.random.key(4), grpo_trainer.horizon(0)
+    traj = jax.jit(grpo_trainer.rollout)(policy, key, horizon)
+    assert shared == [True]
+    per_row = jax.jit(lambda p, k: played(
+        grpo_trainer.env, k, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
+        model=grpo_trainer.model, params=p, sampling=grpo_trainer.sampling, horizon=horizon,
+        env_params=grpo_trainer.task_params(c.rollout.num_tasks, c.rollout.group_size),
+        share_group_prefill=False))(policy, key)
+    np.testing.assert_array_equal(traj.tokens, per_row.tokens)
+    np.testing.assert_allclose(traj.behaviour_logp, per_row.behaviour_logp, atol=1e-5)
+
+
 def test_update_is_skipped_exactly_when_no_advantage_is_nonzero(grpo_trainer):
     state = grpo_trainer.init_state()
     before = jax.tree.map(np.asarray, state.params)

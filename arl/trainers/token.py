@@ -170,6 +170,18 @@ class TokenTrainer:
             return jnp.asarray(self.env.max_turns, jnp.int32)
         return alg.horizon_schedule(step, rounds=tuple(r.horizon_rounds), every=r.horizon_every)
 
+    def rollout(self, policy_params, key: jax.Array, horizon) -> rollout_lib.Trajectory:
+        """The rollout of `step` (traceable): `num_tasks` x `group_size` rows, each group
+        on one task (`task_params`), so its first observation is prefilled once and
+        shared by the group's rows; turn states recorded when Monte Carlo branching
+        needs them. Benchmarks time it on its own through this method."""
+        c = self.config
+        return rollout_lib.rollout(
+            self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
+            model=self.model, params=policy_params, sampling=self.sampling, horizon=horizon,
+            env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
+            record_turn_states=bool(self.branch_turns), share_group_prefill=True)
+
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
         form with the state's shardings), under the mesh's activation sharding rules
@@ -184,14 +196,8 @@ class TokenTrainer:
         key, branch_key = jax.random.split(key)
         horizon = self.horizon(state.step)
         batch_axes = sharding_lib.batch_sharding(self.mesh)
-        row_params = self.task_params(c.rollout.num_tasks, c.rollout.group_size)
         policy = self.layout.policy_params(state)
-        traj = rollout_lib.rollout(
-            self.env, rollout_key, num_tasks=c.rollout.num_tasks,
-            group_size=c.rollout.group_size, model=self.model, params=policy,
-            sampling=self.sampling, horizon=horizon, env_params=row_params,
-            record_turn_states=bool(self.branch_turns),
-            share_group_prefill=True)  # `task_params` gives a group's rows one task
+        traj = self.rollout(policy, rollout_key, horizon)
         traj = jax.lax.with_sharding_constraint(traj, batch_axes)
         mask = traj.agent_mask
         metrics = {}
@@ -210,7 +216,8 @@ class TokenTrainer:
             branch = branching_lib.branch_values(
                 self.env, branch_key, traj, branch_turns=self.branch_turns,
                 num_samples=p.mc_samples, model=self.model, params=policy,
-                sampling=self.sampling, horizon=horizon, env_params=row_params,
+                sampling=self.sampling, horizon=horizon,
+                env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
                 estimate=p.mc_estimate, gamma=p.turn_gamma)
             main_steps = jnp.maximum(jnp.sum(traj.num_turns), 1).astype(jnp.float32)
             metrics.update({
