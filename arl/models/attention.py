@@ -209,17 +209,18 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
     row_slots = jnp.repeat(query_slots, groups, axis=1)[:, None, :, None]  # [B, 1, M, 1]
     scale = 1.0 / math.sqrt(head_dim)
 
-    def read(cache, start):
+    def read_block(start):
+        """Keys and values of slots start .. start + block - 1 in q's dtype: [B, KV, d, c]
+        and [B, KV, c, d] from one layer's buffers, [B, c, KV, d] from the stacked cache."""
+        if one_layer:
+            keys = jax.lax.dynamic_slice(all_keys, (0, 0, 0, start),
+                                         (batch, num_kv, head_dim, block))
+            values = jax.lax.dynamic_slice(all_values, (0, 0, start, 0),
+                                           (batch, num_kv, block, head_dim))
+            return keys.astype(q.dtype), values.astype(q.dtype)
         sizes = (1, batch, block, num_kv, head_dim)
-        return jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0].astype(
-            q.dtype)  # [B, c, KV, d]
-
-    def read_layer(start):
-        keys = jax.lax.dynamic_slice(all_keys, (0, 0, 0, start),
-                                     (batch, num_kv, head_dim, block))
-        values = jax.lax.dynamic_slice(all_values, (0, 0, start, 0),
-                                       (batch, num_kv, block, head_dim))
-        return keys.astype(q.dtype), values.astype(q.dtype)  # [B, KV, d, c], [B, KV, c, d]
+        return tuple(jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0]
+                     .astype(q.dtype) for cache in (all_keys, all_values))
 
     head_pairs = not one_layer and uses_head_pairs(q_len)  # then each block is read as stored
     q_grouped = q.reshape(batch, 1, num_kv, groups, head_dim) if head_pairs else None
@@ -229,10 +230,7 @@ def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
         first = j * block
         start = jnp.minimum(first, capacity - block)
         slots = start + jnp.arange(block)
-        if one_layer:
-            keys, values = read_layer(start)
-        else:
-            keys, values = read(all_keys, start), read(all_values, start)
+        keys, values = read_block(start)
         if one_layer:
             s = layer_scores(qm, keys) * scale  # [B, KV, M, c]
         elif head_pairs:
