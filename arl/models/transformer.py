@@ -501,12 +501,7 @@ class Attention(nn.Module):
         head_pairs = cache_kv is not None and attention_lib.uses_head_pairs(q_len)
         scores = attention_lib.grouped_scores(q, keys, head_pairs=head_pairs) / math.sqrt(
             head_dim)
-        if attend is None:
-            allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
-        else:
-            allowed = attend[:, None, None, :, :]
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        probs = _attention_probs(scores, key_pos, positions, attend, cfg.dtype)
         out = attention_lib.grouped_mix(probs, values, head_pairs=head_pairs).reshape(
             batch, q_len, num_heads, head_dim)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
@@ -533,18 +528,24 @@ class Attention(nn.Module):
             0, 2, 3, 1, 4).reshape(batch, num_kv, groups * q_len, head_dim)
         scores = attention_lib.layer_scores(rows, keys.astype(cfg.dtype)).reshape(
                 batch, num_kv, groups, q_len, capacity) / math.sqrt(head_dim)
-        if attend is None:
-            allowed = key_positions[None, None, None, None, :] <= positions[
-                :, None, None, :, None]
-        else:
-            allowed = attend[:, None, None, :, :]
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
+        probs = _attention_probs(scores, key_positions[None], positions, attend, cfg.dtype)
         out = attention_lib.layer_mix(
             probs.reshape(batch, num_kv, groups * q_len, capacity), values.astype(cfg.dtype))
         out = out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(
             0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), (keys, values)
+
+
+def _attention_probs(scores, key_pos, positions, attend, dtype):
+    """softmax over the keys of float32 scores [B, KV, G, T, S], in `dtype`, each query
+    seeing the keys `attend` [B or 1, T, S] allows, or (attend None) those whose position
+    (key_pos [B or 1, S]) is <= its own (positions [B, T])."""
+    if attend is None:
+        allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+    else:
+        allowed = attend[:, None, None, :, :]
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1).astype(dtype)
 
 
 def _write_cache(cache_kv, layer_index, write_positions, k, v):
