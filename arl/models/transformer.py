@@ -865,7 +865,8 @@ class Transformer(nn.Module):
             embedding_init=nn.with_logical_partitioning(_normal(cfg), ("vocab", "embed")),
             name="embed_tokens")
         # The lookup reads the table gathered over fsdp (as every FSDP weight is), so the
-        # rows come out batch-sharded like the tokens, not split along d_model.
+        # rows come out batch-sharded like the tokens, not split along d_model. (Loops of
+        # forward passes gather it once beforehand: `gather_embedding`.)
         table = constrain_activation(embed.embedding, ("activation_vocab", "activation_embed"))
         h = constrain_activation(jnp.take(table.astype(cfg.dtype), tokens, axis=0), RESIDUAL)
 
@@ -939,6 +940,26 @@ class Transformer(nn.Module):
                                 length=cache.length + num_valid)
         return ModelOutput(logits=logits, values=values, cache=new_cache,
                            hidden=hidden if return_hidden else None)
+
+
+def gather_embedding(params, config: TransformerConfig):
+    """`params` with the embedding table in the activation dtype, laid out as the forward
+    pass reads it (gathered over fsdp; no operation without an activation mesh).
+
+    For loops of forward passes over the same parameters (a rollout's turns and decoded
+    tokens): the forward pass gathers the table itself, and inside nested loops XLA kept
+    one gathered copy per loop level, in float32 on XLA:CPU (which runs bfloat16
+    collectives in float32): six [V, D] float32 buffers at the peak of Qwen2.5-0.5B's
+    rollout on 64 devices (benchmarks/RESULTS.md, "Real sizes"). Gathered once before
+    the loops, the forward pass's own constraint is a no-op and one copy is kept. The
+    values are the forward pass's own (the same cast, earlier): outputs are unchanged.
+    """
+    params = dict(params)
+    embed = dict(params["embed_tokens"])
+    table = nn.unbox(embed["embedding"]).astype(config.dtype)
+    embed["embedding"] = constrain_activation(table, ("activation_vocab", "activation_embed"))
+    params["embed_tokens"] = embed
+    return params
 
 
 def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:

@@ -124,6 +124,8 @@ def rollout(
     record_values = use_model and model.config.value_head
     values = None
     if use_model:
+        # One gathered table for every turn and decoded token, not one per loop level.
+        params = transformer_lib.gather_embedding(params, model.config)
         # Keys and values are computed in the activation dtype: a cache in that dtype
         # holds them exactly, at half the bytes of float32 for bfloat16 activations.
         first = jnp.concatenate(

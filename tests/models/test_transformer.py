@@ -357,3 +357,31 @@ def test_partition_specs_drop_axes_that_do_not_divide():
     assert specs["layers"]["self_attn"]["k_proj"]["kernel"] == P(None, "fsdp", None, None)
     # vocab 64 divides by 4; the spec is usable for device_put.
     jax.device_put(jnp.zeros((64, 32)), NamedSharding(mesh, specs["embed_tokens"]["embedding"]))
+
+
+def test_gather_embedding_casts_and_gathers_the_table_once():
+    config = dataclasses.replace(SMALL, dtype=jnp.bfloat16)  # float32 parameters
+    model, boxed, params = make(config)
+    tokens = jax.random.randint(jax.random.key(3), (4, 6), 0, config.vocab_size)
+    gathered = transformer_lib.gather_embedding(boxed, config)  # boxed trees too
+    table = gathered["embed_tokens"]["embedding"]
+    assert table.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(table, params["embed_tokens"]["embedding"].astype(
+        jnp.bfloat16))
+    assert gathered["layers"] is boxed["layers"]
+    forward = jax.jit(lambda p: model.apply({"params": p}, tokens).logits)
+    np.testing.assert_array_equal(forward(nn.unbox(gathered)), forward(params))
+
+    # Under an activation mesh the table comes out as the forward pass reads it: split
+    # over "tensor" along the vocabulary, gathered over "fsdp" (the parameter's own
+    # layout splits d_model over "fsdp").
+    mesh = jax.make_mesh((1, 4, 2), ("data", "fsdp", "tensor"),
+                         axis_types=(AxisType.Auto,) * 3)
+    shardings = param_shardings(boxed, mesh, LOGICAL_AXIS_RULES)
+    assert shardings["embed_tokens"]["embedding"].spec == P("tensor", "fsdp")
+    sharded = jax.device_put(params, shardings)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        out = jax.jit(lambda p: transformer_lib.gather_embedding(p, config)[
+            "embed_tokens"]["embedding"])(sharded)
+    assert out.sharding.spec in (P("tensor"), P("tensor", None))
+    np.testing.assert_array_equal(out, table)
