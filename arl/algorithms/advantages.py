@@ -23,17 +23,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from arl.algorithms import _validation as v
 from arl import native
+from arl.algorithms import _validation as v
 from arl.algorithms._jit import compiled_when_eager
 
 GAE_METHODS = ("auto", "scan", "associative", "native")
 
 # benchmarks/kernels.py (benchmarks/RESULTS.md): on CPU the C++ loop (`arl.native`,
 # called through XLA's FFI) beats rlax's scan 2.3-3.6x and ours 2.5-4x at every
-# benchmarked shape, and the sequential scan beats the associative one 3-5x. Other backends get the
-# associative scan for its O(log T) depth on parallel hardware -- an unmeasured choice (no
-# accelerator was available); pass `method=` explicitly to override.
+# benchmarked shape, and the sequential scan beats the associative one 3-5x. Other
+# backends get the associative scan for its O(log T) depth on parallel hardware -- an
+# unmeasured choice (no accelerator was available); pass `method=` explicitly to override.
 _AUTO_DEFAULT = "associative"
 _SCAN_UNROLL = 1
 
@@ -293,7 +293,8 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, done
         fn, rewards, values, mask, bootstrap_value, dones, truncated, next_values)
     gamma = v.scalar(fn, "gamma", gamma, low=0.0, high=1.0)
     lam = v.scalar(fn, "lam", lam, low=0.0, high=1.0)
-    method = _resolve_method(method, rewards.dtype)
+    floats = [rewards, values, bootstrap_value] + ([] if next_values is None else [next_values])
+    method = _resolve_method(method, jnp.result_type(*floats))
     boundaries = _boundaries(dones, truncated, next_values, rewards.shape)
     kernel = {"scan": _gae_scan, "associative": _gae_associative,
               "native": _gae_native}[method]

@@ -41,8 +41,8 @@ LIBRARIES = {
     "gae": ("gae.cc", {"arl_masked_gae": "ArlMaskedGae",
                        "arl_masked_gae_boundaries": "ArlMaskedGaeBoundaries"}),
 }
-# Tried in order: the host's own instruction set first (FMA: the kernels then round like
-# XLA:CPU, which compiles for the host), a portable build where the compiler refuses it.
+# Tried in order: the host's own instruction set first (its vector width and FMA, as
+# XLA:CPU compiles for the host), a portable build where the compiler refuses it.
 _FLAG_SETS = (
     ("-O3", "-march=native", "-ffp-contract=off"),
     ("-O3", "-ffp-contract=off"),
