@@ -5,11 +5,12 @@ from arl.models.sampling import (GenerateOutput, generate, sample_from_logits, t
                                  truncation_mask)
 from arl.models.transformer import (LOGICAL_AXIS_RULES, KVCache, ModelOutput, Transformer,
                                     TransformerConfig, abstract_params, apply_rope, init_cache,
-                                    param_partition_specs, param_shardings, unembedding_matrix)
+                                    output_matrix, param_partition_specs, param_shardings,
+                                    unembedding_matrix)
 
 __all__ = [
     "ActorCritic", "GaussianActorCritic", "GenerateOutput", "generate", "sample_from_logits",
     "take_last_valid", "truncation_mask", "LOGICAL_AXIS_RULES", "KVCache", "ModelOutput",
     "Transformer", "TransformerConfig", "abstract_params", "apply_rope", "init_cache",
-    "param_partition_specs", "param_shardings", "unembedding_matrix",
+    "output_matrix", "param_partition_specs", "param_shardings", "unembedding_matrix",
 ]

@@ -974,6 +974,18 @@ def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:
     return params["lm_head"]
 
 
+def output_matrix(params, config: TransformerConfig) -> tuple[jax.Array, bool]:
+    """(matrix, vocab_major): the output projection as stored, for
+    `arl.models.logprobs.chunked_token_logprobs`: the tied embedding table [V, D]
+    (vocab_major True), or the untied `lm_head` [D, V] (False). Reading the tied table as
+    stored spares the transposed copy `unembedding_matrix` makes of it. Accepts plain or
+    boxed params."""
+    params = nn.unbox(params)
+    if config.tie_embeddings:
+        return params["embed_tokens"]["embedding"], True
+    return params["lm_head"], False
+
+
 def abstract_params(model: Transformer, batch_size: int = 1, seq_len: int = 1):
     """Boxed parameter shapes (`nn.LogicallyPartitioned` of ShapeDtypeStruct), no memory."""
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)

@@ -205,10 +205,12 @@ class Policy:
         """(log-prob, entropy) float32 [B, N] of `targets` [B, N] predicted from the final
         hidden states [B, N, D]: `logprob_chunk` positions at a time (arl.models.logprobs,
         never the whole [B, N, V] logits), or in one piece as the model's own head does."""
-        unembed = transformer_lib.unembedding_matrix(params, self.model.config)
         if self.logprob_chunk:
-            return chunked_token_logprobs(hidden, unembed, targets, self.logprob_chunk,
-                                          jnp.maximum(self.temperature, 1e-6))
+            matrix, vocab_major = transformer_lib.output_matrix(params, self.model.config)
+            return chunked_token_logprobs(hidden, matrix, targets, self.logprob_chunk,
+                                          jnp.maximum(self.temperature, 1e-6),
+                                          vocab_major=vocab_major)
+        unembed = transformer_lib.unembedding_matrix(params, self.model.config)
         batch, length, width = hidden.shape
         logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * length, width),
                             unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)

@@ -110,6 +110,35 @@ def test_tempered_gradients_equal_numpy(dtype, tol):
                                atol=tol * scale(want_w), rtol=tol)
 
 
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 2e-5), (jnp.bfloat16, 3e-2)])
+def test_vocab_major_matrix_gives_the_same_values_and_gradients(dtype, tol):
+    """A tied table passed as stored, [V, D] (`vocab_major=True`): the same log-probs,
+    entropies and gradients as its transpose passed [D, V], the table's gradient [V, D]."""
+    k1, k2, k3, k4, k5 = jax.random.split(jax.random.key(10), 5)
+    hidden = jax.random.normal(k1, (2, 11, 8)).astype(dtype)
+    table = jax.random.normal(k2, (40, 8)).astype(dtype)
+    targets = jax.random.randint(k3, (2, 11), 0, 40)
+    g_logp, g_ent = jax.random.normal(k4, (2, 11)), jax.random.normal(k5, (2, 11))
+
+    def f(h, w, vocab_major):
+        logp, ent = chunked_token_logprobs(h, w, targets, 4, temperature=0.7,
+                                           vocab_major=vocab_major)
+        return jnp.sum(g_logp * logp) + jnp.sum(g_ent * ent), (logp, ent)
+
+    grad = jax.jit(jax.grad(f, argnums=(0, 1), has_aux=True), static_argnums=2)
+    (d_hidden, d_table), (logp, ent) = grad(hidden, table, True)
+    (want_h, want_w), (want_logp, want_ent) = grad(hidden, table.T, False)
+    assert d_table.shape == table.shape and d_table.dtype == dtype
+    for got, want in ((logp, want_logp), (ent, want_ent), (d_hidden, want_h),
+                      (d_table, want_w.T)):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max(), rtol=tol)
+    _, numpy_w = _numpy_gradients(hidden.astype(jnp.float32), table.T.astype(jnp.float32),
+                                  targets, 0.7, g_logp, g_ent)
+    np.testing.assert_allclose(np.asarray(d_table, np.float64), numpy_w.T,
+                               atol=tol * np.abs(numpy_w).max(), rtol=tol)
+
+
 def test_bfloat16_matrix_gradient_is_accumulated_in_float32():
     """A bfloat16 matrix's gradient summed over 96 chunks of one position is rounded to
     bfloat16 once, at the end: within 2^-7 of float64 on its large entries (summing the
@@ -169,6 +198,8 @@ def test_model_token_logprobs_equals_full_logits_path():
     (dict(chunk_size=0), "chunk_size"),
     (dict(hidden=np.zeros((2, 3))), "hidden"),
     (dict(unembed=np.zeros((5, 7))), "unembed"),
+    (dict(unembed=np.zeros((4, 7)), vocab_major=True), r"\[V, D\] with D=4"),
+    (dict(vocab_major=1), "vocab_major must be True or False"),
     (dict(targets=np.zeros((2, 4), np.int32)), "targets"),
     (dict(targets=np.zeros((2, 3), np.float32)), "targets"),
 ])
