@@ -93,8 +93,8 @@ def _chunked_stats_forward(hidden_chunks, unembed, target_chunks, temperature, v
 
 
 def _chunked_stats_backward(vocab_major, residuals, cotangents):
-    """Recomputes each chunk's log-probs and accumulates the [D, V] gradient over the
-    chunks in float32 (z = h W / tau, log p = z - lse, H = -sum p log p):
+    """Recomputes each chunk's log-probs and accumulates the [D, V] (or, `vocab_major`,
+    [V, D]) gradient over the chunks in float32 (z = h W / tau, log p = z - lse, H = -sum p log p):
 
         d z_j = g_logp (1[j = y] - p_j) - g_H p_j (log p_j + H),
         d h = (d z / tau) W^T,   d W = sum over chunks of h^T (d z / tau).
@@ -149,7 +149,8 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
         products read it in that layout and its gradient comes out [V, D], with no
         transposed copy of the matrix or of its float32 gradient.
 
-    Equal to `token_logprobs(hidden @ unembed / temperature, targets)` and
+    Equal to `token_logprobs(hidden @ unembed / temperature, targets)` (`unembed.T` when
+    `vocab_major`) and
     `entropy(...)` up to float32 summation order, gradients included. The backward pass
     (a custom VJP) recomputes each chunk's logits and accumulates the gradient of
     `unembed` over the chunks in float32; `unembed` is read in `hidden`'s dtype and never
