@@ -968,10 +968,8 @@ def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:
     With `return_hidden=True, compute_logits=False` this lets callers compute log-probs
     in chunks without materialising [B, T, V] logits. Accepts plain or boxed params.
     """
-    params = nn.unbox(params)
-    if config.tie_embeddings:
-        return params["embed_tokens"]["embedding"].T
-    return params["lm_head"]
+    matrix, vocab_major = output_matrix(params, config)
+    return matrix.T if vocab_major else matrix
 
 
 def output_matrix(params, config: TransformerConfig) -> tuple[jax.Array, bool]:
