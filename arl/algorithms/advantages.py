@@ -182,6 +182,7 @@ def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     return time_major(advantages), time_major(returns)
 
 
+@jax.custom_jvp
 def _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     """The recursion of `_gae_scan` as one C++ loop per row (`arl/native/gae.cc`)."""
     gamma_lam = gamma * lam  # the scan's own product
@@ -199,15 +200,10 @@ def _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
                 jnp.asarray(gamma, jnp.float32), jnp.asarray(gamma_lam, jnp.float32))
 
 
-@jax.custom_jvp
-def _gae_native_call(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
-    return _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
-
-
 # The custom call has no derivative of its own; differentiating GAE (meta-gradients of
 # gamma or lambda, a value loss through the targets) differentiates the scan instead,
 # which computes the same function.
-_gae_native_call.defjvp(lambda primals, tangents: jax.jvp(_gae_scan, primals, tangents))
+_gae_ffi.defjvp(lambda primals, tangents: jax.jvp(_gae_scan, primals, tangents))
 
 
 @jax.jit
@@ -218,7 +214,7 @@ def _gae_native(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     float32 rounding (the carry update as two fused multiply-adds, which XLA applies to
     the scan in some contexts and not others).
     """
-    return _gae_native_call(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
+    return _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
 
 
 @jax.jit

@@ -101,14 +101,14 @@ def _build(name: str) -> str:
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler found (looked for `{compiler}`; set $CXX)")
     include = jax.ffi.include_dir()
-    identity = _compiler_identity(compiler)
+    # Everything the build depends on but the flags, which each attempt adds.
+    build = [source, _compiler_identity(compiler).encode(), _jaxlib_version().encode(),
+             _cpu_identity().encode(), platform.machine().encode()]
+    directory = cache_dir()
     errors = []
     for flags in _FLAG_SETS:
-        key = hashlib.sha256(b"\0".join([
-            source, identity.encode(), " ".join(flags + _COMMON_FLAGS).encode(),
-            _jaxlib_version().encode(), _cpu_identity().encode(),
-            platform.machine().encode()])).hexdigest()[:20]
-        directory = cache_dir()
+        key = hashlib.sha256(b"\0".join(
+            build + [" ".join(flags + _COMMON_FLAGS).encode()])).hexdigest()[:20]
         path = os.path.join(directory, f"arl_{name}_{key}.so")
         if os.path.exists(path):
             return path
