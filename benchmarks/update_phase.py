@@ -30,6 +30,10 @@ process (`common.interleaved_median_times`), so machine load hits all variants a
   that does next to nothing; the sum is the update's time if everything but its matmuls
   were free. Reported against the update itself, both as a share of the
   peak (model FLOPs as counted below).
+* step: the same for the whole train step as `peers.py` runs arl's side (rollout +
+  update) and for its rollout alone: how far the step is from the time its matmuls take
+  on this machine's kernels (`--cache-dir`: where the settings' shared checkpoints are
+  written, as `peers.py --cache_dir`).
 
 FLOPs (executed matmul FLOPs, counted per row of the static [B, S] program): forward =
 S x 2 x P_layers (q/k/v/o and MLP projections) + L x 4 x S^2 x H x head_dim (dense
@@ -38,8 +42,8 @@ diagonal, about half of it at long contexts, so its count uses n (n + 1) / 2 c^2
 blocks of c, `attention.block_layout`) + (scored positions) x 2 x d x V (LM head); forward + backward = 3 x forward. The
 peak is a 1024^2 float32 `jnp.dot` measured at the start and end of the run.
 
-    python benchmarks/update_phase.py [--parts layers,update,long,attention,shipped,ceiling]
-                                      [--baseline d07546c]
+    python benchmarks/update_phase.py [--parts layers,update,long,attention,shipped,ceiling,step]
+                                      [--baseline d07546c] [--cache-dir ~/.cache/arl-bench-peers]
                                       [--repeats 7] [--contexts 512,1024,2048,4096,8192]
                                       [--no-write]
 """
@@ -496,6 +500,29 @@ def dot_seconds(dot: dict, repeats: int) -> float:
         {"dot": lambda: jax.block_until_ready(program(lhs, rhs))}, repeats)["dot"]
 
 
+def dots_alone(hlo_text: str, repeats: int, log, top: int = 6):
+    """(seconds, FLOPs, dots, distinct shapes) of every dot of an optimized HLO module
+    (`hlo_dots`: loop trip counts included) timed alone at its shapes, less the cost of
+    calling a jitted program; logs the `top` costliest shapes."""
+    dots = hlo_dots(hlo_text)
+    signatures = collections.Counter()
+    for dot in dots:
+        signatures[(dot["dtype"], dot["lhs"], dot["rhs"], dot["numbers"])] += dot["runs"]
+    call = dispatch_seconds(5 * repeats)
+    timed = []  # (seconds of all its runs, GFLOP/s, signature, runs, FLOPs of one run)
+    for signature, runs in signatures.items():
+        dot = dict(zip(("dtype", "lhs", "rhs", "numbers"), signature))
+        seconds = max(1e-9, dot_seconds(dot, repeats) - call)
+        work_once = dot_flops(dot)
+        timed.append((runs * seconds, work_once / seconds / 1e9, signature, runs, work_once))
+    for seconds, rate, (dtype, lhs, rhs, numbers), runs, _ in sorted(timed,
+                                                                     reverse=True)[:top]:
+        log(f"dot {dtype} {lhs} x {rhs} {numbers} x{runs}: {1e3 * seconds:.1f} ms, "
+            f"{rate:.0f} GFLOP/s")
+    return (sum(t[0] for t in timed), sum(t[3] * t[4] for t in timed), dots,
+            len(signatures))
+
+
 def ceiling_part(repeats, peak, log, peak_size):
     """The shares use the best peak measured (the run's first one and one before each
     setting): on this shared machine single readings of the same matmul vary 2x."""
@@ -508,28 +535,12 @@ def ceiling_part(repeats, peak, log, peak_size):
         bound = int(agent_mask(s).sum())
         compiled, run = compiled_update(Policy(transformer_lib.Transformer(config)), bound,
                                         batch, params)
-        dots = hlo_dots(compiled.as_text())
-        signatures = collections.Counter()
-        for dot in dots:
-            signatures[(dot["dtype"], dot["lhs"], dot["rhs"], dot["numbers"])] += dot["runs"]
-        call = dispatch_seconds(5 * repeats)
-        timed = []  # (seconds of all its runs, GFLOP/s, signature, runs, FLOPs of one run)
-        for signature, runs in signatures.items():
-            dot = dict(zip(("dtype", "lhs", "rhs", "numbers"), signature))
-            seconds = max(1e-9, dot_seconds(dot, repeats) - call)
-            work_once = dot_flops(dot)
-            timed.append((runs * seconds, work_once / seconds / 1e9, signature, runs,
-                          work_once))
-        matmul_seconds = sum(t[0] for t in timed)
-        executed = sum(t[3] * t[4] for t in timed)
-        for seconds, rate, (dtype, lhs, rhs, numbers), runs, _ in sorted(timed,
-                                                                         reverse=True)[:6]:
-            log(f"  {name} dot {dtype} {lhs} x {rhs} {numbers} x{runs}: "
-                f"{1e3 * seconds:.1f} ms, {rate:.0f} GFLOP/s")
+        matmul_seconds, executed, dots, distinct = dots_alone(
+            compiled.as_text(), repeats, lambda line: log(f"  {name} {line}"))
         update_seconds = common.interleaved_median_times({"update": run}, repeats)["update"]
         work = flops(config, s.batch, length, bound)
         rows.append([name, f"{s.batch} x {length}", sum(d["runs"] for d in dots),
-                     len(signatures), f"{executed / 1e9:.1f} / {work / 1e9:.1f}",
+                     distinct, f"{executed / 1e9:.1f} / {work / 1e9:.1f}",
                      common.fmt_ms(update_seconds), common.fmt_ms(matmul_seconds),
                      work / update_seconds, work / matmul_seconds,
                      f"{update_seconds / matmul_seconds:.2f}x"])
@@ -548,6 +559,50 @@ def ceiling_part(repeats, peak, log, peak_size):
                  "update of peak", "dots alone of peak", "update / dots"], rows))
 
 
+def step_part(repeats, peak, log, peak_size, cache_dir):
+    """The whole train step of `peers.py` (rollout + update, arl's side exactly as that
+    benchmark compiles and runs it) and its rollout alone, each against the sum of its
+    own dots timed alone: the time the step would take on this machine's matmul kernels
+    if nothing else in it cost anything."""
+    import peers  # pylint: disable=import-outside-toplevel  (TRL/tunix not needed)
+
+    rows, peaks = [], [peak]
+    for name in SETTINGS:
+        peaks.append(common.matmul_peak_flops(peak_size))
+        setting = protocol.SETTINGS[name]
+        runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, cache_dir),
+                                 warmup=2)
+        step_dots, step_flops, _, _ = dots_alone(
+            runner.step_program.as_text(), repeats, lambda line: log(f"  {name} step {line}"))
+        rollout_dots, rollout_flops, _, _ = dots_alone(
+            runner.rollout_program.as_text(), repeats,
+            lambda line: log(f"  {name} rollout {line}"))
+        times = common.interleaved_median_times(
+            {"step": runner._run_step, "rollout": runner._run_rollout}, repeats)  # pylint: disable=protected-access
+        update, update_dots = times["step"] - times["rollout"], step_dots - rollout_dots
+        rows.append([name, common.fmt_ms(times["step"]), common.fmt_ms(step_dots),
+                     f"{step_dots / times['step']:.0%}", f"{step_flops / 1e9:.1f}",
+                     step_flops / step_dots, common.fmt_ms(times["rollout"]),
+                     common.fmt_ms(rollout_dots), f"{rollout_dots / times['rollout']:.0%}",
+                     common.fmt_ms(update), common.fmt_ms(update_dots),
+                     f"{update_dots / update:.0%}"])
+        log(f"step {name}: step {times['step']:.3f} s, its dots alone {step_dots:.3f} s; "
+            f"rollout {times['rollout']:.3f} s, its dots alone {rollout_dots:.3f} s")
+    best = max(peaks)
+    for row in rows:
+        row[5] = f"{row[5] / 1e9:.0f} ({row[5] / best:.0%})"
+    return (f"arl's side of `peers.py` (`TokenTrainer.train_step`, state donated; the "
+            f"rollout compiled alone); update = step - rollout. Dots alone: every dot of "
+            f"the compiled program at its shapes, times its loop trip counts, timed alone. "
+            f"Rate of the dots alone against the best float32 matmul peak measured in this "
+            f"part, {best / 1e9:.1f} GFLOP/s (readings: "
+            f"{', '.join(f'{p / 1e9:.0f}' for p in peaks)}).\n\n" + common.markdown_table(
+                ["setting", "step ms", "its dots alone ms", "dots / step",
+                 "dot GFLOP executed", "dots alone GFLOP/s (of peak)", "rollout ms",
+                 "its dots alone ms", "dots / rollout", "update ms", "its dots alone ms",
+                 "dots / update"], rows))
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True,
                           check=False).stdout.strip()
@@ -555,7 +610,10 @@ def uptime() -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", default="layers,update,long,attention,shipped,ceiling")
+    parser.add_argument("--parts",
+                        default="layers,update,long,attention,shipped,ceiling,step")
+    parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/arl-bench-peers"),
+                        help="where `step` writes the peers' shared checkpoints")
     parser.add_argument("--attention-batch", type=int, default=2)
     parser.add_argument("--baseline", default=BASELINE,
                         help="git revision of the decoder to compare against")
@@ -593,6 +651,9 @@ def main(argv=None):
     if "ceiling" in parts:
         sections.append(("The update against its own matmuls run alone",
                          ceiling_part(args.repeats, peak, log, args.peak_size)))
+    if "step" in parts:
+        sections.append(("The train step against its own matmuls run alone",
+                         step_part(args.repeats, peak, log, args.peak_size, args.cache_dir)))
     peak_after = common.matmul_peak_flops(args.peak_size)
     uptime_end = uptime()
     text = (f"### `benchmarks/update_phase.py` — {common.utc_now()}\n\n"

@@ -163,6 +163,14 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
     plain = next(d for d in dots if d["runs"] == 1 and not d["numbers"][1][0])
     assert update_phase.dot_flops(plain) == 2 * 32 * 24 * 40
 
+    # The same program's dots timed alone: every run counted once, the costliest logged.
+    logged = []
+    seconds, work, timed_dots, distinct = update_phase.dots_alone(
+        jax.jit(program).lower(*args).compile().as_text(), 1, logged.append, top=2)
+    assert work == 2 * 32 * 24 * 40 + 2 * 3 * 5 * 6 * 8 + 7 * 2 * 32 * 24 * 24
+    assert (len(timed_dots), distinct, len(logged)) == (3, 3, 2)
+    assert seconds > 0 and all(line.startswith("dot f32") for line in logged)
+
 
 def test_sampling_benchmark_draws_the_same_tokens_both_ways():
     sampling_bench = import_benchmark("sampling")
