@@ -156,6 +156,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.updates = ml_collections.ConfigDict()
     c.updates.epochs = 1
     c.updates.minibatches = 1
+    # Token trainer, one minibatch: read each group's shared prompt once in the update.
+    c.updates.share_group_prompt = True
 
     c.advantage = ml_collections.ConfigDict()
     c.advantage.gamma = 1.0
@@ -438,6 +440,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
 
     _check_range(config, "updates.epochs", 1, integer=True)
     _check_range(config, "updates.minibatches", 1, integer=True)
+    if not isinstance(config.updates.get("share_group_prompt", True), bool):
+        _fail("updates.share_group_prompt", config.updates.get("share_group_prompt"),
+              "allowed values are (True, False)")
 
     if algorithm.trainer == "vector":
         _validate_vector(config)

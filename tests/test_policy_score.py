@@ -13,8 +13,9 @@ import optax
 import pytest
 
 from arl import algorithms as alg
+from arl import sharding as sharding_lib
 from arl.models import Transformer
-from arl.trainers.policy import Policy
+from arl.trainers.policy import Policy, same_prompts
 from arl.trainers.update import Learner, UpdateBatch
 from tests.models.helpers import SMALL, make
 
@@ -217,3 +218,106 @@ def test_config_selects_the_attention_implementation():
     assert policy.model.config.attention == "blocked"
     assert policy.model.config.attention_block == 64
     assert config_lib.default_config().model.attention == "auto"
+
+
+GROUP, PROMPT = 2, 7
+
+
+def _grouped_tokens(seed=11):
+    """TOKENS with each group of GROUP rows sharing its first row's first PROMPT tokens."""
+    prompts = jnp.repeat(TOKENS[::GROUP, :PROMPT], GROUP, axis=0)
+    return TOKENS.at[:, :PROMPT].set(prompts)
+
+
+@pytest.mark.parametrize("chunk, bound", [(0, 0), (0, 12), (4, 0)])
+def test_scoring_each_group_prompt_once_equals_full_scoring(chunk, bound):
+    """Log-probs, entropies, values and gradients of a loss over every position: the
+    same whether each group's prompt is read once or every row is read whole."""
+    policy, params = _policy(chunk)
+    tokens = _grouped_tokens()
+    scored = (jnp.arange(S) >= PROMPT - 2).astype(jnp.float32)[None].repeat(B, 0)
+    kw = dict(scored=scored, max_scored=bound) if bound else {}
+    logp0, ent0, values0 = _plain_scores(params, tokens, 0.7)
+    shared = jax.jit(lambda p, t: policy.score(p, t, group_size=GROUP, prompt_len=PROMPT,
+                                               **kw))(params, tokens)
+    mask = scored if bound else 1.0
+    np.testing.assert_allclose(shared.logp, logp0 * mask, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(shared.entropy, ent0 * mask, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(shared.values, values0, rtol=1e-5, atol=1e-5)
+
+    weights = jax.random.normal(jax.random.key(12), (B, S)) * mask
+
+    def loss(p, **share):
+        s = policy.score(p, tokens, **kw, **share)
+        return (jnp.sum(s.logp * weights) + 0.1 * jnp.sum(s.entropy * weights)
+                + 0.5 * jnp.sum(s.values * weights))
+
+    g_shared = jax.jit(jax.grad(lambda p: loss(p, group_size=GROUP, prompt_len=PROMPT)))(params)
+    g_full = jax.jit(jax.grad(loss))(params)
+    for got, want in zip(jax.tree.leaves(g_shared), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_groups_whose_prompts_differ_are_scored_whole():
+    """A batch in which one group's rows start differently takes the ordinary path: the
+    same numbers as without sharing, bit for bit."""
+    policy, params = _policy()
+    tokens = _grouped_tokens().at[3, PROMPT - 1].add(1)  # last group: rows differ at 6
+    assert bool(same_prompts(_grouped_tokens(), GROUP, PROMPT))
+    assert not bool(same_prompts(tokens, GROUP, PROMPT))
+    assert bool(same_prompts(tokens, GROUP, PROMPT - 1))
+    score = jax.jit(lambda p, t, **kw: policy.score(p, t, scored=jnp.ones((B, S)),
+                                                    max_scored=S - 2, **kw),
+                    static_argnames=("group_size", "prompt_len"))
+    shared = score(params, tokens, group_size=GROUP, prompt_len=PROMPT)
+    plain = score(params, tokens)
+    np.testing.assert_array_equal(shared.logp, plain.logp)
+    np.testing.assert_array_equal(shared.values, plain.values)
+
+
+def test_when_the_prompt_is_shared_and_bad_arguments():
+    policy, _ = _policy()
+    assert policy.shares_prompt((B, S), GROUP, PROMPT)
+    assert not policy.shares_prompt((B, S), 1, PROMPT)      # no groups
+    assert not policy.shares_prompt((B, S), 3, PROMPT)      # 3 does not divide 4 rows
+    assert not policy.shares_prompt((B, S), GROUP, 0)       # no prompt
+    assert not policy.shares_prompt((B, S), GROUP, S)       # nothing after it
+    blocked = Policy(model=Transformer(dataclasses.replace(SMALL, attention="blocked")))
+    assert not blocked.shares_prompt((B, S), GROUP, PROMPT)  # cached calls not dense
+    for bad in (dict(group_size=2.0), dict(prompt_len=-1), dict(group_size=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            policy.shares_prompt((B, S), **{"group_size": GROUP, "prompt_len": PROMPT, **bad})
+
+
+def test_learner_keeps_groups_together_and_scores_their_prompt_once():
+    """One minibatch: the update with the groups' prompts read once gives the parameters
+    and metrics of the ordinary update (rows shuffled, every row read whole)."""
+    policy, params = _policy()
+    tokens = _grouped_tokens()
+    agent = (jnp.arange(S) >= PROMPT).astype(jnp.float32)[None].repeat(B, 0)
+    keys = jax.random.split(jax.random.key(13), 3)
+    batch = UpdateBatch(
+        tokens=tokens, mask=agent,
+        old_logp=-jax.random.uniform(keys[0], (B, S), minval=0.5, maxval=5.0) * agent,
+        advantages=jax.random.normal(keys[1], (B, S)) * agent, observation_mask=1 - agent,
+        old_values=jax.random.normal(keys[2], (B, S)) * agent,
+        returns=jax.random.normal(keys[2], (B, S)) * agent)
+
+    def learner(**share):
+        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+                                                            sft_coef=0.0),
+                       epochs=2, minibatches=1, mesh=sharding_lib.make_mesh((1, 1, 1)),
+                       context_length=S, **share)
+
+    shared_learner = learner(group_size=GROUP, prompt_len=PROMPT)
+    assert shared_learner.shares_prompt and not learner().shares_prompt
+    assert not dataclasses.replace(shared_learner, minibatches=2).shares_prompt
+    results = [jax.jit(lrn.update)(params, optax.sgd(0.1).init(params), batch,
+                                   jax.random.key(14), 0)
+               for lrn in (shared_learner, learner())]
+    (p_shared, _, m_shared), (p_plain, _, m_plain) = results
+    for got, want in zip(jax.tree.leaves(p_shared), jax.tree.leaves(p_plain)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for key in m_plain:
+        np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)

@@ -24,6 +24,7 @@ from flax import struct
 
 from arl import algorithms as alg
 from arl.errors import ConfigError, one_line
+from arl.models import attention as attention_lib
 from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
 from arl.models.logprobs import chunked_token_logprobs
@@ -37,6 +38,13 @@ class TokenScores:
     # float32: entropy of the distribution that produced token t (None when not asked for)
     entropy: jax.Array | None
     values: jax.Array | None = None  # float32: value of the state before token t
+
+
+def same_prompts(tokens: jax.Array, group_size: int, prompt_len: int) -> jax.Array:
+    """bool scalar: every row of each group of `group_size` consecutive rows of `tokens`
+    [B, S] starts with the same `prompt_len` tokens."""
+    prompts = tokens[:, :prompt_len].reshape(-1, group_size, prompt_len)
+    return jnp.all(prompts == prompts[:, :1])
 
 
 def shift_right(x):
@@ -144,7 +152,8 @@ class Policy:
         return merged
 
     def score(self, params: Any, tokens: jax.Array, *, scored: jax.Array | None = None,
-              max_scored: int = 0, entropy: bool = True) -> TokenScores:
+              max_scored: int = 0, entropy: bool = True, group_size: int = 1,
+              prompt_len: int = 0) -> TokenScores:
         """Per-token log-probs (at the sampling temperature), entropies and values of
         `tokens` [B, S] under the full parameter tree `params`.
 
@@ -159,6 +168,14 @@ class Policy:
           prediction and is never scored. Values are always computed at every position.
         entropy: False skips the entropies (`TokenScores.entropy` is None) for callers that
           read only log-probs.
+        group_size, prompt_len: the rows are consecutive groups of `group_size` rows whose
+          first `prompt_len` tokens are meant to be equal (a GRPO group's shared prompt).
+          The model then reads each group's prompt once and the rest of every row against
+          a copy of that prompt's keys and values (`shares_prompt`: when the model's
+          cached calls attend densely over S positions), saving group_size - 1 of every
+          group_size forward and backward passes over the prompt. Same numbers as without
+          up to float summation order. Whether the prompts are equal is checked on the
+          data: a batch where they are not is scored the ordinary way (same result).
         """
         if scored is not None and max_scored:
             if not isinstance(max_scored, int) or isinstance(max_scored, bool) or max_scored < 0:
@@ -168,11 +185,17 @@ class Policy:
                 raise ValueError(f"Policy.score: scored must have the shape of tokens "
                                  f"{tokens.shape}, got {scored.shape}")
         select = scored is not None and 0 < max_scored < tokens.shape[1] - 1
-        if not select and not self.logprob_chunk:
+        share = self.shares_prompt(tokens.shape, group_size, prompt_len)
+        if not select and not self.logprob_chunk and not share:
             return self._full_score(params, tokens, entropy)
-        out = self.model.apply({"params": params}, tokens, return_hidden=True,
-                               compute_logits=False)
-        hidden, targets = out.hidden[:, :-1], tokens[:, 1:]
+        if share:
+            hidden, values = jax.lax.cond(
+                same_prompts(tokens, group_size, prompt_len),
+                lambda: self._shared_prompt_forward(params, tokens, group_size, prompt_len),
+                lambda: self._forward(params, tokens))
+        else:
+            hidden, values = self._forward(params, tokens)
+        hidden, targets = hidden[:, :-1], tokens[:, 1:]
         if select:
             wanted = scored[:, 1:] > 0
             logp, ent = jax.lax.cond(
@@ -183,9 +206,50 @@ class Policy:
                 hidden)
         else:
             logp, ent = self._token_stats(params, hidden, targets)
-        values = None if out.values is None else shift_right(out.values[:, :-1])
+        values = None if values is None else shift_right(values[:, :-1])
         return TokenScores(logp=shift_right(logp), entropy=shift_right(ent) if entropy else None,
                            values=values)
+
+    def shares_prompt(self, shape: tuple[int, ...], group_size: int, prompt_len: int) -> bool:
+        """Whether `score` on tokens of `shape` [B, S] reads each group's prompt once:
+        groups of `group_size` > 1 rows that divide B, 0 < `prompt_len` < S, and cached
+        calls of S positions that attend densely (the blocked cached attention reads a
+        data-dependent number of blocks, which reverse-mode autodiff cannot go through)."""
+        for name, value in (("group_size", group_size), ("prompt_len", prompt_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Policy.score: {name} must be a non-negative int, got "
+                                 f"{value!r}")
+        batch, length = shape
+        cfg = self.model.config
+        return (group_size > 1 and batch % group_size == 0 and 0 < prompt_len < length
+                and attention_lib.resolve_implementation(
+                    cfg.attention, length, cfg.attention_block) == "dense")
+
+    def _forward(self, params, tokens):
+        """(final hidden states [B, S, D], values [B, S] or None) of the model on tokens."""
+        out = self.model.apply({"params": params}, tokens, return_hidden=True,
+                               compute_logits=False)
+        return out.hidden, out.values
+
+    def _shared_prompt_forward(self, params, tokens, group_size: int, prompt_len: int):
+        """`_forward` reading the first `prompt_len` tokens of each group of `group_size`
+        rows once (from the group's first row), into a KV cache of S positions that every
+        row of the group then continues from."""
+        batch, length = tokens.shape
+        cfg = self.model.config
+        cache = transformer_lib.init_cache(cfg, batch // group_size, capacity=length,
+                                           dtype=cfg.dtype).per_layer()
+        prompt = self.model.apply({"params": params}, tokens[::group_size, :prompt_len],
+                                  cache=cache, return_hidden=True, compute_logits=False)
+        to_rows = lambda x: jnp.repeat(x, group_size, axis=0)  # noqa: E731
+        rest = self.model.apply({"params": params}, tokens[:, prompt_len:],
+                                cache=jax.tree.map(to_rows, prompt.cache), return_hidden=True,
+                                compute_logits=False)
+        hidden = jnp.concatenate([to_rows(prompt.hidden), rest.hidden], axis=1)
+        values = None
+        if rest.values is not None:
+            values = jnp.concatenate([to_rows(prompt.values), rest.values], axis=1)
+        return hidden, values
 
     def _full_score(self, params, tokens, entropy: bool) -> TokenScores:
         """Every position, from the model's [B, S, V] logits."""

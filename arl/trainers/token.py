@@ -75,6 +75,11 @@ class TokenTrainer:
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
+        # A group's rows start from the same observation (bos + prompt): scored once.
+        self.shared_prompt = (
+            dict(group_size=config.rollout.group_size, prompt_len=1 + self.env.prompt_len)
+            if config.updates.get("share_group_prompt", True) else dict(group_size=1,
+                                                                         prompt_len=0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
         self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
@@ -94,7 +99,8 @@ class TokenTrainer:
                                minibatches=config.updates.minibatches, mesh=self.mesh,
                                context_length=self.context_length,
                                agent_token_bound=self.env.max_turns * self.env.action_len,
-                               observation_token_bound=self.env.max_turns * self.env.obs_len)
+                               observation_token_bound=self.env.max_turns * self.env.obs_len,
+                               **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
@@ -204,7 +210,8 @@ class TokenTrainer:
 
         ref_logp = None
         if self.uses_reference:
-            ref_logp = self.policy.score(self.layout.reference_params(state), traj.tokens).logp
+            ref_logp = self.policy.score(self.layout.reference_params(state), traj.tokens,
+                                         **self.shared_prompt).logp
             ref_logp = jax.lax.stop_gradient(ref_logp)
         old_values = None
         if self.algorithm.critic:

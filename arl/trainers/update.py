@@ -14,6 +14,11 @@ tokens, plus the observations for ECHO's term. Given static bounds of their numb
 row (`Learner.agent_token_bound`, `observation_token_bound`), the policy scores those
 positions only (`Policy.score(..., scored=, max_scored=)`): the vocabulary projection
 and log-softmax skip the prompt and, in multi-turn contexts, the environment's replies.
+
+With one minibatch and groups of rows sharing a prompt (`Learner.group_size`,
+`prompt_len`: GRPO's samples of one task), the rows stay in rollout order and the model
+reads each group's prompt once, the other rows continuing from its keys and values
+(`Policy.score(..., group_size=, prompt_len=)`).
 """
 
 from __future__ import annotations
@@ -73,6 +78,16 @@ class Learner:
     # max_turns * action_len (max_turns * obs_len); 0 = score every position.
     agent_token_bound: int = 0
     observation_token_bound: int = 0
+    # The batch's rows are consecutive groups of `group_size` rows sharing their first
+    # `prompt_len` tokens (GRPO groups): with one minibatch the rows keep that order and
+    # each group's prompt is read once (`Policy.score`); 1 / 0 = no such structure.
+    group_size: int = 1
+    prompt_len: int = 0
+
+    @property
+    def shares_prompt(self) -> bool:
+        """Whether the update keeps the groups together and scores their prompts once."""
+        return self.minibatches == 1 and self.group_size > 1 and self.prompt_len > 0
 
     @property
     def norm(self) -> float | None:
@@ -91,7 +106,10 @@ class Learner:
             scored = jnp.maximum(mb.mask, mb.observation_mask)
             max_scored = (max_scored + self.observation_token_bound
                           if self.observation_token_bound else 0)
-        scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored)
+        group_size, prompt_len = ((self.group_size, self.prompt_len) if self.shares_prompt
+                                  else (1, 0))
+        scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored,
+                                   group_size=group_size, prompt_len=prompt_len)
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
@@ -142,9 +160,12 @@ class Learner:
 
         def epoch(carry, epoch_key):
             params, opt_state = carry
-            perm = jax.random.permutation(epoch_key, batch_size)
-            shuffled = jax.tree.map(lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]),
-                                    batch)
+            if self.shares_prompt:  # one minibatch: its row order changes nothing else
+                shuffled = jax.tree.map(lambda x: x[None], batch)
+            else:
+                perm = jax.random.permutation(epoch_key, batch_size)
+                shuffled = jax.tree.map(
+                    lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), batch)
 
             def minibatch(carry, mb):
                 params, opt_state = carry
