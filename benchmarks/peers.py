@@ -34,7 +34,10 @@ width d and a sequence of T positions,
     update (forward + backward)  = 3 x trained tokens x (2 P + 4 L T d)
     rollout (prefill + decoding) = B x (prompt + generated) x (2 P + 4 L T d)
 where trained tokens = B x T, the positions each side runs forward + backward on (arl:
-its static [B, S] buffer; TRL, tunix: prompt + completion, padded). The update's FLOP/s
+its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the useful
+work, as in MFU, not what each side executes: arl's update reads each group's prompt
+once (`updates.share_group_prompt`) and skips the LM head at the prompt, so it executes
+about a tenth fewer FLOPs than counted at the modest setting. The update's FLOP/s
 is reported against the float32 matmul peak of a large `jnp.dot` measured in this run:
 the best of its measurements at the start and after each setting (one measurement at the
 start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core machine).

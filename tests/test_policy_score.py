@@ -39,8 +39,8 @@ def test_fused_logprobs_and_entropy_equal_the_two_kernels():
         alg.token_logprobs_and_entropy(logits, tokens[:, :4])
 
 
-def _policy(chunk=0):
-    model, _, params = make(SMALL)
+def _policy(chunk=0, remat=False):
+    model, _, params = make(dataclasses.replace(SMALL, remat=remat))
     return Policy(model=model, temperature=0.7, logprob_chunk=chunk), params
 
 
@@ -229,11 +229,13 @@ def _grouped_tokens(seed=11):
     return TOKENS.at[:, :PROMPT].set(prompts)
 
 
-@pytest.mark.parametrize("chunk, bound", [(0, 0), (0, 12), (4, 0)])
-def test_scoring_each_group_prompt_once_equals_full_scoring(chunk, bound):
+@pytest.mark.parametrize("chunk, bound, remat", [(0, 0, False), (0, 12, False), (4, 0, False),
+                                                 (0, 12, True)])
+def test_scoring_each_group_prompt_once_equals_full_scoring(chunk, bound, remat):
     """Log-probs, entropies, values and gradients of a loss over every position: the
-    same whether each group's prompt is read once or every row is read whole."""
-    policy, params = _policy(chunk)
+    same whether each group's prompt is read once or every row is read whole (layers
+    rematerialised or not)."""
+    policy, params = _policy(chunk, remat)
     tokens = _grouped_tokens()
     scored = (jnp.arange(S) >= PROMPT - 2).astype(jnp.float32)[None].repeat(B, 0)
     kw = dict(scored=scored, max_scored=bound) if bound else {}
