@@ -100,9 +100,14 @@ class ProcessModels:
     policy: Policy
     prm_model: transformer_lib.Transformer | None
     optimizer: optax.GradientTransformation | None
+    # Groups of rows sharing their first `prompt_len` tokens: the implicit PRM reads each
+    # group's prompt once (`Policy.score`); 1 / 0 = every row whole.
+    group_size: int = 1
+    prompt_len: int = 0
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict, policy: Policy) -> "ProcessModels":
+    def from_config(cls, config: ml_collections.ConfigDict, policy: Policy, *,
+                    group_size: int = 1, prompt_len: int = 0) -> "ProcessModels":
         p = config.process
         optimizer = prm_model = None
         if p.train_prm or p.implicit_coef > 0:
@@ -111,11 +116,17 @@ class ProcessModels:
         if p.train_prm:
             prm_model = transformer_lib.Transformer(
                 dataclasses.replace(policy.model.config, value_head=True))
-        return cls(settings=p, policy=policy, prm_model=prm_model, optimizer=optimizer)
+        return cls(settings=p, policy=policy, prm_model=prm_model, optimizer=optimizer,
+                   group_size=group_size, prompt_len=prompt_len)
 
     @property
     def uses_implicit_prm(self) -> bool:
         return self.settings.implicit_coef > 0
+
+    def _implicit_logp(self, params, tokens):
+        """The implicit PRM's per-token log-probs of `tokens` [B, S]."""
+        return self.policy.score(params, tokens, entropy=False, group_size=self.group_size,
+                                 prompt_len=self.prompt_len).logp
 
     def initial_fields(self, key, reference_params, context_length: int) -> dict[str, Any]:
         """The state fields of the models at the start: a fresh PRM; the implicit PRM
@@ -161,7 +172,7 @@ class ProcessModels:
         """PRIME's token rewards `[B, S]`, or None when the implicit PRM is off."""
         if not self.uses_implicit_prm:
             return None
-        logp_phi = self.policy.score(state.implicit_params, traj.tokens).logp
+        logp_phi = self._implicit_logp(state.implicit_params, traj.tokens)
         return implicit_rewards(logp_phi, ref_logp, traj.agent_mask, self.settings.implicit_coef)
 
     def update(self, state, traj, ref_logp, branch) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -180,7 +191,7 @@ class ProcessModels:
             metrics.update(prm_metrics)
         if self.uses_implicit_prm:
             def loss(params):
-                logp_phi = self.policy.score(params, traj.tokens).logp
+                logp_phi = self._implicit_logp(params, traj.tokens)
                 return implicit_prm_loss(logp_phi, ref_logp, traj.agent_mask, traj.success,
                                          p.implicit_coef)
             grads, implicit_metrics = jax.grad(loss, has_aux=True)(state.implicit_params)

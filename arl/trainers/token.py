@@ -83,7 +83,8 @@ class TokenTrainer:
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
         self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
-        self.process_models = ProcessModels.from_config(config, self.policy)
+        self.process_models = ProcessModels.from_config(config, self.policy,
+                                                        **self.shared_prompt)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
         self.branch_turns = signals_lib.branch_turns(
