@@ -38,6 +38,7 @@ from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
 from arl.sharding import MESH_AXES
 
 FLOAT_DTYPES = ("float32", "bfloat16")  # model.dtype and model.param_dtype
+MINIBATCH_SHUFFLES = ("rows", "groups")  # updates.shuffle
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -156,8 +157,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.updates = ml_collections.ConfigDict()
     c.updates.epochs = 1
     c.updates.minibatches = 1
-    # Token trainer, one minibatch: read each group's shared prompt once in the update.
+    # Token trainer: read each group's shared prompt once in the update (with one
+    # minibatch, or with minibatches of whole groups).
     c.updates.share_group_prompt = True
+    # How an epoch deals rows into minibatches: "rows" shuffles the rows; "groups" (token
+    # trainer) shuffles whole groups, so each minibatch holds complete groups.
+    c.updates.shuffle = "rows"
 
     c.advantage = ml_collections.ConfigDict()
     c.advantage.gamma = 1.0
@@ -443,6 +448,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     if not isinstance(config.updates.get("share_group_prompt", True), bool):
         _fail("updates.share_group_prompt", config.updates.get("share_group_prompt"),
               "allowed values are (True, False)")
+    if config.updates.get("shuffle", "rows") not in MINIBATCH_SHUFFLES:
+        _fail("updates.shuffle", config.updates.get("shuffle"),
+              f"allowed values are {MINIBATCH_SHUFFLES}")
 
     if algorithm.trainer == "vector":
         _validate_vector(config)
@@ -494,6 +502,11 @@ def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
     if batch % config.updates.minibatches:
         _fail("updates.minibatches", config.updates.minibatches,
               f"must divide the batch num_tasks*group_size={batch}")
+    if (config.updates.get("shuffle", "rows") == "groups"
+            and r.num_tasks % config.updates.minibatches):
+        _fail("updates.minibatches", config.updates.minibatches,
+              f"with updates.shuffle='groups' it must divide rollout.num_tasks={r.num_tasks} "
+              f"(each minibatch holds whole groups)")
     if (batch // config.updates.minibatches) % data_shards:
         _fail("updates.minibatches", config.updates.minibatches,
               f"minibatch size {batch // config.updates.minibatches} must be divisible by "
@@ -642,6 +655,9 @@ def _validate_vector(config) -> None:
     if not isinstance(config.vector.diagnostics, bool):
         _fail("vector.diagnostics", config.vector.diagnostics,
               "allowed values are (True, False)")
+    if config.updates.get("shuffle", "rows") != "rows":
+        _fail("updates.shuffle", config.updates.shuffle,
+              "the vector trainer has no groups: allowed value is 'rows'")
     batch = config.vector.num_envs * config.vector.num_steps
     if batch % config.updates.minibatches:
         _fail("updates.minibatches", config.updates.minibatches,

@@ -291,19 +291,22 @@ def test_when_the_prompt_is_shared_and_bad_arguments():
             policy.shares_prompt((B, S), **{"group_size": GROUP, "prompt_len": PROMPT, **bad})
 
 
-def test_learner_keeps_groups_together_and_scores_their_prompt_once():
-    """One minibatch: the update with the groups' prompts read once gives the parameters
-    and metrics of the ordinary update (rows shuffled, every row read whole)."""
-    policy, params = _policy()
-    tokens = _grouped_tokens()
+def _update_batch(tokens):
     agent = (jnp.arange(S) >= PROMPT).astype(jnp.float32)[None].repeat(B, 0)
     keys = jax.random.split(jax.random.key(13), 3)
-    batch = UpdateBatch(
+    return UpdateBatch(
         tokens=tokens, mask=agent,
         old_logp=-jax.random.uniform(keys[0], (B, S), minval=0.5, maxval=5.0) * agent,
         advantages=jax.random.normal(keys[1], (B, S)) * agent, observation_mask=1 - agent,
         old_values=jax.random.normal(keys[2], (B, S)) * agent,
         returns=jax.random.normal(keys[2], (B, S)) * agent)
+
+
+def test_learner_keeps_groups_together_and_scores_their_prompt_once():
+    """One minibatch: the update with the groups' prompts read once gives the parameters
+    and metrics of the ordinary update (rows shuffled, every row read whole)."""
+    policy, params = _policy()
+    batch = _update_batch(_grouped_tokens())
 
     def learner(**share):
         return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
@@ -323,3 +326,64 @@ def test_learner_keeps_groups_together_and_scores_their_prompt_once():
     for key in m_plain:
         np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
                                    err_msg=key)
+
+
+def test_group_shuffle_deals_whole_groups_and_keeps_their_order():
+    """shuffle="groups": each minibatch holds whole groups, rows in order within each;
+    every row is dealt once; shuffle="rows" is a permutation of single rows."""
+    policy, _ = _policy()
+    ids = jnp.arange(12)
+    batch = UpdateBatch(tokens=ids[:, None].repeat(3, 1), mask=jnp.zeros((12, 3)),
+                        old_logp=jnp.zeros((12, 3)), advantages=jnp.zeros((12, 3)),
+                        observation_mask=jnp.zeros((12, 3)))
+
+    def dealt(shuffle, seed):
+        lrn = Learner(policy, optax.sgd(0.1), _loss_config(), epochs=1, minibatches=2,
+                      mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=3,
+                      group_size=3, prompt_len=1, shuffle=shuffle)
+        return np.asarray(lrn.deal_minibatches(batch, jax.random.key(seed)).tokens[..., 0])
+
+    seen_orders = set()
+    for seed in range(6):
+        rows = dealt("groups", seed)
+        assert rows.shape == (2, 6)
+        assert sorted(rows.ravel().tolist()) == list(range(12))
+        groups = rows.reshape(2, 2, 3)
+        np.testing.assert_array_equal(groups % 3, np.broadcast_to([0, 1, 2], groups.shape))
+        np.testing.assert_array_equal(groups // 3, groups[..., :1] // 3 + 0 * groups)
+        seen_orders.add(tuple(rows.ravel()))
+    assert len(seen_orders) > 1  # the groups are shuffled
+    rows = dealt("rows", 0)
+    assert sorted(rows.ravel().tolist()) == list(range(12))
+    assert any((r.reshape(2, 3) % 3 != [0, 1, 2]).any() for r in rows)  # groups split
+    with pytest.raises(ValueError, match="shuffle"):
+        Learner(policy, optax.sgd(0.1), _loss_config(), epochs=1, minibatches=2,
+                mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=3, shuffle="tasks")
+
+
+def test_group_minibatches_score_each_prompt_once_with_the_same_update():
+    """Two minibatches of whole groups: reading each group's prompt once gives the
+    parameters and metrics of reading every row whole, with the same deal."""
+    policy, params = _policy()
+    batch = _update_batch(_grouped_tokens())
+
+    def learner(prompt_len):
+        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+                                                            sft_coef=0.0),
+                       epochs=2, minibatches=2, mesh=sharding_lib.make_mesh((1, 1, 1)),
+                       context_length=S, group_size=GROUP, prompt_len=prompt_len,
+                       shuffle="groups")
+
+    assert learner(PROMPT).shares_prompt and not learner(0).shares_prompt
+    results = [jax.jit(lrn.update)(params, optax.sgd(0.1).init(params), batch,
+                                   jax.random.key(15), 0)
+               for lrn in (learner(PROMPT), learner(0))]
+    (p_shared, _, m_shared), (p_plain, _, m_plain) = results
+    for got, want in zip(jax.tree.leaves(p_shared), jax.tree.leaves(p_plain)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for key in m_plain:
+        np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    moved = [np.max(np.abs(a - b)) for a, b in zip(jax.tree.leaves(p_plain),
+                                                   jax.tree.leaves(params))]
+    assert max(moved) > 1e-3  # the update did something

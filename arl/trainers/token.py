@@ -75,11 +75,12 @@ class TokenTrainer:
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
-        # A group's rows start from the same observation (bos + prompt): scored once.
-        self.shared_prompt = (
-            dict(group_size=config.rollout.group_size, prompt_len=1 + self.env.prompt_len)
-            if config.updates.get("share_group_prompt", True) else dict(group_size=1,
-                                                                         prompt_len=0))
+        # A group's rows start from the same observation (bos + prompt): scored once
+        # (prompt_len 0: every row read whole).
+        self.shared_prompt = dict(
+            group_size=config.rollout.group_size,
+            prompt_len=(1 + self.env.prompt_len
+                        if config.updates.get("share_group_prompt", True) else 0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
         self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
@@ -101,6 +102,7 @@ class TokenTrainer:
                                context_length=self.context_length,
                                agent_token_bound=self.env.max_turns * self.env.action_len,
                                observation_token_bound=self.env.max_turns * self.env.obs_len,
+                               shuffle=config.updates.get("shuffle", "rows"),
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.

@@ -15,10 +15,11 @@ row (`Learner.agent_token_bound`, `observation_token_bound`), the policy scores 
 positions only (`Policy.score(..., scored=, max_scored=)`): the vocabulary projection
 and log-softmax skip the prompt and, in multi-turn contexts, the environment's replies.
 
-With one minibatch and groups of rows sharing a prompt (`Learner.group_size`,
-`prompt_len`: GRPO's samples of one task), the rows stay in rollout order and the model
-reads each group's prompt once, the other rows continuing from its keys and values
-(`Policy.score(..., group_size=, prompt_len=)`).
+With groups of rows sharing a prompt (`Learner.group_size`, `prompt_len`: GRPO's samples
+of one task) and minibatches that keep the groups whole (one minibatch, whose rows stay
+in rollout order, or `Learner.shuffle = "groups"`), the model reads each group's prompt
+once, the other rows continuing from its keys and values (`Policy.score(...,
+group_size=, prompt_len=)`).
 """
 
 from __future__ import annotations
@@ -79,15 +80,37 @@ class Learner:
     agent_token_bound: int = 0
     observation_token_bound: int = 0
     # The batch's rows are consecutive groups of `group_size` rows sharing their first
-    # `prompt_len` tokens (GRPO groups): with one minibatch the rows keep that order and
-    # each group's prompt is read once (`Policy.score`); 1 / 0 = no such structure.
+    # `prompt_len` tokens (GRPO groups): when minibatches keep the groups whole, each
+    # group's prompt is read once (`Policy.score`); 1 / 0 = no such structure.
     group_size: int = 1
     prompt_len: int = 0
+    # "rows": each epoch deals shuffled rows into the minibatches; "groups": shuffled
+    # whole groups of `group_size` consecutive rows, in order within each group.
+    shuffle: str = "rows"
+
+    def __post_init__(self):
+        if self.shuffle not in ("rows", "groups"):
+            raise ValueError(f"Learner: shuffle must be 'rows' or 'groups', got "
+                             f"{self.shuffle!r}")
 
     @property
     def shares_prompt(self) -> bool:
         """Whether the update keeps the groups together and scores their prompts once."""
-        return self.minibatches == 1 and self.group_size > 1 and self.prompt_len > 0
+        whole_groups = self.minibatches == 1 or self.shuffle == "groups"
+        return whole_groups and self.group_size > 1 and self.prompt_len > 0
+
+    def deal_minibatches(self, batch: UpdateBatch, key) -> UpdateBatch:
+        """One epoch's minibatches of `batch`, stacked on a new leading axis."""
+        if self.minibatches == 1 and self.shares_prompt:  # one minibatch: order is moot
+            return jax.tree.map(lambda x: x[None], batch)
+        batch_size = batch.tokens.shape[0]
+        if self.shuffle == "groups":
+            groups = jax.random.permutation(key, batch_size // self.group_size)
+            rows = (groups[:, None] * self.group_size + jnp.arange(self.group_size)).ravel()
+        else:
+            rows = jax.random.permutation(key, batch_size)
+        rows = rows.reshape(self.minibatches, -1)
+        return jax.tree.map(lambda x: x[rows], batch)
 
     @property
     def norm(self) -> float | None:
@@ -150,22 +173,14 @@ class Learner:
         return total, metrics
 
     def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None):
-        """`epochs` passes over `batch` in `minibatches` shuffled minibatches, one
-        optimizer step each; returns (params, opt_state, metrics averaged over steps)."""
-        batch_size = batch.tokens.shape[0]
-        num_mb = self.minibatches
-        mb_size = batch_size // num_mb
+        """`epochs` passes over `batch` in `minibatches` shuffled minibatches
+        (`deal_minibatches`), one optimizer step each; returns (params, opt_state, metrics averaged over steps)."""
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         grad_fn = jax.grad(self.loss, has_aux=True)
 
         def epoch(carry, epoch_key):
             params, opt_state = carry
-            if self.shares_prompt:  # one minibatch: its row order changes nothing else
-                shuffled = jax.tree.map(lambda x: x[None], batch)
-            else:
-                perm = jax.random.permutation(epoch_key, batch_size)
-                shuffled = jax.tree.map(
-                    lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), batch)
+            shuffled = self.deal_minibatches(batch, epoch_key)
 
             def minibatch(carry, mb):
                 params, opt_state = carry
