@@ -39,8 +39,8 @@ def test_fused_logprobs_and_entropy_equal_the_two_kernels():
         alg.token_logprobs_and_entropy(logits, tokens[:, :4])
 
 
-def _policy(chunk=0, remat=False):
-    model, _, params = make(dataclasses.replace(SMALL, remat=remat))
+def _policy(chunk=0, **model_overrides):
+    model, _, params = make(dataclasses.replace(SMALL, **model_overrides))
     return Policy(model=model, temperature=0.7, logprob_chunk=chunk), params
 
 
@@ -229,13 +229,14 @@ def _grouped_tokens(seed=11):
     return TOKENS.at[:, :PROMPT].set(prompts)
 
 
-@pytest.mark.parametrize("chunk, bound, remat", [(0, 0, False), (0, 12, False), (4, 0, False),
-                                                 (0, 12, True)])
-def test_scoring_each_group_prompt_once_equals_full_scoring(chunk, bound, remat):
+@pytest.mark.parametrize("chunk, bound, model", [
+    (0, 0, {}), (0, 12, {}), (4, 0, {}), (0, 12, {"remat": True}),
+    (0, 12, {"attention": "blocked", "attention_block": 8})])
+def test_scoring_each_group_prompt_once_equals_full_scoring(chunk, bound, model):
     """Log-probs, entropies, values and gradients of a loss over every position: the
     same whether each group's prompt is read once or every row is read whole (layers
-    rematerialised or not)."""
-    policy, params = _policy(chunk, remat)
+    rematerialised or not, dense or blocked attention)."""
+    policy, params = _policy(chunk, **model)
     tokens = _grouped_tokens()
     scored = (jnp.arange(S) >= PROMPT - 2).astype(jnp.float32)[None].repeat(B, 0)
     kw = dict(scored=scored, max_scored=bound) if bound else {}
@@ -284,8 +285,6 @@ def test_when_the_prompt_is_shared_and_bad_arguments():
     assert not policy.shares_prompt((B, S), 3, PROMPT)      # 3 does not divide 4 rows
     assert not policy.shares_prompt((B, S), GROUP, 0)       # no prompt
     assert not policy.shares_prompt((B, S), GROUP, S)       # nothing after it
-    blocked = Policy(model=Transformer(dataclasses.replace(SMALL, attention="blocked")))
-    assert not blocked.shares_prompt((B, S), GROUP, PROMPT)  # cached calls not dense
     for bad in (dict(group_size=2.0), dict(prompt_len=-1), dict(group_size=True)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             policy.shares_prompt((B, S), **{"group_size": GROUP, "prompt_len": PROMPT, **bad})

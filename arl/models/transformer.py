@@ -420,7 +420,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x, positions, rope, cache_kv, layer_index, write_positions,
-                 key_positions, attend, key_mask=None, query_slots=None):
+                 key_positions, attend, key_mask=None, query_slots=None, prefix_kv=None):
         """x [B, T, D]; positions int [B, T] (query positions); rope: their `rope_tables`
         (computed once per forward pass, not in every layer).
 
@@ -446,6 +446,12 @@ class Attention(nn.Module):
         `arl.models.attention.cached_attention`, which reads only the blocks up to the
         last query's slot (`query_slots` int [B, T]; the same rule as `attend`).
 
+        prefix_kv: (keys, values) [B, P, KV, Dh] of P positions before the T tokens (a
+        cache-free call continuing from them, `_after_prefix`); None otherwise.
+
+        Returns (output [B, T, D], the updated cache) with a cache, (output, (k, v)) of
+        the T tokens ([B, T, KV, Dh], rotated) without one.
+
         The projections run on the tokens flattened to [B*T, D], like `SwiGLU`.
         """
         cfg = self.config
@@ -464,20 +470,24 @@ class Attention(nn.Module):
         q = _rotate(q, *rope)
         k = _rotate(k, *rope)
 
+        if prefix_kv is not None:
+            return self._after_prefix(q, k, v, prefix_kv, positions)
         implementation = attention_lib.resolve_implementation(cfg.attention, q_len,
                                                               cfg.attention_block)
         if cache_kv is None and implementation != "dense":
             out = attention_lib.causal_self_attention(
                 q, k, v, key_mask, implementation=implementation,
                 block_size=cfg.attention_block)
-            return _output_projection(cfg, constrain_activation(out, _HEADS)), None
+            return _output_projection(cfg, constrain_activation(out, _HEADS)), (k, v)
 
         if layer_index is None:
             return self._on_layer_cache(q, k, v, cache_kv, positions, write_positions,
                                         key_positions, attend, query_slots)
+        new_kv = cache_kv
         if cache_kv is None:
             keys, values = k, v
             key_pos = positions  # [B, T]
+            new_kv = (k, v)
         elif attention_lib.resolve_implementation(
                 cfg.attention, cache_kv[0].shape[2], cfg.attention_block) == "blocked":
             all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
@@ -488,7 +498,7 @@ class Attention(nn.Module):
                     (all_keys, all_values))
         else:
             all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
-            cache_kv = (all_keys, all_values)
+            new_kv = (all_keys, all_values)
             keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
             keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
@@ -504,7 +514,37 @@ class Attention(nn.Module):
         probs = _attention_probs(scores, key_pos, positions, attend, cfg.dtype)
         out = attention_lib.grouped_mix(probs, values, head_pairs=head_pairs).reshape(
             batch, q_len, num_heads, head_dim)
-        return _output_projection(cfg, constrain_activation(out, _HEADS)), cache_kv
+        return _output_projection(cfg, constrain_activation(out, _HEADS)), new_kv
+
+    def _after_prefix(self, q, k, v, prefix_kv, positions):
+        """Cache-free attention of T tokens at positions P..P+T-1 over the P given
+        keys and values followed by their own, causally: the function a cached call
+        continuing from those P positions computes, differentiable in every input (the
+        prefix included) with any `config.attention`. Returns (output, (k, v))."""
+        cfg = self.config
+        batch, q_len, num_heads, head_dim = q.shape
+        prefix_keys, prefix_values = prefix_kv
+        prefix_len = prefix_keys.shape[1]
+        keys = jnp.concatenate([prefix_keys.astype(cfg.dtype), k], axis=1)
+        values = jnp.concatenate([prefix_values.astype(cfg.dtype), v], axis=1)
+        implementation = attention_lib.resolve_implementation(
+            cfg.attention, prefix_len + q_len, cfg.attention_block)
+        if implementation != "dense":
+            # The prefix's positions get zero queries: causality by sequence order then
+            # gives each token the prefix and the tokens before it; their outputs are
+            # dropped.
+            padded = jnp.concatenate(
+                [jnp.zeros((batch, prefix_len) + q.shape[2:], q.dtype), q], axis=1)
+            out = attention_lib.causal_self_attention(
+                padded, keys, values, None, implementation=implementation,
+                block_size=cfg.attention_block)[:, prefix_len:]
+        else:
+            # In a per-layer cache's layout (what a cached continuation reads): measured
+            # faster here than the [B, S, KV, Dh] products.
+            out = _layer_layout_attention(
+                q, keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3),
+                jnp.arange(prefix_len + q_len, dtype=jnp.int32), positions, None, cfg.dtype)
+        return _output_projection(cfg, constrain_activation(out, _HEADS)), (k, v)
 
     def _on_layer_cache(self, q, k, v, layer_cache, positions, write_positions,
                         key_positions, attend, query_slots):
@@ -512,7 +552,6 @@ class Attention(nn.Module):
         (keys [B, KV, Dh, S], values [B, KV, S, Dh]): the same function, with products
         that read the buffers as stored."""
         cfg = self.config
-        batch, q_len, num_heads, head_dim = q.shape
         keys, values = _write_layer_cache(layer_cache, write_positions, k, v)
         capacity = keys.shape[-1]
         if attention_lib.resolve_implementation(cfg.attention, capacity,
@@ -521,19 +560,27 @@ class Attention(nn.Module):
                                                  block_size=cfg.attention_block)
             return (_output_projection(cfg, constrain_activation(out, _HEADS)),
                     (keys, values))
-        num_kv = keys.shape[1]
-        groups = num_heads // num_kv
-        # Query rows [B, KV, G T, Dh], row g T + t: query t of head kv G + g.
-        rows = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(
-            0, 2, 3, 1, 4).reshape(batch, num_kv, groups * q_len, head_dim)
-        scores = attention_lib.layer_scores(rows, keys.astype(cfg.dtype)).reshape(
-                batch, num_kv, groups, q_len, capacity) / math.sqrt(head_dim)
-        probs = _attention_probs(scores, key_positions[None], positions, attend, cfg.dtype)
-        out = attention_lib.layer_mix(
-            probs.reshape(batch, num_kv, groups * q_len, capacity), values.astype(cfg.dtype))
-        out = out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(
-            0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
+        out = _layer_layout_attention(q, keys.astype(cfg.dtype), values.astype(cfg.dtype),
+                                      key_positions, positions, attend, cfg.dtype)
         return _output_projection(cfg, constrain_activation(out, _HEADS)), (keys, values)
+
+
+def _layer_layout_attention(q, keys, values, key_positions, positions, attend, dtype):
+    """Attention of q [B, T, H, Dh] over keys [B, KV, Dh, S] and values [B, KV, S, Dh]
+    (a per-layer cache's layout) at key positions [S]; the mask as `_attention_probs`.
+    Returns [B, T, H, Dh]."""
+    batch, q_len, num_heads, head_dim = q.shape
+    num_kv, capacity = keys.shape[1], keys.shape[-1]
+    groups = num_heads // num_kv
+    # Query rows [B, KV, G T, Dh], row g T + t: query t of head kv G + g.
+    rows = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(
+        0, 2, 3, 1, 4).reshape(batch, num_kv, groups * q_len, head_dim)
+    scores = attention_lib.layer_scores(rows, keys).reshape(
+            batch, num_kv, groups, q_len, capacity) / math.sqrt(head_dim)
+    probs = _attention_probs(scores, key_positions[None], positions, attend, dtype)
+    out = attention_lib.layer_mix(probs.reshape(batch, num_kv, groups * q_len, capacity), values)
+    return out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(
+        0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
 
 
 def _attention_probs(scores, key_pos, positions, attend, dtype):
@@ -617,7 +664,7 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     new_keys, new_values = [], []
     for one_layer, keys, values in zip(params, *layer_caches):
         (h, (keys, values)), _ = layer.apply(
-            {"params": one_layer}, (h, (keys, values)), None, *layer_args)
+            {"params": one_layer}, (h, (keys, values)), None, None, *layer_args)
         new_keys.append(keys)
         new_values.append(values)
     return h, (tuple(new_keys), tuple(new_values))
@@ -705,23 +752,44 @@ class SwiGLU(nn.Module):
 
 class DecoderLayer(nn.Module):
     """One pre-norm layer; scanned over the layer axis (carry = the residual stream and
-    the whole KV cache, which each layer updates in place at its `layer_index`)."""
+    the whole KV cache, which each layer updates in place at its `layer_index`; scanned
+    input: the layer's `prefix_kv` or None). Its per-layer output is the (keys, values)
+    of a cache-free call's tokens with `return_kv`, else None."""
 
     config: TransformerConfig
+    return_kv: bool = False
 
     @nn.compact
-    def __call__(self, carry, layer_index, positions, rope, write_positions, key_positions,
-                 attend, key_mask, query_slots):
+    def __call__(self, carry, layer_index, prefix_kv, positions, rope, write_positions,
+                 key_positions, attend, key_mask, query_slots):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
-        attn_out, cache_kv = Attention(cfg, name="self_attn")(
+        attn_out, new_kv = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, rope, cache_kv, layer_index,
-            write_positions, key_positions, attend, key_mask, query_slots)
+            write_positions, key_positions, attend, key_mask, query_slots, prefix_kv)
+        token_kv = None
+        if cache_kv is None:
+            token_kv = new_kv if self.return_kv else None
+        else:
+            cache_kv = new_kv
         h = constrain_activation(h + attn_out, RESIDUAL)
         h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
-        return (constrain_activation(h, RESIDUAL), cache_kv), None
+        return (constrain_activation(h, RESIDUAL), cache_kv), token_kv
+
+
+def _checked_prefix(prefix_kv: KVCache, cfg: TransformerConfig, batch: int):
+    """(keys, values) [L, B, P, KV, Dh] of a `prefix_kv`, checked against the model."""
+    if not isinstance(prefix_kv, KVCache) or prefix_kv.is_per_layer:
+        raise ValueError("Transformer: prefix_kv must be a stacked KVCache (as return_kv "
+                         "gives)")
+    expected = (cfg.num_layers, batch, prefix_kv.capacity, cfg.num_kv_heads,
+                cfg.resolved_head_dim)
+    if prefix_kv.keys.shape != expected or prefix_kv.values.shape != expected:
+        raise ValueError(f"Transformer: prefix_kv keys and values must be [L, B, P, KV, Dh]"
+                         f"={expected}, got {prefix_kv.keys.shape}, {prefix_kv.values.shape}")
+    return prefix_kv.keys, prefix_kv.values
 
 
 def _checked_positions(positions, batch: int, seq_len: int) -> jax.Array:
@@ -751,7 +819,8 @@ class Transformer(nn.Module):
     @nn.compact
     def __call__(self, tokens, *, cache: KVCache | None = None, num_valid=None,
                  positions=None, attention_mask=None, compute_logits: bool = True,
-                 return_hidden: bool = False) -> ModelOutput:
+                 return_hidden: bool = False, prefix_kv: KVCache | None = None,
+                 return_kv: bool = False) -> ModelOutput:
         """tokens int32 [B, T].
 
         No cache: positions 0..T-1, causal attention over the T tokens (training /
@@ -790,6 +859,15 @@ class Transformer(nn.Module):
         compute_logits=False skips the vocabulary projection (logits None);
         return_hidden=True also returns the final-normed hidden states.
 
+        Without a cache, two more arguments let a sequence be computed in two
+        differentiable parts (e.g. a prompt once, then several continuations of it):
+        return_kv=True returns the T tokens' rotated keys and values as `cache`, a
+          stacked `KVCache` ([L, B, T, KV, Dh], length T).
+        prefix_kv: such keys and values of P earlier positions (a stacked `KVCache` of
+          capacity P, every slot filled, batch B): the T tokens are positions P..P+T-1
+          and attend causally over the P positions and themselves, with any
+          `config.attention`. Not with positions or attention_mask.
+
         Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, new cache or
         None, hidden or None).
         """
@@ -804,8 +882,21 @@ class Transformer(nn.Module):
             positions = _checked_positions(positions, batch, seq_len)
         real = None if attention_mask is None else _checked_mask(attention_mask, batch, seq_len)
         attend = key_mask = None
-
-        if cache is None:
+        prefix_layers = None
+        if cache is not None and (prefix_kv is not None or return_kv):
+            raise ValueError("Transformer: prefix_kv and return_kv apply to cache-free calls")
+        if prefix_kv is not None:
+            prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
+            if explicit_positions or real is not None:
+                raise ValueError("Transformer: prefix_kv does not combine with positions "
+                                 "or attention_mask")
+            if num_valid is not None:
+                raise ValueError("Transformer: num_valid only applies together with cache")
+            positions = jnp.broadcast_to(
+                prefix_kv.capacity + jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+            layer_caches = None
+            write_positions = key_positions = slots = None
+        elif cache is None:
             if num_valid is not None:
                 raise ValueError("Transformer: num_valid only applies together with cache")
             tiled = attention_lib.resolve_implementation(
@@ -875,7 +966,7 @@ class Transformer(nn.Module):
         # computed in it, XLA fused the cos and sin into each rotation and evaluated them
         # again for every head, in every layer, forward and backward.
         rope = None
-        if cache is None and not explicit_positions and real is None:
+        if cache is None and prefix_kv is None and not explicit_positions and real is None:
             rope = _constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
                                          cfg.dtype)
         if rope is None:
@@ -895,16 +986,18 @@ class Transformer(nn.Module):
                 layer_cls = nn.remat(layer_cls, prevent_cse=False)
             layers = nn.scan(
                 layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
                          nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 # Cached calls keep one layer per iteration: their in-place update of the
                 # stacked cache measured slower unrolled (benchmarks/RESULTS.md, "Layer
                 # scan"); a per-layer cache runs the layers one by one instead.
                 unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
-                metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name="layers")
-            (h, new_layer_caches), _ = layers(
-                (h, layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32), *layer_args)
+                metadata_params={nn.PARTITION_NAME: "layers"})(
+                    cfg, return_kv=return_kv, name="layers")
+            (h, new_layer_caches), token_kv = layers(
+                (h, layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                prefix_layers, *layer_args)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
@@ -938,6 +1031,9 @@ class Transformer(nn.Module):
         if cache is not None:
             new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
                                 length=cache.length + num_valid)
+        elif return_kv:
+            new_cache = KVCache(keys=token_kv[0], values=token_kv[1],
+                                length=jnp.full((batch,), seq_len, jnp.int32))
         return ModelOutput(logits=logits, values=values, cache=new_cache,
                            hidden=hidden if return_hidden else None)
 

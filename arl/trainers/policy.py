@@ -24,7 +24,6 @@ from flax import struct
 
 from arl import algorithms as alg
 from arl.errors import ConfigError, one_line
-from arl.models import attention as attention_lib
 from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
 from arl.models.logprobs import chunked_token_logprobs
@@ -171,11 +170,11 @@ class Policy:
         group_size, prompt_len: the rows are consecutive groups of `group_size` rows whose
           first `prompt_len` tokens are meant to be equal (a GRPO group's shared prompt).
           The model then reads each group's prompt once and the rest of every row against
-          a copy of that prompt's keys and values (`shares_prompt`: when the model's
-          cached calls attend densely over S positions), saving group_size - 1 of every
-          group_size forward and backward passes over the prompt. Same numbers as without
-          up to float summation order. Whether the prompts are equal is checked on the
-          data: a batch where they are not is scored the ordinary way (same result).
+          a copy of that prompt's keys and values (`shares_prompt`), saving
+          group_size - 1 of every group_size forward and backward passes over the
+          prompt, with any attention implementation. Same numbers as without up to float
+          summation order. Whether the prompts are equal is checked on the data: a batch
+          where they are not is scored the ordinary way (same result).
         """
         if scored is not None and max_scored:
             if not isinstance(max_scored, int) or isinstance(max_scored, bool) or max_scored < 0:
@@ -212,18 +211,13 @@ class Policy:
 
     def shares_prompt(self, shape: tuple[int, ...], group_size: int, prompt_len: int) -> bool:
         """Whether `score` on tokens of `shape` [B, S] reads each group's prompt once:
-        groups of `group_size` > 1 rows that divide B, 0 < `prompt_len` < S, and cached
-        calls of S positions that attend densely (the blocked cached attention reads a
-        data-dependent number of blocks, which reverse-mode autodiff cannot go through)."""
+        groups of `group_size` > 1 rows that divide B, and 0 < `prompt_len` < S."""
         for name, value in (("group_size", group_size), ("prompt_len", prompt_len)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"Policy.score: {name} must be a non-negative int, got "
                                  f"{value!r}")
         batch, length = shape
-        cfg = self.model.config
-        return (group_size > 1 and batch % group_size == 0 and 0 < prompt_len < length
-                and attention_lib.resolve_implementation(
-                    cfg.attention, length, cfg.attention_block) == "dense")
+        return group_size > 1 and batch % group_size == 0 and 0 < prompt_len < length
 
     def _forward(self, params, tokens):
         """(final hidden states [B, S, D], values [B, S] or None) of the model on tokens."""
@@ -233,18 +227,16 @@ class Policy:
 
     def _shared_prompt_forward(self, params, tokens, group_size: int, prompt_len: int):
         """`_forward` reading the first `prompt_len` tokens of each group of `group_size`
-        rows once (from the group's first row), into a KV cache of S positions that every
-        row of the group then continues from."""
-        batch, length = tokens.shape
-        cfg = self.model.config
-        cache = transformer_lib.init_cache(cfg, batch // group_size, capacity=length,
-                                           dtype=cfg.dtype).per_layer()
+        rows once (from the group's first row); every row of the group continues from a
+        copy of their keys and values (`Transformer(..., return_kv=, prefix_kv=)`)."""
         prompt = self.model.apply({"params": params}, tokens[::group_size, :prompt_len],
-                                  cache=cache, return_hidden=True, compute_logits=False)
-        to_rows = lambda x: jnp.repeat(x, group_size, axis=0)  # noqa: E731
-        rest = self.model.apply({"params": params}, tokens[:, prompt_len:],
-                                cache=jax.tree.map(to_rows, prompt.cache), return_hidden=True,
-                                compute_logits=False)
+                                  return_kv=True, return_hidden=True, compute_logits=False)
+        to_rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)  # noqa: E731
+        prefix = transformer_lib.KVCache(keys=to_rows(prompt.cache.keys, 1),
+                                         values=to_rows(prompt.cache.values, 1),
+                                         length=to_rows(prompt.cache.length))
+        rest = self.model.apply({"params": params}, tokens[:, prompt_len:], prefix_kv=prefix,
+                                return_hidden=True, compute_logits=False)
         hidden = jnp.concatenate([to_rows(prompt.hidden), rest.hidden], axis=1)
         values = None
         if rest.values is not None:
