@@ -301,6 +301,20 @@ def _update_batch(tokens):
         returns=jax.random.normal(keys[2], (B, S)) * agent)
 
 
+def _assert_same_update(shared, plain, params, batch, seed):
+    """Parameters and metrics of `shared`'s update equal `plain`'s; returns the latter's
+    parameters."""
+    results = [jax.jit(lrn.update)(params, optax.sgd(0.1).init(params), batch,
+                                   jax.random.key(seed), 0) for lrn in (shared, plain)]
+    (p_shared, _, m_shared), (p_plain, _, m_plain) = results
+    for got, want in zip(jax.tree.leaves(p_shared), jax.tree.leaves(p_plain)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for key in m_plain:
+        np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+    return p_plain
+
+
 def test_learner_keeps_groups_together_and_scores_their_prompt_once():
     """One minibatch: the update with the groups' prompts read once gives the parameters
     and metrics of the ordinary update (rows shuffled, every row read whole)."""
@@ -316,15 +330,7 @@ def test_learner_keeps_groups_together_and_scores_their_prompt_once():
     shared_learner = learner(group_size=GROUP, prompt_len=PROMPT)
     assert shared_learner.shares_prompt and not learner().shares_prompt
     assert not dataclasses.replace(shared_learner, minibatches=2).shares_prompt
-    results = [jax.jit(lrn.update)(params, optax.sgd(0.1).init(params), batch,
-                                   jax.random.key(14), 0)
-               for lrn in (shared_learner, learner())]
-    (p_shared, _, m_shared), (p_plain, _, m_plain) = results
-    for got, want in zip(jax.tree.leaves(p_shared), jax.tree.leaves(p_plain)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for key in m_plain:
-        np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
-                                   err_msg=key)
+    _assert_same_update(shared_learner, learner(), params, batch, seed=14)
 
 
 def test_group_shuffle_deals_whole_groups_and_keeps_their_order():
@@ -374,15 +380,7 @@ def test_group_minibatches_score_each_prompt_once_with_the_same_update():
                        shuffle="groups")
 
     assert learner(PROMPT).shares_prompt and not learner(0).shares_prompt
-    results = [jax.jit(lrn.update)(params, optax.sgd(0.1).init(params), batch,
-                                   jax.random.key(15), 0)
-               for lrn in (learner(PROMPT), learner(0))]
-    (p_shared, _, m_shared), (p_plain, _, m_plain) = results
-    for got, want in zip(jax.tree.leaves(p_shared), jax.tree.leaves(p_plain)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    for key in m_plain:
-        np.testing.assert_allclose(m_shared[key], m_plain[key], rtol=1e-4, atol=1e-6,
-                                   err_msg=key)
+    p_plain = _assert_same_update(learner(PROMPT), learner(0), params, batch, seed=15)
     moved = [np.max(np.abs(a - b)) for a, b in zip(jax.tree.leaves(p_plain),
                                                    jax.tree.leaves(params))]
     assert max(moved) > 1e-3  # the update did something
