@@ -539,8 +539,9 @@ class Attention(nn.Module):
                 padded, keys, values, None, implementation=implementation,
                 block_size=cfg.attention_block)[:, prefix_len:]
         else:
-            # In a per-layer cache's layout (what a cached continuation reads): measured
-            # faster here than the [B, S, KV, Dh] products.
+            # In a per-layer cache's layout: the products a cached continuation runs, so
+            # a shared prompt scores as it did through the cache (same speed at the
+            # peers' modest shape; `[B, S, KV, Dh]` products were not measured apart).
             out = _layer_layout_attention(
                 q, keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3),
                 jnp.arange(prefix_len + q_len, dtype=jnp.int32), positions, None, cfg.dtype)
