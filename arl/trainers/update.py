@@ -34,6 +34,7 @@ import optax
 from flax import struct
 
 from arl import algorithms as alg
+from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.trainers.policy import Policy
 
@@ -89,9 +90,9 @@ class Learner:
     shuffle: str = "rows"
 
     def __post_init__(self):
-        if self.shuffle not in ("rows", "groups"):
-            raise ValueError(f"Learner: shuffle must be 'rows' or 'groups', got "
-                             f"{self.shuffle!r}")
+        if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
+            raise ValueError(f"Learner: shuffle must be one of "
+                             f"{config_lib.MINIBATCH_SHUFFLES}, got {self.shuffle!r}")
 
     @property
     def shares_prompt(self) -> bool:
@@ -174,7 +175,8 @@ class Learner:
 
     def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None):
         """`epochs` passes over `batch` in `minibatches` shuffled minibatches
-        (`deal_minibatches`), one optimizer step each; returns (params, opt_state, metrics averaged over steps)."""
+        (`deal_minibatches`), one optimizer step each; returns (params, opt_state,
+        metrics averaged over steps)."""
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         grad_fn = jax.grad(self.loss, has_aux=True)
 
