@@ -163,6 +163,11 @@ def default_config() -> ml_collections.ConfigDict:
     # How an epoch deals rows into minibatches: "rows" shuffles the rows; "groups" (token
     # trainer) shuffles whole groups, so each minibatch holds complete groups.
     c.updates.shuffle = "rows"
+    # Token trainer: the update's forward pass takes every layer's projection outputs
+    # from the rollout (recorded while decoding at the same parameters) instead of
+    # recomputing them; needs epochs = minibatches = 1 (the only update step at the
+    # rollout's parameters). Memory: layers x rows x context x the projections' widths.
+    c.updates.reuse_rollout_activations = False
 
     c.advantage = ml_collections.ConfigDict()
     c.advantage.gamma = 1.0
@@ -451,6 +456,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     if config.updates.get("shuffle", "rows") not in MINIBATCH_SHUFFLES:
         _fail("updates.shuffle", config.updates.get("shuffle"),
               f"allowed values are {MINIBATCH_SHUFFLES}")
+    reuse = config.updates.get("reuse_rollout_activations", False)
+    if not isinstance(reuse, bool):
+        _fail("updates.reuse_rollout_activations", reuse, "allowed values are (True, False)")
+    if reuse and (config.updates.epochs != 1 or config.updates.minibatches != 1):
+        _fail("updates.reuse_rollout_activations", reuse,
+              f"needs updates.epochs = 1 and updates.minibatches = 1 (the one update step "
+              f"at the rollout's parameters), got epochs={config.updates.epochs}, "
+              f"minibatches={config.updates.minibatches}")
 
     if algorithm.trainer == "vector":
         _validate_vector(config)
@@ -658,6 +671,10 @@ def _validate_vector(config) -> None:
     if config.updates.get("shuffle", "rows") != "rows":
         _fail("updates.shuffle", config.updates.shuffle,
               "the vector trainer has no groups: allowed value is 'rows'")
+    if config.updates.get("reuse_rollout_activations", False):
+        _fail("updates.reuse_rollout_activations", True,
+              "the vector trainer's MLP keeps no rollout activations: allowed value is "
+              "False")
     batch = config.vector.num_envs * config.vector.num_steps
     if batch % config.updates.minibatches:
         _fail("updates.minibatches", config.updates.minibatches,

@@ -52,6 +52,11 @@ def batch_sharding(mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def layer_major_batch_sharding(mesh) -> NamedSharding:
+    """A [layers, batch, ...] array's batch (second) dimension split over data x fsdp."""
+    return NamedSharding(mesh, P(None, BATCH_AXES))
+
+
 def opt_state_shardings(optimizer, opt_state, param_shardings_tree, default):
     """Shardings for an optimizer state: parameter-shaped subtrees follow the params."""
     return optax.tree_map_params(

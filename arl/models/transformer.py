@@ -91,6 +91,7 @@ from jax.sharding import PartitionSpec
 
 from arl.models import attention as attention_lib
 from arl.models.activations import swiglu
+from arl.models.projections import StoredProjection
 
 # Logical axis name -> mesh axis (or None: replicated). Mesh axes are ("data", "fsdp",
 # "tensor"): FSDP shards the model dimension of every matrix, tensor parallelism shards
@@ -286,11 +287,18 @@ class KVCache:
       valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
       valid queries. Padding (num_valid, attention_mask) is never written, so every
       slot below length[b] holds a real token.
+    projections: None, or the layers' projection outputs at every written position, a
+      dict {name: [num_layers, B, S, *features]} over
+      `arl.models.projections.LAYER_PROJECTIONS` (q/k/v before RoPE), written by every
+      cached call as keys and values are (`init_cache(..., record_projections=True)`):
+      an update at the same parameters takes them as its forward values
+      (`Transformer(..., projections=)`) instead of recomputing them.
     """
 
     keys: jax.Array | tuple[jax.Array, ...]
     values: jax.Array | tuple[jax.Array, ...]
     length: jax.Array
+    projections: dict[str, jax.Array] | None = None
 
     @property
     def is_per_layer(self) -> bool:
@@ -319,18 +327,22 @@ class KVCache:
 @struct.dataclass
 class ModelOutput:
     """logits f32 [B, T, V] (None with compute_logits=False); values f32 [B, T] or None;
-    cache (None without one); hidden [B, T, d_model] final-normed states when requested."""
+    cache (None without one); hidden [B, T, d_model] final-normed states when requested;
+    projections {name: [num_layers, B, T, *features]}, the layers' projection outputs of
+    the T tokens, with return_projections."""
 
     logits: jax.Array | None
     values: jax.Array | None
     cache: KVCache | None
     hidden: jax.Array | None = None
+    projections: dict[str, jax.Array] | None = None
 
 
 def init_cache(config: TransformerConfig, batch_size: int, capacity: int | None = None,
-               dtype=jnp.float32) -> KVCache:
+               dtype=jnp.float32, *, record_projections: bool = False) -> KVCache:
     """An empty cache (length 0 everywhere) for `batch_size` rows of `capacity` positions
-    (default config.max_len)."""
+    (default config.max_len); with `record_projections`, zeroed `KVCache.projections`
+    buffers (in `dtype`) that every cached call fills at the positions it writes."""
     capacity = config.max_len if capacity is None else capacity
     if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
@@ -338,8 +350,22 @@ def init_cache(config: TransformerConfig, batch_size: int, capacity: int | None 
         raise ValueError(f"init_cache: capacity must be a positive int, got {capacity!r}")
     shape = (config.num_layers, batch_size, capacity, config.num_kv_heads,
              config.resolved_head_dim)
+    projections = None
+    if record_projections:
+        projections = {name: jnp.zeros((config.num_layers, batch_size, capacity) + features,
+                                       dtype)
+                       for name, features in projection_features(config).items()}
     return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
-                   length=jnp.zeros((batch_size,), jnp.int32))
+                   length=jnp.zeros((batch_size,), jnp.int32), projections=projections)
+
+
+def projection_features(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Each layer projection's output shape per token (q/k/v: heads x head_dim)."""
+    head_dim = config.resolved_head_dim
+    return {"q_proj": (config.num_heads, head_dim), "k_proj": (config.num_kv_heads, head_dim),
+            "v_proj": (config.num_kv_heads, head_dim), "o_proj": (config.d_model,),
+            "gate_proj": (config.mlp_dim,), "up_proj": (config.mlp_dim,),
+            "down_proj": (config.d_model,)}
 
 
 def _normal(config: TransformerConfig):
@@ -415,12 +441,24 @@ def _projection(config, features, names, use_bias, name):
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names), name=name)
 
 
+def _stored_projection(config, features, input_axes, kernel_names, bias_names, use_bias,
+                       name):
+    """The parameters of the projection `name` (as its `nn.Dense` / `nn.DenseGeneral`
+    declares them), applied with a recorded forward value (`StoredProjection`)."""
+    return StoredProjection(
+        features=tuple(features), input_axes=input_axes, use_bias=use_bias,
+        dtype=config.dtype, param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(_normal(config), kernel_names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_names), name=name)
+
+
 class Attention(nn.Module):
     config: TransformerConfig
 
     @nn.compact
     def __call__(self, x, positions, rope, cache_kv, layer_index, write_positions,
-                 key_positions, attend, key_mask=None, query_slots=None, prefix_kv=None):
+                 key_positions, attend, key_mask=None, query_slots=None, prefix_kv=None,
+                 stored=None):
         """x [B, T, D]; positions int [B, T] (query positions); rope: their `rope_tables`
         (computed once per forward pass, not in every layer).
 
@@ -449,8 +487,13 @@ class Attention(nn.Module):
         prefix_kv: (keys, values) [B, P, KV, Dh] of P positions before the T tokens (a
         cache-free call continuing from them, `_after_prefix`); None otherwise.
 
-        Returns (output [B, T, D], the updated cache) with a cache, (output, (k, v)) of
-        the T tokens ([B, T, KV, Dh], rotated) without one.
+        stored: None, or this layer's recorded outputs {name: [B, T, *features]} of
+        q/k/v_proj (before RoPE) and o_proj, taken as the projections' forward values
+        (`arl.models.projections.StoredProjection`: gradients as the projections').
+
+        Returns (output [B, T, D], the updated cache, the projections' outputs {name:
+        [B, T, *features]}) with a cache, (output, (k, v), outputs) with (k, v) the T
+        tokens' rotated keys and values ([B, T, KV, Dh]) without one.
 
         The projections run on the tokens flattened to [B*T, D], like `SwiGLU`.
         """
@@ -459,17 +502,40 @@ class Attention(nn.Module):
         batch, q_len = x.shape[:2]
         tokens = x.reshape(batch * q_len, x.shape[-1])
 
+        produced = {}
+
         def project(heads, names, name, activation_names):
-            out = _projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(
-                tokens).reshape(batch, q_len, heads, head_dim)
-            return constrain_activation(out, activation_names)
+            if stored is None:
+                out = _projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(tokens)
+            else:
+                out = _stored_projection(cfg, (heads, head_dim), 1, ("embed",) + names, names,
+                                         cfg.qkv_bias, name)(
+                    tokens, stored[name].reshape(batch * q_len, heads, head_dim))
+            out = constrain_activation(out.reshape(batch, q_len, heads, head_dim),
+                                       activation_names)
+            produced[name] = out
+            return out
 
         q = project(num_heads, ("heads", "head_dim"), "q_proj", _HEADS)
         k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", _KV_HEADS)
         v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", _KV_HEADS)
         q = _rotate(q, *rope)
         k = _rotate(k, *rope)
+        out, new_kv = self._attend(q, k, v, positions, cache_kv, layer_index,
+                                   write_positions, key_positions, attend, key_mask,
+                                   query_slots, prefix_kv)
+        out = _output_projection(cfg, constrain_activation(out, _HEADS),
+                                 None if stored is None else stored["o_proj"])
+        produced["o_proj"] = out
+        return out, new_kv, produced
 
+    def _attend(self, q, k, v, positions, cache_kv, layer_index, write_positions,
+                key_positions, attend, key_mask, query_slots, prefix_kv):
+        """The attention of `__call__` on the rotated q, k and v: (output [B, T, H, Dh]
+        before o_proj, the updated cache or the tokens' (k, v))."""
+        cfg = self.config
+        num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        batch, q_len = q.shape[:2]
         if prefix_kv is not None:
             return self._after_prefix(q, k, v, prefix_kv, positions)
         implementation = attention_lib.resolve_implementation(cfg.attention, q_len,
@@ -478,7 +544,7 @@ class Attention(nn.Module):
             out = attention_lib.causal_self_attention(
                 q, k, v, key_mask, implementation=implementation,
                 block_size=cfg.attention_block)
-            return _output_projection(cfg, constrain_activation(out, _HEADS)), (k, v)
+            return out, (k, v)
 
         if layer_index is None:
             return self._on_layer_cache(q, k, v, cache_kv, positions, write_positions,
@@ -494,15 +560,14 @@ class Attention(nn.Module):
             out = attention_lib.cached_attention(
                 q, all_keys, all_values, layer_index, query_slots,
                 block_size=cfg.attention_block)
-            return (_output_projection(cfg, constrain_activation(out, _HEADS)),
-                    (all_keys, all_values))
+            return out, (all_keys, all_values)
         else:
             all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
             new_kv = (all_keys, all_values)
             keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
             keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
-            key_pos = jnp.broadcast_to(key_positions, (x.shape[0], key_positions.shape[0]))
+            key_pos = jnp.broadcast_to(key_positions, (batch, key_positions.shape[0]))
 
         groups = num_heads // num_kv
         q = q.reshape(batch, q_len, num_kv, groups, head_dim)
@@ -514,13 +579,14 @@ class Attention(nn.Module):
         probs = _attention_probs(scores, key_pos, positions, attend, cfg.dtype)
         out = attention_lib.grouped_mix(probs, values, head_pairs=head_pairs).reshape(
             batch, q_len, num_heads, head_dim)
-        return _output_projection(cfg, constrain_activation(out, _HEADS)), new_kv
+        return out, new_kv
 
     def _after_prefix(self, q, k, v, prefix_kv, positions):
         """Cache-free attention of T tokens at positions P..P+T-1 over the P given
         keys and values followed by their own, causally: the function a cached call
         continuing from those P positions computes, differentiable in every input (the
-        prefix included) with any `config.attention`. Returns (output, (k, v))."""
+        prefix included) with any `config.attention`. Returns (output before o_proj,
+        (k, v))."""
         cfg = self.config
         batch, q_len, num_heads, head_dim = q.shape
         prefix_keys, prefix_values = prefix_kv
@@ -545,13 +611,13 @@ class Attention(nn.Module):
             out = _layer_layout_attention(
                 q, keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3),
                 jnp.arange(prefix_len + q_len, dtype=jnp.int32), positions, None, cfg.dtype)
-        return _output_projection(cfg, constrain_activation(out, _HEADS)), (k, v)
+        return out, (k, v)
 
     def _on_layer_cache(self, q, k, v, layer_cache, positions, write_positions,
                         key_positions, attend, query_slots):
         """The cached attention of `__call__` on one layer's buffers of a per-layer cache
         (keys [B, KV, Dh, S], values [B, KV, S, Dh]): the same function, with products
-        that read the buffers as stored."""
+        that read the buffers as stored. Returns (output before o_proj, the buffers)."""
         cfg = self.config
         keys, values = _write_layer_cache(layer_cache, write_positions, k, v)
         capacity = keys.shape[-1]
@@ -559,11 +625,10 @@ class Attention(nn.Module):
                                                 cfg.attention_block) == "blocked":
             out = attention_lib.cached_attention(q, keys, values, None, query_slots,
                                                  block_size=cfg.attention_block)
-            return (_output_projection(cfg, constrain_activation(out, _HEADS)),
-                    (keys, values))
+            return out, (keys, values)
         out = _layer_layout_attention(q, keys.astype(cfg.dtype), values.astype(cfg.dtype),
                                       key_positions, positions, attend, cfg.dtype)
-        return _output_projection(cfg, constrain_activation(out, _HEADS)), (keys, values)
+        return out, (keys, values)
 
 
 def _layer_layout_attention(q, keys, values, key_positions, positions, attend, dtype):
@@ -647,7 +712,8 @@ def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
                          f"{cache.keys.shape} / {cache.values.shape}")
 
 
-def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
+def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args,
+                     return_projections: bool = False, recorded=None):
     """The layers one after another, layer l on its own cache buffer (a per-layer
     `KVCache`) and on its parameters (slices of the stacked `layer_params`, or element l
     of their `per_layer_params` tuple): the computation of the scan over the stacked
@@ -656,19 +722,33 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args):
     Each layer writes and reads its own buffers in place (layer index None): inside a
     decoding loop nothing is copied per token, and the weight slices do not depend on the
     token, so XLA can take them once per loop.
+
+    recorded: None, or (the cache's projection buffers {name: [L, B, S, ...]}, the
+    slots [B, T] to write): each layer writes its projection outputs into its slice in
+    place (stacking them first would copy every layer's outputs at every token).
+
+    Returns (h, the per-layer cache's (keys, values), the layers' projection outputs
+    stacked {name: [L, B, T, *features]} with `return_projections` (else None), the
+    updated buffers with `recorded` (else None)).
     """
     params = _layer_slices(nn.meta.unbox(layer_params))
     # Computed once for all layers, as the scan's broadcast inputs are: without the
     # barrier XLA fuses the RoPE tables' sin / cos into every layer's rotations again.
     layer_args = jax.lax.optimization_barrier(layer_args)
-    layer = DecoderLayer(cfg, parent=None)
-    new_keys, new_values = [], []
-    for one_layer, keys, values in zip(params, *layer_caches):
-        (h, (keys, values)), _ = layer.apply(
-            {"params": one_layer}, (h, (keys, values)), None, None, *layer_args)
+    layer = DecoderLayer(cfg, return_projections=return_projections or recorded is not None,
+                         parent=None)
+    new_keys, new_values, produced = [], [], []
+    buffers = None if recorded is None else recorded[0]
+    for index, (one_layer, keys, values) in enumerate(zip(params, *layer_caches)):
+        (h, (keys, values)), (_, outputs) = layer.apply(
+            {"params": one_layer}, (h, (keys, values)), None, None, None, *layer_args)
         new_keys.append(keys)
         new_values.append(values)
-    return h, (tuple(new_keys), tuple(new_values))
+        if buffers is not None:
+            buffers = _write_projections(buffers, recorded[1], outputs, layer_index=index)
+        produced.append(outputs)
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *produced) if return_projections else None
+    return h, (tuple(new_keys), tuple(new_values)), stacked, buffers
 
 
 def decodes_per_layer(config: TransformerConfig) -> bool:
@@ -701,16 +781,23 @@ def _layer_slices(layers) -> tuple:
     return tuple(jax.tree.map(lambda p, i=index: p[i], layers) for index in range(num_layers))
 
 
-def _output_projection(cfg, out):
+def _output_projection(cfg, out, stored=None):
     """o_proj of the attention output [B, T, H, head_dim] -> [B, T, d_model], on the
-    tokens flattened to [B*T, H, head_dim]."""
+    tokens flattened to [B*T, H, head_dim]; with `stored` [B, T, d_model] its recorded
+    value (`StoredProjection`)."""
     batch, q_len = out.shape[:2]
-    out = nn.DenseGeneral(
-        features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
-        param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(_normal(cfg), ("heads", "head_dim", "embed")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        name="o_proj")(out.reshape((batch * q_len,) + out.shape[2:]))
+    tokens = out.reshape((batch * q_len,) + out.shape[2:])
+    kernel_names = ("heads", "head_dim", "embed")
+    if stored is None:
+        out = nn.DenseGeneral(
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.with_logical_partitioning(_normal(cfg), kernel_names),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="o_proj")(tokens)
+    else:
+        out = _stored_projection(cfg, (cfg.d_model,), 2, kernel_names, ("embed",), cfg.o_bias,
+                                 "o_proj")(tokens, stored.reshape(batch * q_len, cfg.d_model))
     return out.reshape(batch, q_len, cfg.d_model)
 
 
@@ -727,57 +814,73 @@ class SwiGLU(nn.Module):
     config: TransformerConfig
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, stored=None):
+        """x [..., d_model] -> (output [..., d_model], the projections' outputs {name:
+        [..., features]}); `stored`: recorded outputs of the three projections, taken as
+        their forward values (`StoredProjection`), or None."""
         cfg = self.config
         leading = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
+        produced = {}
 
-        def dense(features, names, name):
-            return nn.Dense(features, use_bias=cfg.mlp_bias, dtype=cfg.dtype,
-                            param_dtype=cfg.param_dtype,
-                            kernel_init=nn.with_logical_partitioning(_normal(cfg), names),
-                            bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                   names[-1:]),
-                            name=name)
+        def dense(x, features, names, name):
+            if stored is None:
+                out = nn.Dense(features, use_bias=cfg.mlp_bias, dtype=cfg.dtype,
+                               param_dtype=cfg.param_dtype,
+                               kernel_init=nn.with_logical_partitioning(_normal(cfg), names),
+                               bias_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                      names[-1:]),
+                               name=name)(x)
+            else:
+                out = _stored_projection(cfg, (features,), 1, names, names[-1:], cfg.mlp_bias,
+                                         name)(x, stored[name].reshape(-1, features))
+            produced[name] = out.reshape(leading + (features,))
+            return out
 
-        gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate_proj")(x)
-        up = dense(cfg.mlp_dim, ("embed", "mlp"), "up_proj")(x)
+        gate = dense(x, cfg.mlp_dim, ("embed", "mlp"), "gate_proj")
+        up = dense(x, cfg.mlp_dim, ("embed", "mlp"), "up_proj")
         # The activation sharding names [B, T, mlp]: constrained in that shape (free
         # reshapes; no operation at all without a mesh).
         hidden = constrain_activation(
             swiglu(gate, up).reshape(leading + (cfg.mlp_dim,)),
             _MLP).reshape(-1, cfg.mlp_dim)
-        out = dense(cfg.d_model, ("mlp", "embed"), "down_proj")(hidden)
-        return out.reshape(leading + (cfg.d_model,))
+        out = dense(hidden, cfg.d_model, ("mlp", "embed"), "down_proj")
+        return out.reshape(leading + (cfg.d_model,)), produced
 
 
 class DecoderLayer(nn.Module):
     """One pre-norm layer; scanned over the layer axis (carry = the residual stream and
     the whole KV cache, which each layer updates in place at its `layer_index`; scanned
-    input: the layer's `prefix_kv` or None). Its per-layer output is the (keys, values)
-    of a cache-free call's tokens with `return_kv`, else None."""
+    inputs: the layer's `prefix_kv` and its recorded projection outputs `stored`, each
+    or None). Its per-layer output is (the (keys, values) of a cache-free call's tokens
+    with `return_kv`, else None; the projections' outputs {name: [B, T, *features]}
+    with `return_projections`, else None)."""
 
     config: TransformerConfig
     return_kv: bool = False
+    return_projections: bool = False
 
     @nn.compact
-    def __call__(self, carry, layer_index, prefix_kv, positions, rope, write_positions,
-                 key_positions, attend, key_mask, query_slots):
+    def __call__(self, carry, layer_index, prefix_kv, stored, positions, rope,
+                 write_positions, key_positions, attend, key_mask, query_slots):
         cfg = self.config
         h, cache_kv = carry
         h = constrain_activation(h, RESIDUAL)
         norm = lambda name: RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name=name)
-        attn_out, new_kv = Attention(cfg, name="self_attn")(
+        attn_out, new_kv, produced = Attention(cfg, name="self_attn")(
             norm("input_layernorm")(h), positions, rope, cache_kv, layer_index,
-            write_positions, key_positions, attend, key_mask, query_slots, prefix_kv)
+            write_positions, key_positions, attend, key_mask, query_slots, prefix_kv, stored)
         token_kv = None
         if cache_kv is None:
             token_kv = new_kv if self.return_kv else None
         else:
             cache_kv = new_kv
         h = constrain_activation(h + attn_out, RESIDUAL)
-        h = h + SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h))
-        return (constrain_activation(h, RESIDUAL), cache_kv), token_kv
+        mlp_out, mlp_produced = SwiGLU(cfg, name="mlp")(norm("post_attention_layernorm")(h),
+                                                        stored)
+        h = h + mlp_out
+        produced = {**produced, **mlp_produced} if self.return_projections else None
+        return (constrain_activation(h, RESIDUAL), cache_kv), (token_kv, produced)
 
 
 def _checked_prefix(prefix_kv: KVCache, cfg: TransformerConfig, batch: int):
@@ -821,7 +924,8 @@ class Transformer(nn.Module):
     def __call__(self, tokens, *, cache: KVCache | None = None, num_valid=None,
                  positions=None, attention_mask=None, compute_logits: bool = True,
                  return_hidden: bool = False, prefix_kv: KVCache | None = None,
-                 return_kv: bool = False) -> ModelOutput:
+                 return_kv: bool = False, projections: dict[str, jax.Array] | None = None,
+                 return_projections: bool = False) -> ModelOutput:
         """tokens int32 [B, T].
 
         No cache: positions 0..T-1, causal attention over the T tokens (training /
@@ -869,8 +973,20 @@ class Transformer(nn.Module):
           and attend causally over the P positions and themselves, with any
           `config.attention`. Not with positions or attention_mask.
 
+        Projections (the reuse of a rollout's activations by its update):
+        return_projections=True returns every layer's projection outputs of the T tokens
+          (`ModelOutput.projections`, {name: [L, B, T, *features]}, q/k/v before RoPE). A
+          cached call whose cache has `projections` buffers (`init_cache(...,
+          record_projections=True)`) writes them there at the slots it writes keys and
+          values to, whatever this flag.
+        projections: such outputs of these T tokens (cache-free calls): each projection
+          takes its recorded output as its forward value and differentiates as the
+          projection at that value (`arl.models.projections.stored_linear`), so the
+          layers' matmuls run in the backward pass only. Recorded at the same parameters,
+          the outputs are the ones computed here up to float summation order.
+
         Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, new cache or
-        None, hidden or None).
+        None, hidden or None, projections or None).
         """
         cfg = self.config
         if tokens.ndim != 2:
@@ -884,8 +1000,13 @@ class Transformer(nn.Module):
         real = None if attention_mask is None else _checked_mask(attention_mask, batch, seq_len)
         attend = key_mask = None
         prefix_layers = None
-        if cache is not None and (prefix_kv is not None or return_kv):
-            raise ValueError("Transformer: prefix_kv and return_kv apply to cache-free calls")
+        if cache is not None and (prefix_kv is not None or return_kv
+                                  or projections is not None):
+            raise ValueError("Transformer: prefix_kv, return_kv and projections apply to "
+                             "cache-free calls")
+        if projections is not None:
+            _check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
+                               "projections")
         if prefix_kv is not None:
             prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
             if explicit_positions or real is not None:
@@ -974,9 +1095,16 @@ class Transformer(nn.Module):
             rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
         layer_args = (positions, rope, write_positions, key_positions, attend, key_mask,
                       slots)
+        recording = cache is not None and cache.projections is not None
+        if recording:
+            _check_projections(cache.projections, cfg,
+                               (cfg.num_layers, batch, cache.capacity), "cache.projections")
+        recorded = None
         if cache is not None and cache.is_per_layer:
-            h, new_layer_caches = _per_layer_calls(
-                cfg, self.variables["params"]["layers"], h, layer_caches, layer_args)
+            h, new_layer_caches, produced, recorded = _per_layer_calls(
+                cfg, self.variables["params"]["layers"], h, layer_caches, layer_args,
+                return_projections,
+                (cache.projections, write_positions) if recording else None)
         else:
             if isinstance(self.variables.get("params", {}).get("layers"), (tuple, list)):
                 raise ValueError("Transformer: parameters with per-layer trees "
@@ -987,7 +1115,7 @@ class Transformer(nn.Module):
                 layer_cls = nn.remat(layer_cls, prevent_cse=False)
             layers = nn.scan(
                 layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-                in_axes=(0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                in_axes=(0, 0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
                          nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 # Cached calls keep one layer per iteration: their in-place update of the
@@ -995,10 +1123,11 @@ class Transformer(nn.Module):
                 # scan"); a per-layer cache runs the layers one by one instead.
                 unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
                 metadata_params={nn.PARTITION_NAME: "layers"})(
-                    cfg, return_kv=return_kv, name="layers")
-            (h, new_layer_caches), token_kv = layers(
+                    cfg, return_kv=return_kv,
+                    return_projections=return_projections or recording, name="layers")
+            (h, new_layer_caches), (token_kv, produced) = layers(
                 (h, layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                prefix_layers, *layer_args)
+                prefix_layers, projections, *layer_args)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
@@ -1030,13 +1159,43 @@ class Transformer(nn.Module):
 
         new_cache = None
         if cache is not None:
+            if recording and recorded is None:
+                recorded = _write_projections(cache.projections, write_positions, produced)
             new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
-                                length=cache.length + num_valid)
+                                length=cache.length + num_valid, projections=recorded)
         elif return_kv:
             new_cache = KVCache(keys=token_kv[0], values=token_kv[1],
                                 length=jnp.full((batch,), seq_len, jnp.int32))
         return ModelOutput(logits=logits, values=values, cache=new_cache,
-                           hidden=hidden if return_hidden else None)
+                           hidden=hidden if return_hidden else None,
+                           projections=produced if return_projections else None)
+
+
+def _check_projections(projections, cfg: TransformerConfig, leading: tuple[int, ...],
+                       what: str):
+    """Recorded projection outputs: a dict with every layer projection, each of shape
+    `leading` + its features."""
+    features = projection_features(cfg)
+    if not isinstance(projections, dict) or set(projections) != set(features):
+        raise ValueError(f"Transformer: {what} must be a dict with the keys "
+                         f"{sorted(features)}, got "
+                         f"{sorted(projections) if isinstance(projections, dict) else projections!r}")
+    for name, size in features.items():
+        if projections[name].shape != leading + size:
+            raise ValueError(f"Transformer: {what}[{name!r}] must have shape {leading + size} "
+                             f"(layers, batch, positions, features), got "
+                             f"{projections[name].shape}")
+
+
+def _write_projections(buffers, write_positions, produced, layer_index=None):
+    """The recorded projection buffers {name: [L, B, S, ...]} with the call's outputs
+    {name: [L, B, T, ...]} (or layer `layer_index`'s, {name: [B, T, ...]}) at slots
+    `write_positions` [B, T] (out-of-range writes dropped, as the cache's)."""
+    batch_index = jnp.arange(write_positions.shape[0])[:, None]
+    layers = slice(None) if layer_index is None else layer_index
+    return {name: buffer.at[layers, batch_index, write_positions].set(
+                produced[name].astype(buffer.dtype), mode="drop")
+            for name, buffer in buffers.items()}
 
 
 def gather_embedding(params, config: TransformerConfig):

@@ -61,6 +61,7 @@ def rollout(
     reset_keys: jax.Array | None = None,
     record_turn_states: bool = False,
     share_group_prefill: bool | None = None,
+    record_projections: bool = False,
 ) -> Trajectory:
     """Plays `num_tasks * group_size` episodes of `env` and returns their trajectory.
 
@@ -88,11 +89,19 @@ def rollout(
         `reset_keys`, and per-task params such as `default_row_params` or the trainers'
         `task_params`); the result then equals the unshared one. None (default): on
         exactly when both `reset_keys` and `env_params` are left to their defaults.
+      record_projections: keep every layer's projection outputs at every position the
+        model read (`Trajectory.projections`, {name: [L, B, S, *features]}, zero where it
+        read nothing), for an update at the same parameters to take as its forward
+        values (`Transformer(..., projections=)`). Costs L x B x S x (the projections'
+        widths) values in the activation dtype.
     """
     if action_source not in ACTION_SOURCES:
         raise ValueError(f"action_source={action_source!r}; allowed values are {ACTION_SOURCES}")
     if action_source == "model" and (model is None or params is None):
         raise ValueError("action_source='model' needs both `model` and `params`.")
+    if record_projections and action_source != "model":
+        raise ValueError(f"record_projections=True needs action_source='model' (the model's "
+                         f"activations), got action_source={action_source!r}")
     if num_tasks < 1 or group_size < 1:
         raise ValueError(f"num_tasks={num_tasks} and group_size={group_size} must be >= 1.")
     batch = num_tasks * group_size
@@ -131,7 +140,8 @@ def rollout(
         first = jnp.concatenate(
             [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
         cache, last_logits, prompt_values = _prefill(
-            model, params, first, offset, width, group_size if share_group_prefill else 1)
+            model, params, first, offset, width, group_size if share_group_prefill else 1,
+            record_projections)
         if record_values:
             values = write_rows(zeros, prompt_values, jnp.zeros((batch,), jnp.int32), offset)
     else:
@@ -164,18 +174,22 @@ def rollout(
         turn_active=per_turn.active,
         turn_success=per_turn.success,
         turn_states=per_turn.state,
+        projections=carry.cache.projections if record_projections else None,
     )
 
 
-def _prefill(model, params, first, num_valid, capacity: int, group_size: int):
+def _prefill(model, params, first, num_valid, capacity: int, group_size: int,
+             record_projections: bool = False):
     """(KV cache, logits of the next token, values) after reading `first` [B, T] (row b's
-    first `num_valid[b]` tokens) into an empty cache of `capacity` slots. With
-    `group_size` > 1 the B rows are B / group_size groups of identical rows: the model
-    reads each group's first row only and its results are copied to the group."""
+    first `num_valid[b]` tokens) into an empty cache of `capacity` slots (recording the
+    projections with `record_projections`). With `group_size` > 1 the B rows are B /
+    group_size groups of identical rows: the model reads each group's first row only and
+    its results are copied to the group."""
     batch = first.shape[0]
     rows = batch // group_size
     leaders = lambda x: x.reshape((rows, group_size) + x.shape[1:])[:, 0]
-    cache = transformer_lib.init_cache(model.config, rows, capacity, model.config.dtype)
+    cache = transformer_lib.init_cache(model.config, rows, capacity, model.config.dtype,
+                                       record_projections=record_projections)
     out = model.apply({"params": params}, leaders(first), cache=cache,
                       num_valid=leaders(num_valid))
     last_logits = sampling_lib.take_last_valid(out.logits, leaders(num_valid))
@@ -189,9 +203,12 @@ def _prefill(model, params, first, num_valid, capacity: int, group_size: int):
         x = jnp.broadcast_to(x, x.shape[:axis + 1] + (group_size,) + x.shape[axis + 2:])
         return x.reshape(x.shape[:axis] + (batch,) + x.shape[axis + 2:])
 
+    projections = out.cache.projections
+    if projections is not None:
+        projections = {name: to_rows(x, axis=1) for name, x in projections.items()}
     cache = out.cache.replace(keys=to_rows(out.cache.keys, axis=1),
                               values=to_rows(out.cache.values, axis=1),
-                              length=to_rows(out.cache.length))
+                              length=to_rows(out.cache.length), projections=projections)
     values = None if out.values is None else to_rows(out.values)
     return cache, to_rows(last_logits), values
 

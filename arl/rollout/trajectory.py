@@ -60,6 +60,10 @@ class Trajectory:
     turn_active: jax.Array | None = None
     turn_success: jax.Array | None = None  # bool [B, max_turns]: success after the turn
     turn_states: Any = None
+    # With `rollout(..., record_projections=True)`: every layer's projection outputs at
+    # each position the model read, {name: [num_layers, B, S, *features]} (layer-major,
+    # as `Transformer(..., projections=)` takes them); None otherwise.
+    projections: Any = None
 
 
 def context_length(env) -> int:

@@ -152,7 +152,8 @@ class Policy:
 
     def score(self, params: Any, tokens: jax.Array, *, scored: jax.Array | None = None,
               max_scored: int = 0, entropy: bool = True, group_size: int = 1,
-              prompt_len: int = 0) -> TokenScores:
+              prompt_len: int = 0, projections: dict[str, jax.Array] | None = None
+              ) -> TokenScores:
         """Per-token log-probs (at the sampling temperature), entropies and values of
         `tokens` [B, S] under the full parameter tree `params`.
 
@@ -175,6 +176,11 @@ class Policy:
           prompt, with any attention implementation. Same numbers as without up to float
           summation order. Whether the prompts are equal is checked on the data: a batch
           where they are not is scored the ordinary way (same result).
+        projections: the layers' projection outputs of `tokens` recorded at `params`
+          ({name: [L, B, S, *features]}, e.g. `Trajectory.projections`), taken as the
+          forward values of the projections (`Transformer(..., projections=)`): same
+          numbers up to float summation order, without the forward pass's projection
+          matmuls.
         """
         if scored is not None and max_scored:
             if not isinstance(max_scored, int) or isinstance(max_scored, bool) or max_scored < 0:
@@ -186,14 +192,15 @@ class Policy:
         select = scored is not None and 0 < max_scored < tokens.shape[1] - 1
         share = self.shares_prompt(tokens.shape, group_size, prompt_len)
         if not select and not self.logprob_chunk and not share:
-            return self._full_score(params, tokens, entropy)
+            return self._full_score(params, tokens, entropy, projections)
         if share:
             hidden, values = jax.lax.cond(
                 same_prompts(tokens, group_size, prompt_len),
-                lambda: self._shared_prompt_forward(params, tokens, group_size, prompt_len),
-                lambda: self._forward(params, tokens))
+                lambda: self._shared_prompt_forward(params, tokens, group_size, prompt_len,
+                                                    projections),
+                lambda: self._forward(params, tokens, projections))
         else:
-            hidden, values = self._forward(params, tokens)
+            hidden, values = self._forward(params, tokens, projections)
         hidden, targets = hidden[:, :-1], tokens[:, 1:]
         if select:
             wanted = scored[:, 1:] > 0
@@ -219,33 +226,41 @@ class Policy:
         batch, length = shape
         return group_size > 1 and batch % group_size == 0 and 0 < prompt_len < length
 
-    def _forward(self, params, tokens):
+    def _forward(self, params, tokens, projections=None):
         """(final hidden states [B, S, D], values [B, S] or None) of the model on tokens."""
         out = self.model.apply({"params": params}, tokens, return_hidden=True,
-                               compute_logits=False)
+                               compute_logits=False, projections=projections)
         return out.hidden, out.values
 
-    def _shared_prompt_forward(self, params, tokens, group_size: int, prompt_len: int):
+    def _shared_prompt_forward(self, params, tokens, group_size: int, prompt_len: int,
+                               projections=None):
         """`_forward` reading the first `prompt_len` tokens of each group of `group_size`
         rows once (from the group's first row); every row of the group continues from a
         copy of their keys and values (`Transformer(..., return_kv=, prefix_kv=)`)."""
+        prompt_projections = rest_projections = None
+        if projections is not None:  # [L, B, S, ...]: rows on axis 1, positions on 2
+            prompt_projections = jax.tree.map(lambda x: x[:, ::group_size, :prompt_len],
+                                              projections)
+            rest_projections = jax.tree.map(lambda x: x[:, :, prompt_len:], projections)
         prompt = self.model.apply({"params": params}, tokens[::group_size, :prompt_len],
-                                  return_kv=True, return_hidden=True, compute_logits=False)
+                                  return_kv=True, return_hidden=True, compute_logits=False,
+                                  projections=prompt_projections)
         to_rows = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)  # noqa: E731
         prefix = transformer_lib.KVCache(keys=to_rows(prompt.cache.keys, 1),
                                          values=to_rows(prompt.cache.values, 1),
                                          length=to_rows(prompt.cache.length))
         rest = self.model.apply({"params": params}, tokens[:, prompt_len:], prefix_kv=prefix,
-                                return_hidden=True, compute_logits=False)
+                                return_hidden=True, compute_logits=False,
+                                projections=rest_projections)
         hidden = jnp.concatenate([to_rows(prompt.hidden), rest.hidden], axis=1)
         values = None
         if rest.values is not None:
             values = jnp.concatenate([to_rows(prompt.values), rest.values], axis=1)
         return hidden, values
 
-    def _full_score(self, params, tokens, entropy: bool) -> TokenScores:
+    def _full_score(self, params, tokens, entropy: bool, projections=None) -> TokenScores:
         """Every position, from the model's [B, S, V] logits."""
-        out = self.model.apply({"params": params}, tokens)
+        out = self.model.apply({"params": params}, tokens, projections=projections)
         logits = out.logits[:, :-1] / jnp.maximum(self.temperature, 1e-6)
         targets = tokens[:, 1:]
         ent = None

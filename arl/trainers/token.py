@@ -103,6 +103,8 @@ class TokenTrainer:
                                agent_token_bound=self.env.max_turns * self.env.action_len,
                                observation_token_bound=self.env.max_turns * self.env.obs_len,
                                shuffle=config.updates.get("shuffle", "rows"),
+                               reuse_activations=config.updates.get(
+                                   "reuse_rollout_activations", False),
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
@@ -189,7 +191,8 @@ class TokenTrainer:
             self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
             model=self.model, params=policy_params, sampling=self.sampling, horizon=horizon,
             env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
-            record_turn_states=bool(self.branch_turns), share_group_prefill=True)
+            record_turn_states=bool(self.branch_turns), share_group_prefill=True,
+            record_projections=self.learner.reuse_activations)
 
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
@@ -207,7 +210,11 @@ class TokenTrainer:
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         policy = self.layout.policy_params(state)
         traj = self.rollout(policy, rollout_key, horizon)
-        traj = jax.lax.with_sharding_constraint(traj, batch_axes)
+        projections = traj.projections
+        traj = jax.lax.with_sharding_constraint(traj.replace(projections=None), batch_axes)
+        if projections is not None:  # layer-major: rows on the second axis
+            projections = jax.lax.with_sharding_constraint(
+                projections, sharding_lib.layer_major_batch_sharding(self.mesh))
         mask = traj.agent_mask
         metrics = {}
 
@@ -267,7 +274,7 @@ class TokenTrainer:
         def do_update(operand):
             params, opt_state = operand
             return self.learner.update(params, opt_state, batch, update_key, state.step,
-                                       state.base_params)
+                                       state.base_params, projections)
 
         # Traced once: the skipping branch needs the metrics' shapes, and a second trace
         # of the update (forward, backward, optimizer) was a fifth of the step's lowering.

@@ -20,6 +20,12 @@ of one task) and minibatches that keep the groups whole (one minibatch, whose ro
 in rollout order, or `Learner.shuffle = "groups"`), the model reads each group's prompt
 once, the other rows continuing from its keys and values (`Policy.score(...,
 group_size=, prompt_len=)`).
+
+With `Learner.reuse_activations` (one epoch, one minibatch: the update's only step is at
+the rollout's parameters) the update takes the layers' projection outputs the rollout
+recorded (`Trajectory.projections`) as their forward values (`Policy.score(...,
+projections=)`): the gradient of the same loss at the rollout's activations, without
+the forward pass's projection matmuls.
 """
 
 from __future__ import annotations
@@ -88,11 +94,18 @@ class Learner:
     # "rows": each epoch deals shuffled rows into the minibatches; "groups": shuffled
     # whole groups of `group_size` consecutive rows, in order within each group.
     shuffle: str = "rows"
+    # The rollout's recorded projection outputs are the forward values of the update's
+    # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
+    reuse_activations: bool = False
 
     def __post_init__(self):
         if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
             raise ValueError(f"Learner: shuffle must be one of "
                              f"{config_lib.MINIBATCH_SHUFFLES}, got {self.shuffle!r}")
+        if self.reuse_activations and (self.epochs != 1 or self.minibatches != 1):
+            raise ValueError(f"Learner: reuse_activations needs epochs = 1 and minibatches "
+                             f"= 1 (one step at the rollout's parameters), got epochs="
+                             f"{self.epochs}, minibatches={self.minibatches}")
 
     @property
     def shares_prompt(self) -> bool:
@@ -102,7 +115,8 @@ class Learner:
 
     def deal_minibatches(self, batch: UpdateBatch, key) -> UpdateBatch:
         """One epoch's minibatches of `batch`, stacked on a new leading axis."""
-        if self.minibatches == 1 and self.shares_prompt:  # one minibatch: order is moot
+        if self.minibatches == 1 and (self.shares_prompt or self.reuse_activations):
+            # One minibatch: the order is moot (and rows keep the recorded activations').
             return jax.tree.map(lambda x: x[None], batch)
         batch_size = batch.tokens.shape[0]
         if self.shuffle == "groups":
@@ -120,9 +134,10 @@ class Learner:
             return self.loss_config.norm or float(self.context_length)
         return None
 
-    def loss(self, params: Any, mb: UpdateBatch, step, base: Any = None):
+    def loss(self, params: Any, mb: UpdateBatch, step, base: Any = None, projections=None):
         """(total loss, metrics) of the trainable `params` (under LoRA merged into the
-        frozen `base`) on one minibatch at train step `step`."""
+        frozen `base`) on one minibatch at train step `step`; `projections`: the layers'
+        recorded projection outputs of `mb.tokens` at these parameters, or None."""
         c = self.loss_config
         params = self.policy.merge(params, base)
         scored, max_scored = mb.mask, self.agent_token_bound
@@ -133,7 +148,8 @@ class Learner:
         group_size, prompt_len = ((self.group_size, self.prompt_len) if self.shares_prompt
                                   else (1, 0))
         scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored,
-                                   group_size=group_size, prompt_len=prompt_len)
+                                   group_size=group_size, prompt_len=prompt_len,
+                                   projections=projections)
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
@@ -173,10 +189,17 @@ class Learner:
         metrics["loss/total"] = total
         return total, metrics
 
-    def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None):
+    def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None,
+               projections=None):
         """`epochs` passes over `batch` in `minibatches` shuffled minibatches
         (`deal_minibatches`), one optimizer step each; returns (params, opt_state,
-        metrics averaged over steps)."""
+        metrics averaged over steps). `projections`: with `reuse_activations`, the
+        rollout's recorded projection outputs of `batch.tokens` (`Trajectory.projections`,
+        recorded at `params`)."""
+        if (projections is not None) != self.reuse_activations:
+            raise ValueError(f"Learner.update: projections are needed exactly when "
+                             f"reuse_activations (= {self.reuse_activations}); got "
+                             f"{'some' if projections is not None else 'None'}")
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         grad_fn = jax.grad(self.loss, has_aux=True)
 
@@ -187,7 +210,7 @@ class Learner:
             def minibatch(carry, mb):
                 params, opt_state = carry
                 mb = jax.lax.with_sharding_constraint(mb, batch_axes)
-                grads, metrics = grad_fn(params, mb, step, base)
+                grads, metrics = grad_fn(params, mb, step, base, projections)
                 updates, opt_state = self.optimizer.update(grads, opt_state, params)
                 params = optax.apply_updates(params, updates)
                 metrics["grad_norm"] = optax.global_norm(grads)
