@@ -36,8 +36,12 @@ width d and a sequence of T positions,
 where trained tokens = B x T, the positions each side runs forward + backward on (arl:
 its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the useful
 work, as in MFU, not what each side executes: arl's update reads each group's prompt
-once (`updates.share_group_prompt`) and skips the LM head at the prompt, so it executes
-about a tenth fewer FLOPs than counted at the modest setting. The update's FLOP/s
+once (`updates.share_group_prompt`) and skips the LM head at the prompt, and its forward
+pass takes the layers' projection outputs from the rollout instead of recomputing them
+(`updates.reuse_rollout_activations`; `--arl_recompute` turns that off), so it executes
+about 40 % fewer FLOPs than counted at the modest setting (about a tenth fewer with
+`--arl_recompute`): read arl's FLOP/s as its speed on the counted work, not as the
+hardware's utilisation. The update's FLOP/s
 is reported against the float32 matmul peak of a large `jnp.dot` measured in this run:
 the best of its measurements at the start and after each setting (one measurement at the
 start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core machine).
@@ -208,7 +212,10 @@ def rollout_flops(setting: protocol.Setting, context: int) -> float:
 
 
 # ------------------------------------------------------------------------- arl runner
-def arl_config(setting: protocol.Setting, checkpoint: str):
+def arl_config(setting: protocol.Setting, checkpoint: str, reuse_activations: bool = True):
+    """arl's config of `setting`: GRPO without KL, one epoch of one minibatch, the update
+    reusing the rollout's activations (`updates.reuse_rollout_activations`) unless
+    `reuse_activations` is False."""
     c = config_lib.default_config()
     c.algorithm = "grpo"
     if setting.turns:
@@ -229,6 +236,7 @@ def arl_config(setting: protocol.Setting, checkpoint: str):
     c.loss.kl_coef = 0.0
     c.updates.epochs = 1
     c.updates.minibatches = 1
+    c.updates.reuse_rollout_activations = reuse_activations
     c.filters.skip_zero_advantage = False  # always time a real update
     return c
 
@@ -238,10 +246,11 @@ class ArlRunner:
 
     name = "arl"
 
-    def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int):
+    def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int,
+                 reuse_activations: bool = True):
         start = time.perf_counter()
         self.setting = setting
-        self.trainer = TokenTrainer(arl_config(setting, checkpoint))
+        self.trainer = TokenTrainer(arl_config(setting, checkpoint, reuse_activations))
         state = self.trainer.init_state()
         self.params = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
         self.step_program, step_compile = common.compile_jitted(self.trainer.train_step,
@@ -410,7 +419,8 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
         start = time.perf_counter()
         try:
             if peer == "arl":
-                runner = ArlRunner(setting, checkpoint, args.warmup)
+                runner = ArlRunner(setting, checkpoint, args.warmup,
+                                   reuse_activations=not args.arl_recompute)
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
@@ -555,6 +565,10 @@ def main(argv=None):
                              "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
                              "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
                              "and tunix's jax config), 'none'")
+    parser.add_argument("--arl_recompute", "--arl-recompute", action="store_true",
+                        help="arl's update recomputes its forward pass instead of reusing "
+                             "the rollout's activations (updates.reuse_rollout_activations "
+                             "False)")
     parser.add_argument("--record", action="store_true",
                         help="append the tables to benchmarks/RESULTS.md and write "
                              "benchmarks/peers_results.json")
