@@ -93,6 +93,21 @@ _BAD_CONFIGS = [
      lambda c: (setattr(c, "algorithm", "ppo_vector"),
                 setattr(c.env, "name", "gymnax:CartPole-v1"),
                 setattr(c.updates, "shuffle", "groups")), "updates.shuffle", None),
+    ("reuse_rollout_activations_not_a_bool",
+     lambda c: _untyped(c.updates, "reuse_rollout_activations", 1),
+     "updates.reuse_rollout_activations", None),
+    ("reuse_rollout_activations_with_two_epochs",
+     lambda c: (setattr(c.updates, "reuse_rollout_activations", True),
+                setattr(c.updates, "epochs", 2)), "updates.reuse_rollout_activations", None),
+    ("reuse_rollout_activations_with_two_minibatches",
+     lambda c: (setattr(c.updates, "reuse_rollout_activations", True),
+                setattr(c.updates, "minibatches", 2)),
+     "updates.reuse_rollout_activations", None),
+    ("reuse_rollout_activations_on_the_vector_trainer",
+     lambda c: (setattr(c, "algorithm", "ppo_vector"),
+                setattr(c.env, "name", "gymnax:CartPole-v1"),
+                setattr(c.updates, "reuse_rollout_activations", True)),
+     "updates.reuse_rollout_activations", None),
     ("zero_train_steps", lambda c: setattr(c, "train_steps", 0), "train_steps", None),
     ("negative_seed", lambda c: setattr(c, "seed", -1), "seed", None),
     ("negative_sample_every", lambda c: setattr(c, "sample_every", -1), "sample_every", None),
@@ -285,6 +300,19 @@ def test_imports_register_a_user_environment():
 
 def test_default_config_is_valid(tmp_path):
     config_lib.validate(config_lib.default_config(), num_devices=1, workdir=str(tmp_path))
+
+
+def test_reuse_rollout_activations_with_one_update_step_is_valid(tmp_path):
+    """The token trainer's default single epoch and minibatch take the reuse; the vector
+    trainer is fine with it off (the default)."""
+    config = config_lib.default_config()
+    assert config.updates.reuse_rollout_activations is False
+    config.updates.reuse_rollout_activations = True
+    assert (config.updates.epochs, config.updates.minibatches) == (1, 1)
+    config_lib.validate(config, num_devices=1, workdir=str(tmp_path))
+    vector = config_lib.default_config()
+    vector.algorithm, vector.env.name = "ppo_vector", "gymnax:CartPole-v1"
+    config_lib.validate(vector, num_devices=1)
 
 
 _SHIPPED = ["ppo_cartpole", "grpo_bandit", "grpo_guess_number", "grpo_calculator",

@@ -384,3 +384,37 @@ def test_group_minibatches_score_each_prompt_once_with_the_same_update():
     moved = [np.max(np.abs(a - b)) for a, b in zip(jax.tree.leaves(p_plain),
                                                    jax.tree.leaves(params))]
     assert max(moved) > 1e-3  # the update did something
+
+
+def test_a_checked_prompt_skips_the_data_check_with_the_same_scores():
+    """prompts_equal=True scores the shared way and False the ordinary way, each without
+    the on-data check: the same numbers as the checked call on a batch of either kind."""
+    policy, params = _policy()
+    score = jax.jit(lambda p, t, **kw: policy.score(p, t, group_size=GROUP,
+                                                    prompt_len=PROMPT, **kw),
+                    static_argnames=("prompts_equal",))
+    grouped, differing = _grouped_tokens(), _grouped_tokens().at[3, PROMPT - 1].add(1)
+    for tokens, told in ((grouped, True), (differing, False)):
+        checked, known = score(params, tokens), score(params, tokens, prompts_equal=told)
+        np.testing.assert_allclose(known.logp, checked.logp, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(known.values, checked.values, rtol=1e-6, atol=1e-6)
+    # Told wrong, the shared way reads the first row's prompt for the whole group.
+    wrong = score(params, differing, prompts_equal=True)
+    assert np.max(np.abs(wrong.logp[3] - score(params, differing).logp[3])) > 1e-4
+    with pytest.raises(ValueError, match="prompts_equal"):
+        policy.score(params, grouped, group_size=GROUP, prompt_len=PROMPT, prompts_equal=1)
+
+
+def test_the_update_scores_groups_with_differing_prompts_whole():
+    """The Learner checks each minibatch's prompts around its gradient: a batch whose last
+    group's rows differ in the prompt gets the update of reading every row whole."""
+    policy, params = _policy()
+    batch = _update_batch(_grouped_tokens().at[3, PROMPT - 1].add(1))
+
+    def learner(prompt_len):
+        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+                                                            sft_coef=0.0),
+                       epochs=1, minibatches=1, mesh=sharding_lib.make_mesh((1, 1, 1)),
+                       context_length=S, group_size=GROUP, prompt_len=prompt_len)
+
+    _assert_same_update(learner(PROMPT), learner(0), params, batch, seed=16)

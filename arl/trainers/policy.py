@@ -152,8 +152,8 @@ class Policy:
 
     def score(self, params: Any, tokens: jax.Array, *, scored: jax.Array | None = None,
               max_scored: int = 0, entropy: bool = True, group_size: int = 1,
-              prompt_len: int = 0, projections: dict[str, jax.Array] | None = None
-              ) -> TokenScores:
+              prompt_len: int = 0, projections: dict[str, jax.Array] | None = None,
+              prompts_equal: bool | None = None) -> TokenScores:
         """Per-token log-probs (at the sampling temperature), entropies and values of
         `tokens` [B, S] under the full parameter tree `params`.
 
@@ -176,6 +176,11 @@ class Policy:
           prompt, with any attention implementation. Same numbers as without up to float
           summation order. Whether the prompts are equal is checked on the data: a batch
           where they are not is scored the ordinary way (same result).
+        prompts_equal: None (default): that check, a `lax.cond` between the two ways;
+          True / False: the caller has checked (`same_prompts`), and only that way is
+          traced. Under differentiation a `lax.cond` carries the residuals of both
+          branches (each filling the other's with zeros), so a caller taking gradients
+          does better to branch around the whole gradient (`Learner.update` does).
         projections: the layers' projection outputs of `tokens` recorded at `params`
           ({name: [L, B, S, *features]}, e.g. `Trajectory.projections`), taken as the
           forward values of the projections (`Transformer(..., projections=)`): same
@@ -191,14 +196,20 @@ class Policy:
                                  f"{tokens.shape}, got {scored.shape}")
         select = scored is not None and 0 < max_scored < tokens.shape[1] - 1
         share = self.shares_prompt(tokens.shape, group_size, prompt_len)
+        if prompts_equal is not None and not isinstance(prompts_equal, bool):
+            raise ValueError(f"Policy.score: prompts_equal must be None, True or False, got "
+                             f"{prompts_equal!r}")
         if not select and not self.logprob_chunk and not share:
             return self._full_score(params, tokens, entropy, projections)
-        if share:
+        if share and prompts_equal is None:
             hidden, values = jax.lax.cond(
                 same_prompts(tokens, group_size, prompt_len),
                 lambda: self._shared_prompt_forward(params, tokens, group_size, prompt_len,
                                                     projections),
                 lambda: self._forward(params, tokens, projections))
+        elif share and prompts_equal:
+            hidden, values = self._shared_prompt_forward(params, tokens, group_size,
+                                                         prompt_len, projections)
         else:
             hidden, values = self._forward(params, tokens, projections)
         hidden, targets = hidden[:, :-1], tokens[:, 1:]

@@ -42,7 +42,7 @@ from flax import struct
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import sharding as sharding_lib
-from arl.trainers.policy import Policy
+from arl.trainers.policy import Policy, same_prompts
 
 
 @struct.dataclass
@@ -134,10 +134,13 @@ class Learner:
             return self.loss_config.norm or float(self.context_length)
         return None
 
-    def loss(self, params: Any, mb: UpdateBatch, step, base: Any = None, projections=None):
+    def loss(self, params: Any, mb: UpdateBatch, step, base: Any = None, projections=None,
+             prompts_equal: bool | None = None):
         """(total loss, metrics) of the trainable `params` (under LoRA merged into the
         frozen `base`) on one minibatch at train step `step`; `projections`: the layers'
-        recorded projection outputs of `mb.tokens` at these parameters, or None."""
+        recorded projection outputs of `mb.tokens` at these parameters, or None;
+        `prompts_equal`: whether the groups' rows start with the same prompt, as
+        `Policy.score` takes it (None: checked there)."""
         c = self.loss_config
         params = self.policy.merge(params, base)
         scored, max_scored = mb.mask, self.agent_token_bound
@@ -149,7 +152,7 @@ class Learner:
                                   else (1, 0))
         scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored,
                                    group_size=group_size, prompt_len=prompt_len,
-                                   projections=projections)
+                                   projections=projections, prompts_equal=prompts_equal)
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
@@ -203,6 +206,17 @@ class Learner:
         batch_axes = sharding_lib.batch_sharding(self.mesh)
         grad_fn = jax.grad(self.loss, has_aux=True)
 
+        def gradients(params, mb):
+            if not self.shares_prompt:
+                return grad_fn(params, mb, step, base, projections)
+            # Checked around the whole gradient rather than inside the loss, where the
+            # cond would carry each branch's residuals to the backward pass (filling
+            # the other branch's with zeros).
+            return jax.lax.cond(
+                same_prompts(mb.tokens, self.group_size, self.prompt_len),
+                lambda: grad_fn(params, mb, step, base, projections, True),
+                lambda: grad_fn(params, mb, step, base, projections, False))
+
         def epoch(carry, epoch_key):
             params, opt_state = carry
             shuffled = self.deal_minibatches(batch, epoch_key)
@@ -210,7 +224,7 @@ class Learner:
             def minibatch(carry, mb):
                 params, opt_state = carry
                 mb = jax.lax.with_sharding_constraint(mb, batch_axes)
-                grads, metrics = grad_fn(params, mb, step, base, projections)
+                grads, metrics = gradients(params, mb)
                 updates, opt_state = self.optimizer.update(grads, opt_state, params)
                 params = optax.apply_updates(params, updates)
                 metrics["grad_norm"] = optax.global_norm(grads)

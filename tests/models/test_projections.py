@@ -152,17 +152,3 @@ def test_cached_calls_record_what_a_cache_free_call_computes(per_layer):
         np.testing.assert_allclose(recorded[:, written], want[:, written], rtol=1e-5,
                                    atol=1e-5, err_msg=name)
         assert not np.any(recorded[:, ~written]), name
-
-
-def test_bad_projection_arguments_are_rejected():
-    model, params = _model("plain")
-    out = model.apply({"params": params}, TOKENS, return_projections=True)
-    cache = init_cache(model.config, B, S)
-    with pytest.raises(ValueError, match="cache-free"):
-        model.apply({"params": params}, TOKENS, cache=cache, projections=out.projections)
-    missing = {k: v for k, v in out.projections.items() if k != "up_proj"}
-    with pytest.raises(ValueError, match="keys"):
-        model.apply({"params": params}, TOKENS, projections=missing)
-    short = {**out.projections, "q_proj": out.projections["q_proj"][:, :, :-1]}
-    with pytest.raises(ValueError, match=r"projections\['q_proj'\]"):
-        model.apply({"params": params}, TOKENS, projections=short)
