@@ -71,6 +71,31 @@ def test_update_flops_by_hand(peers):
     assert peers.update_flops(s, trained) == 3 * trained * per_position
 
 
+
+def test_matmul_flops_of_a_jaxpr_by_hand(peers):
+    """2 x output x contracted per product; a scan's body times its length; a cond's
+    branch by the chooser; a while body once; the backward's products after jax.grad;
+    the step-level helper takes the outermost cond's costliest branch, resolving the
+    conds inside it by the chooser."""
+    common = peers.common
+    x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
+    one = 2 * 8 * 4 * 16  # x @ w
+    scanned = lambda x: jax.lax.scan(lambda c, _: (c, c @ w), x, None, length=3)[1]
+    assert common.matmul_flops(jax.make_jaxpr(scanned)(x)) == 3 * one
+    inner = lambda x: jax.lax.cond(x.sum() > 0, lambda: (x @ w).sum(),
+                                   lambda: ((x @ w) @ w.T).sum())
+    assert common.matmul_flops(jax.make_jaxpr(inner)(x), max) == one + 2 * 8 * 16 * 4
+    assert common.matmul_flops(jax.make_jaxpr(inner)(x), min) == one
+    # forward x @ w and the weight gradient x^T dy (no input gradient: x is a constant)
+    grad = jax.grad(lambda w: jax.jit(lambda w: (x @ w).sum())(w))
+    assert common.matmul_flops(jax.make_jaxpr(grad)(w)) == 2 * one
+    looped = lambda x: jax.lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ jnp.ones((16, 16))), (0, x))[1]
+    assert common.matmul_flops(jax.make_jaxpr(looped)(x)) == 2 * 8 * 16 * 16
+    outer = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, lambda: inner(x) + (x @ w).sum(),
+                                           lambda: 0.0))
+    assert common.largest_cond_branch_flops(jax.make_jaxpr(outer)(x), min) == 2 * one
+
 FAKE_WORKER = textwrap.dedent("""
     import argparse, os, sys
     sys.path.insert(0, {worker_dir!r})
