@@ -681,7 +681,9 @@ def main(argv=None):
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
             f"/ update time, against the float32 matmul peak of {peak / 1e9:.1f} GFLOP/s, "
             f"the best of {len(peaks)} measurements in this run (at the start and after each "
-            f"setting: {min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}). Compile|setup: arl's lower + "
+            f"setting: {min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}); executed of peak (arl): the "
+            f"matmul FLOPs its update program contains (the reused forward products and the "
+            f"groups' repeated prompts are not in it) / update time. Compile|setup: arl's lower + "
             f"compile seconds; the peers' trainer construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
