@@ -230,7 +230,10 @@ def _dot_count(fn, *args):
     return len(re.findall(r"\bdot_general\b", str(jax.make_jaxpr(fn)(*args))))
 
 
-@pytest.mark.parametrize("name", list(_LEARNER_CASES))
+# Default suite: the shared-prompt case (the trainer's path); the other two with -m slow.
+@pytest.mark.parametrize("name", [
+    name if name == "shared_prompt" else pytest.param(name, marks=pytest.mark.slow)
+    for name in _LEARNER_CASES])
 def test_learner_with_recorded_activations_equals_the_plain_update(name):
     """One SGD step on the recorded rollout: the update that takes the rollout's
     projection outputs as forward values gives the parameters (rtol 1e-5; the parameter
@@ -366,7 +369,7 @@ def _assert_same_changes(got_params, want_params, before, tolerance):
     assert moved > 1e-2  # the step moved the parameters
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_trainer_step_with_recorded_activations_equals_the_plain_step(algorithm):
     """One TokenTrainer step from the same initial state with and without
     `updates.reuse_rollout_activations`: every metric (rtol 1e-4) and each parameter
@@ -388,7 +391,9 @@ def test_trainer_step_with_recorded_activations_equals_the_plain_step(algorithm)
     _assert_same_changes(params_reuse[1], params_plain[1], params_plain[0], 1e-4)
 
 
-@pytest.mark.parametrize("mesh_shape", [(4, 1, 1), (1, 4, 1)], ids=["data", "fsdp"])
+@pytest.mark.parametrize("mesh_shape", [
+    pytest.param((4, 1, 1), id="data", marks=pytest.mark.slow),
+    pytest.param((1, 4, 1), id="fsdp")])
 def test_sharded_step_with_recorded_activations_equals_single_device(mesh_shape):
     """Two GRPO steps with `updates.reuse_rollout_activations` on a data-parallel and on
     an FSDP mesh of four devices (the recorded activations split by rows, the parameters

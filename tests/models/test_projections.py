@@ -123,6 +123,8 @@ def test_stored_values_are_the_forward_values():
     assert np.max(np.abs(moved.logits - out.logits)) > 1e-3
 
 
+# -m slow: tests/test_reuse_activations.py checks the same on a multi-turn rollout.
+@pytest.mark.slow
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_cached_calls_record_what_a_cache_free_call_computes(per_layer):
     """A padded prefill (rows of 5, 3 and 0 valid tokens) then two decoded tokens, on a
