@@ -307,6 +307,18 @@ class ArlRunner:
         pass
 
 
+def alternating_medians(sides, rounds: int) -> dict[str, dict[str, float]]:
+    """{name: median step_s and rollout_s} of `rounds` rounds of `step()` of each
+    (name, ArlRunner) in `sides`, in reversed order every other round (an A/B of two
+    builds of arl's programs in one process)."""
+    runs = {name: [] for name, _ in sides}
+    for index in range(rounds):
+        for name, runner in sides if index % 2 == 0 else sides[::-1]:
+            runs[name].append(runner.step())
+    return {name: {k: float(np.median([r[k] for r in records]))
+                   for k in ("step_s", "rollout_s")} for name, records in runs.items()}
+
+
 # ------------------------------------------------------------------- peer environments
 def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
     """(python of the peer's virtual environment, note), creating it on first use; None

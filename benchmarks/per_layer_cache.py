@@ -57,13 +57,8 @@ def compare_setting(name: str, rounds: int, cache_dir: str) -> list:
     same_tokens = bool(np.array_equal(
         jax.device_get(stacked.rollout_program(stacked.params, key).tokens),
         jax.device_get(per_layer.rollout_program(per_layer.params, key).tokens)))
-    runs = {"stacked": [], "per_layer": []}
-    sides = (("stacked", stacked), ("per_layer", per_layer))
-    for index in range(rounds):
-        for side, runner in sides if index % 2 == 0 else sides[::-1]:
-            runs[side].append(runner.step())
-    median = {side: {k: float(np.median([r[k] for r in records]))
-                     for k in ("step_s", "rollout_s")} for side, records in runs.items()}
+    median = peers.alternating_medians((("stacked", stacked), ("per_layer", per_layer)),
+                                       rounds)
     old, new = median["stacked"], median["per_layer"]
     return [name, common.fmt_ms(old["step_s"]), common.fmt_ms(new["step_s"]),
             f"{old['step_s'] / new['step_s']:.2f}x", common.fmt_ms(old["rollout_s"]),

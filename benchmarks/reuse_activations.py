@@ -57,12 +57,7 @@ def compare_setting(name: str, rounds: int, cache_dir: str) -> list:
     recompute, reuse = (jax.device_get(runner.rollout_program(runner.params, key).tokens)
                         for _, runner in sides)
     same_tokens = bool(np.array_equal(recompute, reuse))
-    runs = {side: [] for side, _ in sides}
-    for index in range(rounds):
-        for side, runner in sides if index % 2 == 0 else sides[::-1]:
-            runs[side].append(runner.step())
-    median = {side: {k: float(np.median([r[k] for r in records]))
-                     for k in ("step_s", "rollout_s")} for side, records in runs.items()}
+    median = peers.alternating_medians(sides, rounds)
     old, new = median["recompute"], median["reuse"]
     old_update, new_update = (m["step_s"] - m["rollout_s"] for m in (old, new))
     return [name, common.fmt_ms(old["step_s"]), common.fmt_ms(new["step_s"]),
