@@ -319,6 +319,28 @@ def alternating_medians(sides, rounds: int) -> dict[str, dict[str, float]]:
                    for k in ("step_s", "rollout_s")} for name, records in runs.items()}
 
 
+def ab_arguments(description: str, argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """(arguments, setting names) of an A/B script over the peers' settings (arl alone,
+    `alternating_medians`): --settings, --rounds, --cache_dir, --append, checked."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--settings", default="toy,modest,multiturn",
+                        help=f"comma-separated, from {sorted(protocol.SETTINGS)}")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cache_dir", "--cache-dir",
+                        default=os.path.join(os.path.expanduser("~"), ".cache",
+                                             "arl-bench-peers"),
+                        help="where the settings' checkpoints are written once")
+    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
+    args = parser.parse_args(argv)
+    names = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in names if s not in protocol.SETTINGS]
+    if unknown or not names:
+        parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    return args, names
+
+
 # ------------------------------------------------------------------- peer environments
 def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
     """(python of the peer's virtual environment, note), creating it on first use; None

@@ -16,7 +16,6 @@ same tokens (checked). Rounds alternate the two sides' order.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -33,7 +32,6 @@ from arl.models import sampling as sampling_lib  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
 
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "arl-bench-peers")
 
 
 @contextlib.contextmanager
@@ -67,20 +65,7 @@ def compare_setting(name: str, rounds: int, cache_dir: str) -> list:
 
 
 def main(argv=None) -> list:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", default="toy,modest,multiturn",
-                        help=f"comma-separated, from {sorted(protocol.SETTINGS)}")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--cache_dir", "--cache-dir", default=DEFAULT_CACHE,
-                        help="where the settings' checkpoints are written once")
-    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
-    args = parser.parse_args(argv)
-    names = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in names if s not in protocol.SETTINGS]
-    if unknown:
-        parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    args, names = peers.ab_arguments(__doc__.splitlines()[0], argv)
     common.host_settings_as_the_cli()
     start_load = common.load_average()
     rows = [compare_setting(name, args.rounds, args.cache_dir) for name in names]
