@@ -4,8 +4,9 @@ activations.
 An on-policy update (one epoch, one minibatch) differentiates the model at the
 parameters that just generated the batch, on the tokens the rollout fed through it. The
 rollout's KV-cached decoding already computed every layer's projection outputs y = x W
-(+ b) for those tokens; recomputing them is a third of the update's matmul FLOPs (forward
-2 N I O of the forward + backward's 6 N I O per projection). `stored_linear(x, W, b, y)`
+(+ b) for those tokens; recomputing them is a third of the update's matmul FLOPs (the
+forward's 2 N I O of the 6 N I O that forward and backward spend on a projection of I
+inputs and O outputs over N tokens). `stored_linear(x, W, b, y)`
 returns the recorded y as the forward value and differentiates as the projection does:
 
     dx = dy W^T,    dW = x^T dy,    db = sum_n dy
