@@ -114,7 +114,8 @@ def test_entropy_can_be_skipped_and_arguments_are_checked():
         policy.score(params, TOKENS, scored=_scored_mask()[:, :5], max_scored=9)
 
 
-def _loss_config(**overrides):
+def loss_config(**overrides):
+    """The Learner's loss settings of these tests (ECHO on unless overridden)."""
     c = ml_collections.ConfigDict(dict(
         clip_low=0.2, clip_high=0.2, dual_clip=0.0, agg="token-mean", norm=0.0,
         value_coef=0.5, value_clip=0.0, entropy_coef=0.01, kl_coef=0.05, kl_kind="k3",
@@ -142,7 +143,7 @@ def test_learner_loss_with_token_bounds_equals_full_scoring(echo_coef):
         demo_tokens=jnp.flip(TOKENS, axis=0), demo_mask=jnp.flip(agent, axis=0))
 
     def learner(agent_bound, obs_bound):
-        return Learner(policy, optax.sgd(0.1), _loss_config(echo_coef=echo_coef), epochs=1,
+        return Learner(policy, optax.sgd(0.1), loss_config(echo_coef=echo_coef), epochs=1,
                        minibatches=1, mesh=None, context_length=S,
                        agent_token_bound=agent_bound, observation_token_bound=obs_bound)
 
@@ -322,7 +323,7 @@ def test_learner_keeps_groups_together_and_scores_their_prompt_once():
     batch = _update_batch(_grouped_tokens())
 
     def learner(**share):
-        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+        return Learner(policy, optax.sgd(0.1), loss_config(kl_coef=0.0, echo_coef=0.0,
                                                             sft_coef=0.0),
                        epochs=2, minibatches=1, mesh=sharding_lib.make_mesh((1, 1, 1)),
                        context_length=S, **share)
@@ -343,7 +344,7 @@ def test_group_shuffle_deals_whole_groups_and_keeps_their_order():
                         observation_mask=jnp.zeros((12, 3)))
 
     def dealt(shuffle, seed):
-        lrn = Learner(policy, optax.sgd(0.1), _loss_config(), epochs=1, minibatches=2,
+        lrn = Learner(policy, optax.sgd(0.1), loss_config(), epochs=1, minibatches=2,
                       mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=3,
                       group_size=3, prompt_len=1, shuffle=shuffle)
         return np.asarray(lrn.deal_minibatches(batch, jax.random.key(seed)).tokens[..., 0])
@@ -362,7 +363,7 @@ def test_group_shuffle_deals_whole_groups_and_keeps_their_order():
     assert sorted(rows.ravel().tolist()) == list(range(12))
     assert any((r.reshape(2, 3) % 3 != [0, 1, 2]).any() for r in rows)  # groups split
     with pytest.raises(ValueError, match="shuffle"):
-        Learner(policy, optax.sgd(0.1), _loss_config(), epochs=1, minibatches=2,
+        Learner(policy, optax.sgd(0.1), loss_config(), epochs=1, minibatches=2,
                 mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=3, shuffle="tasks")
 
 
@@ -373,7 +374,7 @@ def test_group_minibatches_score_each_prompt_once_with_the_same_update():
     batch = _update_batch(_grouped_tokens())
 
     def learner(prompt_len):
-        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+        return Learner(policy, optax.sgd(0.1), loss_config(kl_coef=0.0, echo_coef=0.0,
                                                             sft_coef=0.0),
                        epochs=2, minibatches=2, mesh=sharding_lib.make_mesh((1, 1, 1)),
                        context_length=S, group_size=GROUP, prompt_len=prompt_len,
@@ -412,7 +413,7 @@ def test_the_update_scores_groups_with_differing_prompts_whole():
     batch = _update_batch(_grouped_tokens().at[3, PROMPT - 1].add(1))
 
     def learner(prompt_len):
-        return Learner(policy, optax.sgd(0.1), _loss_config(kl_coef=0.0, echo_coef=0.0,
+        return Learner(policy, optax.sgd(0.1), loss_config(kl_coef=0.0, echo_coef=0.0,
                                                             sft_coef=0.0),
                        epochs=1, minibatches=1, mesh=sharding_lib.make_mesh((1, 1, 1)),
                        context_length=S, group_size=GROUP, prompt_len=prompt_len)

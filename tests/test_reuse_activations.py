@@ -11,7 +11,6 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -25,6 +24,7 @@ from arl.models.transformer import Transformer, TransformerConfig
 from arl.trainers import TokenTrainer
 from arl.trainers.policy import Policy, same_prompts
 from arl.trainers.update import Learner, UpdateBatch
+from tests.test_policy_score import loss_config
 from tests.test_train import tiny_config
 
 ENV = envs.make("calculator", max_turns=3)  # a prompt per task, replies to each turn
@@ -164,16 +164,6 @@ def test_transformer_checks_the_given_projections():
 # The Learner
 
 
-def _loss_config(**overrides):
-    c = ml_collections.ConfigDict(dict(
-        clip_low=0.2, clip_high=0.2, dual_clip=0.0, agg="token-mean", norm=0.0,
-        value_coef=0.5, value_clip=0.0, entropy_coef=0.01, kl_coef=0.05, kl_kind="k3",
-        kl_in_reward=False, echo_coef=0.0, sft_coef=0.3, sft_coef_final=-1.0,
-        sft_hold_steps=0, sft_decay_steps=100))
-    c.update(overrides)
-    return c
-
-
 def _update_batch(traj, critic: bool):
     """The recorded rollout as an update batch: its tokens, masks and behaviour
     log-probs, random advantages and reference log-probs, demonstrations (the rows in
@@ -221,7 +211,7 @@ def _learner(case, reuse, **overrides):
               if case["bounds"] else {})
     settings = dict(epochs=1, minibatches=1, **share, **bounds)
     settings.update(overrides)
-    return Learner(policy, optax.sgd(0.1), _loss_config(echo_coef=case["echo"]),
+    return Learner(policy, optax.sgd(0.1), loss_config(echo_coef=case["echo"]),
                    mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=WIDTH,
                    reuse_activations=reuse, **settings)
 
@@ -293,9 +283,9 @@ def test_the_update_with_recorded_activations_skips_the_projection_matmuls():
     opt_state = optax.sgd(0.1).init(params)
 
     def update(reuse):
-        lrn = Learner(policy, optax.sgd(0.1), _loss_config(), epochs=1, minibatches=1,
-                      mesh=sharding_lib.make_mesh((1, 1, 1)), context_length=WIDTH,
-                      reuse_activations=reuse)
+        lrn = Learner(policy, optax.sgd(0.1), loss_config(echo_coef=0.0), epochs=1,
+                      minibatches=1, mesh=sharding_lib.make_mesh((1, 1, 1)),
+                      context_length=WIDTH, reuse_activations=reuse)
         return lambda p, b, proj: lrn.update(p, opt_state, b, jax.random.key(0), 0,
                                              projections=proj if reuse else None)
 
