@@ -25,14 +25,16 @@ process (`common.interleaved_median_times`), so machine load hits all variants a
 * ceiling: how close to the matmul peak the update can get with the matmul kernels it
   has. Every `dot` of the compiled update program (`Learner.update` as the trainer runs
   it: agent tokens scored) is taken from its optimized HLO with its operand shapes and
-  dimension numbers (times the trip count of any loop around it) and timed alone as a
-  jitted `lax.dot_general` of those shapes, less the time of calling a jitted program
-  that does next to nothing; the sum is the update's time if everything but its matmuls
-  were free. Reported against the update itself, both as a share of the
-  peak (model FLOPs as counted below).
+  dimension numbers, counted as many times as a profile of one call saw it run (loop
+  trip counts in, a conditional's untaken branch out: `executed_thunks`), and timed
+  alone as a jitted `lax.dot_general` of those shapes, less the time of calling a jitted
+  program that does next to nothing; the sum is the update's time if everything but its
+  matmuls were free. Reported against the update itself, both as a share of the peak
+  (model FLOPs as counted below).
 * step: the same for the whole train step as `peers.py` runs arl's side (rollout +
-  update) and for its rollout alone: how far the step is from the time its matmuls take
-  on this machine's kernels (`--cache-dir`: where the settings' shared checkpoints are
+  update, the update reusing the rollout's activations) and for its rollout alone: how
+  far the step is from the time its matmuls take on this machine's kernels, and the
+  update's rate in the matmul FLOPs it executes (`--cache-dir`: where the settings' shared checkpoints are
   written, as `peers.py --cache_dir`).
 
 FLOPs (executed matmul FLOPs, counted per row of the static [B, S] program): forward =
@@ -52,12 +54,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
+import gzip
 import importlib.util
+import json
 import math
 import os
 import re
 import subprocess
 import sys
+import tempfile
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -422,10 +429,11 @@ def shipped_part(log):
 
 # ----------------------------------------------------------------------------- ceiling
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
-_DOT = re.compile(r"^\s*(?:ROOT )?%[\w.\-]+ = (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), "
+_DOT = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), "
                   r"%([\w.\-]+)\)(.*)$")
 _CALLEE = re.compile(r"(calls|body|to_apply|condition)=%([\w.\-]+)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_NAME = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
 
 
 def _dims(text: str, field: str) -> tuple[int, ...]:
@@ -433,11 +441,16 @@ def _dims(text: str, field: str) -> tuple[int, ...]:
     return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
 
 
-def hlo_dots(hlo_text: str) -> list[dict]:
+def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list[dict]:
     """Every `dot` of an optimized HLO module: dtype, operand shapes, dimension numbers and
-    how many times it runs (the product of the known trip counts of the loops around it;
-    computations reached from several places count once per caller)."""
+    how many times it runs. Without `executed`, runs is the product of the known trip
+    counts of the loops around it (computations reached from several places count once
+    per caller; both branches of a conditional count once). With `executed` (the thunk
+    runs of one call, `executed_thunks`), runs is how often the thunk holding the dot (the
+    dot itself, or the fusion that calls its computation) ran: exact, branches not taken
+    and dead code dropped."""
     shapes, lines_of, callers = {}, collections.defaultdict(list), collections.defaultdict(list)
+    fused_by = {}  # fused computation -> the fusion instruction (the thunk) that calls it
     computation = None
     for line in hlo_text.splitlines():
         if line and not line.startswith(" ") and line.rstrip().endswith("{"):
@@ -453,6 +466,9 @@ def hlo_dots(hlo_text: str) -> list[dict]:
         for kind, callee in _CALLEE.findall(line):
             count = int(trips.group(1)) if trips and kind == "body" else 1
             callers[callee].append((computation, count))
+            name = _NAME.match(line)
+            if kind == "calls" and name:
+                fused_by[callee] = name.group(1)
 
     def runs(name: str) -> int:
         if not callers.get(name):
@@ -465,13 +481,37 @@ def hlo_dots(hlo_text: str) -> list[dict]:
             match = _DOT.match(line)
             if not match:
                 continue
-            dtype, lhs, rhs, rest = match.groups()
+            name, dtype, lhs, rhs, rest = match.groups()
+            thunk = fused_by.get(computation, name)
+            count = runs(computation) if executed is None else executed.get(thunk, 0)
+            if not count:
+                continue
             dots.append(dict(
-                dtype=dtype, lhs=shapes[lhs], rhs=shapes[rhs], runs=runs(computation),
+                name=name, thunk=thunk, dtype=dtype, lhs=shapes[lhs], rhs=shapes[rhs],
+                runs=count,
                 numbers=((_dims(rest, "lhs_contracting_dims"),
                           _dims(rest, "rhs_contracting_dims")),
                          (_dims(rest, "lhs_batch_dims"), _dims(rest, "rhs_batch_dims")))))
     return dots
+
+
+def executed_thunks(run: Callable[[], object], calls: int = 1) -> collections.Counter:
+    """How many times each thunk (HLO instruction XLA runs as one unit: a fusion, a dot, a
+    loop...) of the programs `run` executes ran per call, from a `jax.profiler` trace of
+    `calls` calls (`run` must block until its results are ready)."""
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory):
+            for _ in range(calls):
+                run()
+        paths = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
+        if not paths:
+            raise RuntimeError(f"jax.profiler wrote no trace under {directory}")
+        with gzip.open(paths[0], "rt", encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+    counts = collections.Counter(event["name"] for event in events
+                                 if event.get("ph") == "X" and not event["name"].startswith("$"))
+    return collections.Counter({name: count // calls for name, count in counts.items()
+                                if count % calls == 0})
 
 
 def dot_flops(dot: dict) -> float:
@@ -500,11 +540,13 @@ def dot_seconds(dot: dict, repeats: int) -> float:
         {"dot": lambda: jax.block_until_ready(program(lhs, rhs))}, repeats)["dot"]
 
 
-def dots_alone(hlo_text: str, repeats: int, log, top: int = 6):
+def dots_alone(hlo_text: str, repeats: int, log, top: int = 6,
+               executed: collections.Counter | None = None):
     """(seconds, FLOPs, dots, distinct shapes) of every dot of an optimized HLO module
-    (`hlo_dots`: loop trip counts included) timed alone at its shapes, less the cost of
-    calling a jitted program; logs the `top` costliest shapes."""
-    dots = hlo_dots(hlo_text)
+    (`hlo_dots`: as often as `executed` says the program ran it, else loop trip counts
+    included) timed alone at its shapes, less the cost of calling a jitted program; logs
+    the `top` costliest shapes."""
+    dots = hlo_dots(hlo_text, executed)
     signatures = collections.Counter()
     for dot in dots:
         signatures[(dot["dtype"], dot["lhs"], dot["rhs"], dot["numbers"])] += dot["runs"]
@@ -536,7 +578,8 @@ def ceiling_part(repeats, peak, log, peak_size):
         compiled, run = compiled_update(Policy(transformer_lib.Transformer(config)), bound,
                                         batch, params)
         matmul_seconds, executed, dots, distinct = dots_alone(
-            compiled.as_text(), repeats, lambda line: log(f"  {name} {line}"))
+            compiled.as_text(), repeats, lambda line: log(f"  {name} {line}"),
+            executed=executed_thunks(run))
         update_seconds = common.interleaved_median_times({"update": run}, repeats)["update"]
         work = flops(config, s.batch, length, bound)
         rows.append([name, f"{s.batch} x {length}", sum(d["runs"] for d in dots),
@@ -573,34 +616,41 @@ def step_part(repeats, peak, log, peak_size, cache_dir):
         runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, cache_dir),
                                  warmup=2)
         step_dots, step_flops, _, _ = dots_alone(
-            runner.step_program.as_text(), repeats, lambda line: log(f"  {name} step {line}"))
+            runner.step_program.as_text(), repeats, lambda line: log(f"  {name} step {line}"),
+            executed=executed_thunks(runner._run_step))  # pylint: disable=protected-access
         rollout_dots, rollout_flops, _, _ = dots_alone(
             runner.rollout_program.as_text(), repeats,
-            lambda line: log(f"  {name} rollout {line}"))
+            lambda line: log(f"  {name} rollout {line}"),
+            executed=executed_thunks(runner._run_rollout))  # pylint: disable=protected-access
         times = common.interleaved_median_times(
             {"step": runner._run_step, "rollout": runner._run_rollout}, repeats)  # pylint: disable=protected-access
         update, update_dots = times["step"] - times["rollout"], step_dots - rollout_dots
+        update_flops = step_flops - rollout_flops
         rows.append([name, common.fmt_ms(times["step"]), common.fmt_ms(step_dots),
                      f"{step_dots / times['step']:.0%}", f"{step_flops / 1e9:.1f}",
                      step_flops / step_dots, common.fmt_ms(times["rollout"]),
                      common.fmt_ms(rollout_dots), f"{rollout_dots / times['rollout']:.0%}",
                      common.fmt_ms(update), common.fmt_ms(update_dots),
-                     f"{update_dots / update:.0%}"])
+                     f"{update_dots / update:.0%}", f"{update_flops / 1e9:.1f}",
+                     update_flops / update, update_flops / update_dots])
         log(f"step {name}: step {times['step']:.3f} s, its dots alone {step_dots:.3f} s; "
             f"rollout {times['rollout']:.3f} s, its dots alone {rollout_dots:.3f} s")
     best = max(peaks)
     for row in rows:
-        row[5] = f"{row[5] / 1e9:.0f} ({row[5] / best:.0%})"
+        for column in (5, 13, 14):
+            row[column] = f"{row[column] / 1e9:.0f} ({row[column] / best:.0%})"
     return (f"arl's side of `peers.py` (`TokenTrainer.train_step`, state donated; the "
-            f"rollout compiled alone); update = step - rollout. Dots alone: every dot of "
-            f"the compiled program at its shapes, times its loop trip counts, timed alone. "
+            f"rollout compiled alone); update = step - rollout. Dots alone: every dot the "
+            f"compiled program ran in one call (`executed_thunks`: counted from a profile, "
+            f"so a conditional's untaken branch is not counted), at its shapes, timed alone. "
             f"Rate of the dots alone against the best float32 matmul peak measured in this "
             f"part, {best / 1e9:.1f} GFLOP/s (readings: "
             f"{', '.join(f'{p / 1e9:.0f}' for p in peaks)}).\n\n" + common.markdown_table(
                 ["setting", "step ms", "its dots alone ms", "dots / step",
                  "dot GFLOP executed", "dots alone GFLOP/s (of peak)", "rollout ms",
                  "its dots alone ms", "dots / rollout", "update ms", "its dots alone ms",
-                 "dots / update"], rows))
+                 "dots / update", "update dot GFLOP", "update GFLOP/s (of peak)",
+                 "update's dots alone GFLOP/s (of peak)"], rows))
 
 
 def uptime() -> str:

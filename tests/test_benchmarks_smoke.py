@@ -172,6 +172,31 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
     assert seconds > 0 and all(line.startswith("dot f32") for line in logged)
 
 
+def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
+    """Counted from the trace of one call, a conditional's untaken branch contributes no
+    dot and a loop's dot runs its trip count; the static count takes both branches."""
+    update_phase = import_benchmark("update_phase")
+
+    def program(x, w, v, take_w):
+        def body(h, _):
+            return jnp.tanh(h @ w[:, :24]), None        # [32, 24] x [24, 24], 7 times
+
+        h, _ = jax.lax.scan(body, x, None, length=7)
+        branch = jax.lax.cond(take_w, lambda: (x @ w).sum(),       # [32, 24] x [24, 40]
+                              lambda: (x @ v).sum())                # [32, 24] x [24, 3]
+        return h.sum() + branch
+
+    args = (jnp.ones((32, 24)), jnp.ones((24, 40)), jnp.ones((24, 3)), jnp.asarray(True))
+    compiled = jax.jit(program).lower(*args).compile()
+    text = compiled.as_text()
+    executed = update_phase.executed_thunks(
+        lambda: jax.block_until_ready(compiled(*args)), calls=2)
+    counted = {(dot["rhs"], dot["runs"]) for dot in update_phase.hlo_dots(text, executed)}
+    assert counted == {((24, 24), 7), ((24, 40), 1)}, counted
+    static = {(dot["rhs"], dot["runs"]) for dot in update_phase.hlo_dots(text)}
+    assert static == {((24, 24), 7), ((24, 40), 1), ((24, 3), 1)}, static
+
+
 def test_sampling_benchmark_draws_the_same_tokens_both_ways():
     sampling_bench = import_benchmark("sampling")
     draw, decode = sampling_bench.main(["--draw-points=4:16,2:300", "--generate-points=2:64",
@@ -196,6 +221,8 @@ def test_decode_attention_benchmark_compares_equal_outputs(monkeypatch):
     assert decode[0][5] == "yes", decode
 
 
+@pytest.mark.slow  # compiles four rollouts (~23 s); tests/models/test_per_layer_cache.py
+# checks the same equality in the default suite
 def test_per_layer_cache_benchmark_samples_the_same_tokens_both_ways(tmp_path):
     per_layer_cache = import_benchmark("per_layer_cache")
     rows = per_layer_cache.main(["--settings=tiny", "--rounds=1", f"--cache_dir={tmp_path}"])
