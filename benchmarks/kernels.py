@@ -16,9 +16,7 @@ import collections
 import datetime
 import os
 import platform
-import statistics
 import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
@@ -30,29 +28,13 @@ from arl import algorithms as alg
 from arl import native
 from arl.host import allocator
 
+import common  # noqa: E402  (benchmarks/, the script's own directory)
+
 GAE_SHAPES = ((256, 512), (1024, 1024), (64, 8192))
 GROUP_SIZES = (4096, 65536)
 GROUP_SIZE = 16
 POLICY_SHAPE = (1024, 1024)
 GAMMA, LAM = 0.99, 0.95
-
-
-def median_times(fns, repeats):
-    """Median wall time of each `fn()` (which must block), after one warm-up call each.
-
-    The candidates run round-robin, so load from other processes on a shared machine
-    hits all of them alike and the ratios stay meaningful; each timed call follows an
-    untimed one of the same candidate, so a short kernel is not timed cold right after
-    a long Python loop (parked thread pool, evicted caches).
-    """
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            fn()
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def numpy_masked_gae(rewards, values, mask, gamma, lam):
@@ -97,10 +79,10 @@ def bench_gae(repeats, rng):
                 rewards, values, mask, GAMMA, LAM), rtol=1e-3, atol=1e-3, err_msg=method)
         fns = {"rlax": lambda: rlax_gae(r, discounts, LAM, values_tp1).block_until_ready()}
         fns.update({k: lambda f=f: f(r, val, m).block_until_ready() for k, f in ours.items()})
-        t = median_times(fns, repeats)
+        t = common.interleaved_median_times(fns, repeats)
         t_rlax = t.pop("rlax")
         t_ours = t
-        t_numpy = median_times({"numpy": lambda: numpy_masked_gae(
+        t_numpy = common.interleaved_median_times({"numpy": lambda: numpy_masked_gae(
             rewards, values, mask, GAMMA, LAM)}, max(1, repeats // 3))["numpy"]
         rows.append((f"GAE masked, B={batch} T={length}", t_ours, t_rlax, t_numpy))
     return rows
@@ -144,7 +126,7 @@ def bench_groups(repeats, rng):
         # The reshape baseline needs contiguous equal-size groups (a layout our ids do not
         # require); the cost of sorting into that layout is excluded.
         contiguous = scores[np.argsort(group_ids, kind="stable")]
-        t = median_times({
+        t = common.interleaved_median_times({
             "ours": lambda: ours(s, g).block_until_ready(),
             "loop": lambda: python_loop_group_advantages(scores, group_ids),
             "reshape": lambda: numpy_reshape_group_advantages(contiguous, GROUP_SIZE),
@@ -174,7 +156,7 @@ def bench_policy_loss(repeats, rng):
     f_ours = jax.jit(jax.value_and_grad(ours, has_aux=True))
     f_bare = jax.jit(jax.value_and_grad(bare))
     args = (logp, old, adv, mask)
-    t = median_times({"ours": lambda: jax.block_until_ready(f_ours(*args)),
+    t = common.interleaved_median_times({"ours": lambda: jax.block_until_ready(f_ours(*args)),
                       "bare": lambda: jax.block_until_ready(f_bare(*args))}, repeats)
     return t["ours"], t["bare"]
 
