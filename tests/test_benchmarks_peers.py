@@ -47,6 +47,27 @@ def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp
     assert hf["num_key_value_heads"] == setting.num_kv_heads
 
 
+@pytest.mark.slow  # compiles arl's step and rollout (~15 s): default suite budget
+def test_executed_update_flops_equal_the_dots_a_profile_sees_run(peers, tmp_path):
+    """The "executed of peak" count (the step's jaxpr: update branch, shared-prompt
+    branch) equals the matmul FLOPs of the dots the compiled step runs, less its
+    rollout's, as `update_phase.executed_thunks` counts them from a profile."""
+    import update_phase  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
+
+    setting = peers.protocol.SETTINGS["tiny"]
+    runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, str(tmp_path)),
+                             warmup=1)
+
+    def flops(program, run):
+        dots = update_phase.hlo_dots(program.as_text(), update_phase.executed_thunks(run))
+        return sum(dot["runs"] * update_phase.dot_flops(dot) for dot in dots)
+
+    step = flops(runner.step_program, runner._run_step)  # pylint: disable=protected-access
+    rollout = flops(runner.rollout_program, runner._run_rollout)  # pylint: disable=protected-access
+    assert runner.ready["executed_update_flops"] > 0
+    assert step - rollout == pytest.approx(runner.ready["executed_update_flops"], rel=1e-9)
+
+
 def test_target_token_reward_is_the_share_of_target_ids(peers):
     env = peers.TargetToken(vocab=16, prompt_len=3, gen_len=4)
     params = env.default_params()
