@@ -34,8 +34,8 @@ process (`common.interleaved_median_times`), so machine load hits all variants a
 * step: the same for the whole train step as `peers.py` runs arl's side (rollout +
   update, the update reusing the rollout's activations) and for its rollout alone: how
   far the step is from the time its matmuls take on this machine's kernels, and the
-  update's rate in the matmul FLOPs it executes (`--cache-dir`: where the settings' shared checkpoints are
-  written, as `peers.py --cache_dir`).
+  update's rate in the matmul FLOPs it executes (`--cache-dir`: where the settings'
+  shared checkpoints are written, as `peers.py --cache_dir`).
 
 FLOPs (executed matmul FLOPs, counted per row of the static [B, S] program): forward =
 S x 2 x P_layers (q/k/v/o and MLP projections) + L x 4 x S^2 x H x head_dim (dense
@@ -462,11 +462,10 @@ def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list
         if match:  # (tuple-shaped instructions, e.g. loops, have no array shape)
             shapes[match.group(1)] = tuple(int(d) for d in match.group(3).split(",") if d)
         lines_of[computation].append(line)
-        trips = _TRIP_COUNT.search(line)
+        trips, name = _TRIP_COUNT.search(line), _NAME.match(line)
         for kind, callee in _CALLEE.findall(line):
             count = int(trips.group(1)) if trips and kind == "body" else 1
             callers[callee].append((computation, count))
-            name = _NAME.match(line)
             if kind == "calls" and name:
                 fused_by[callee] = name.group(1)
 
@@ -497,8 +496,8 @@ def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list
 
 def executed_thunks(run: Callable[[], object], calls: int = 1) -> collections.Counter:
     """How many times each thunk (HLO instruction XLA runs as one unit: a fusion, a dot, a
-    loop...) of the programs `run` executes ran per call, from a `jax.profiler` trace of
-    `calls` calls (`run` must block until its results are ready)."""
+    loop...) of the programs `run` executes ran per call (the mean over `calls` calls), from
+    a `jax.profiler` trace (`run` must block until its results are ready)."""
     with tempfile.TemporaryDirectory() as directory:
         with jax.profiler.trace(directory):
             for _ in range(calls):
@@ -510,8 +509,7 @@ def executed_thunks(run: Callable[[], object], calls: int = 1) -> collections.Co
             events = json.load(f)["traceEvents"]
     counts = collections.Counter(event["name"] for event in events
                                  if event.get("ph") == "X" and not event["name"].startswith("$"))
-    return collections.Counter({name: count // calls for name, count in counts.items()
-                                if count % calls == 0})
+    return collections.Counter({name: count / calls for name, count in counts.items()})
 
 
 def dot_flops(dot: dict) -> float:
