@@ -486,8 +486,7 @@ def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list
             if not count:
                 continue
             dots.append(dict(
-                name=name, thunk=thunk, dtype=dtype, lhs=shapes[lhs], rhs=shapes[rhs],
-                runs=count,
+                dtype=dtype, lhs=shapes[lhs], rhs=shapes[rhs], runs=count,
                 numbers=((_dims(rest, "lhs_contracting_dims"),
                           _dims(rest, "rhs_contracting_dims")),
                          (_dims(rest, "lhs_batch_dims"), _dims(rest, "rhs_batch_dims")))))
