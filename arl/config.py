@@ -58,7 +58,7 @@ def default_config() -> ml_collections.ConfigDict:
     # resuming and `experiments.evaluate` import them too. Must be importable (installed,
     # or on PYTHONPATH / the working directory).
     c.imports = ()
-    # Constrain the model's activations to the mesh (arl.models.transformer
+    # Constrain the model's activations to the mesh (arl.models.partitioning
     # ACTIVATION_AXIS_RULES: batch over data x fsdp, heads and MLP width over tensor):
     # FSDP and tensor-parallel layouts then compile without XLA resharding the residual
     # stream ("involuntary full rematerialization"). No effect on a one-device mesh; on

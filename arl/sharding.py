@@ -2,7 +2,7 @@
 
 The batch is sharded over data x fsdp; parameters carry logical axis names (set by the
 model with `nn.with_logical_partitioning`) mapped to mesh axes by
-`arl.models.transformer.LOGICAL_AXIS_RULES`; optimizer moments follow their parameters.
+`arl.models.partitioning.LOGICAL_AXIS_RULES`; optimizer moments follow their parameters.
 The same program runs on one device (mesh (1, 1, 1)), on fake CPU devices and on a slice.
 """
 
@@ -35,7 +35,7 @@ def make_mesh(shape: Sequence[int], devices=None) -> jax.sharding.Mesh:
 
 def activation_mesh(mesh: jax.sharding.Mesh | None):
     """Context in which a step traces with `mesh` as JAX's abstract mesh, so the model's
-    activation constraints (`arl.models.transformer.constrain_activation`) take effect;
+    activation constraints (`arl.models.partitioning.constrain_activation`) take effect;
     nothing at all for None or a one-device mesh (the program is then exactly the
     unconstrained one). The trainers pass their mesh when `config.activation_sharding`."""
     if mesh is None or mesh.size == 1:

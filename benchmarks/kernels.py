@@ -16,7 +16,6 @@ import collections
 import datetime
 import os
 import platform
-import subprocess
 
 import jax
 import jax.numpy as jnp

@@ -2,7 +2,7 @@
 
 With every layer unrolled (the trainer's default `model.layer_unroll` 0), the rollout
 decodes on one cache buffer per layer and on per-layer weight slices, both made once
-before the turn loop (`arl.models.transformer.decodes_per_layer`). From the stacked
+before the turn loop (`arl.models.transformer_config.decodes_per_layer`). From the stacked
 `[L, B, S, KV, d]` cache XLA:CPU copies each layer's keys and values out at every token
 and layer, and each layer's weights too. Both sides here are arl's peers runners
 (`benchmarks/peers.py`: the compiled GRPO step, and its rollout compiled alone) of one

@@ -159,7 +159,6 @@ def estimate(trainer) -> dict[str, int]:
     The rollout ends before the update starts, and the loss head's working set is gone
     before the layers' backward passes start, so each pair counts as its larger member.
     """
-    import jax
     import jax.numpy as jnp
 
     from arl.models import attention as attention_lib

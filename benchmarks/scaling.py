@@ -26,7 +26,6 @@ import argparse
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

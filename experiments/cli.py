@@ -57,7 +57,7 @@ def parse_flags(argv: list[str], config_flag: str = "config") -> list[str]:
         fail(error)
     except OSError as error:  # the config file could not be loaded (seen via an override)
         fail(f"--{config_flag}: {_load_failure(error)}")
-    except (KeyError, AttributeError) as error:
+    except (KeyError, AttributeError):
         # ml_collections could not apply an override: name the unknown key if one is.
         message = _unknown_override(argv, config_flag)
         if message is None:

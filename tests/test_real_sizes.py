@@ -19,7 +19,7 @@ from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.errors import ConfigError
 from arl.models import transformer as transformer_lib
-from arl.optim import MasterWeightsState, float32_master_weights, make_optimizer
+from arl.optim import MasterWeightsState, make_optimizer
 from arl.trainers.policy import Policy
 from configs import real_sizes
 

@@ -1,7 +1,6 @@
 """The single compiled train step: one program, skipping, sharding, bad settings."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -11,8 +11,6 @@ here for convenience.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 

@@ -28,7 +28,6 @@ import numbers
 from typing import Any
 
 import chex
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct

@@ -73,255 +73,47 @@ Separate critic: build a second `Transformer(dataclasses.replace(config, value_h
 with its own parameters and use only its `values` output (its logits are simply ignored;
 set `compute_logits=False` to skip the vocabulary projection). A shared-trunk critic is
 the same model with `value_head=True` on the policy itself.
+
+Beside this module: the hyper-parameters (`arl.models.transformer_config`), the KV cache
+(`arl.models.kv_cache`), RoPE (`arl.models.rope`), the attention kernels
+(`arl.models.attention`) and the mesh layout of parameters and activations
+(`arl.models.partitioning`); this module re-exports their public names.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any
 
-import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
-from jax.sharding import PartitionSpec
 
 from arl.models import attention as attention_lib
 from arl.models.activations import swiglu
+from arl.models.kv_cache import (KVCache, check_cache_shapes, check_projections,
+                                 init_cache, write_cache, write_layer_cache, write_projections)
+from arl.models.partitioning import (ACTIVATION_AXIS_RULES, HEADS, KV_HEADS,
+                                     LOGICAL_AXIS_RULES, LOGITS, MLP, RESIDUAL,
+                                     constrain_activation, param_partition_specs,
+                                     param_shardings)
 from arl.models.projections import StoredProjection
-
-# Logical axis name -> mesh axis (or None: replicated). Mesh axes are ("data", "fsdp",
-# "tensor"): FSDP shards the model dimension of every matrix, tensor parallelism shards
-# heads / MLP hidden / vocabulary (Megatron-style column/row split).
-LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("length", None),
-)
-
-# Activation logical axis name -> mesh axis, for `constrain_activation`. The batch is
-# split over data x fsdp everywhere (FSDP is data parallelism whose weights are gathered
-# layer by layer); the residual stream's embed dimension stays whole on a device (the
-# weights' "embed" axis is the fsdp-sharded one, not the activations'); attention heads
-# and the MLP width are split over "tensor" (Megatron-style: column-parallel q/k/v and
-# gate/up, row-parallel o_proj and down_proj), as are the logits' vocabulary.
-ACTIVATION_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    ("activation_batch", ("data", "fsdp")),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_heads", "tensor"),
-    ("activation_kv_heads", "tensor"),
-    ("activation_head_dim", None),
-    ("activation_mlp", "tensor"),
-    ("activation_vocab", "tensor"),
-)
-RESIDUAL = ("activation_batch", "activation_length", "activation_embed")
-_HEADS = ("activation_batch", "activation_length", "activation_heads", "activation_head_dim")
-_KV_HEADS = ("activation_batch", "activation_length", "activation_kv_heads",
-             "activation_head_dim")
-_MLP = ("activation_batch", "activation_length", "activation_mlp")
-_LOGITS = ("activation_batch", "activation_length", "activation_vocab")
+from arl.models.rope import apply_rope, constant_rope_tables, rope_tables, rotate
+from arl.models.transformer_config import (TransformerConfig, decodes_per_layer,
+                                           projection_features)
 
 
-def constrain_activation(x: jax.Array, names: Sequence[str],
-                         rules: Sequence[tuple[str, Any]] = ACTIVATION_AXIS_RULES
-                         ) -> jax.Array:
-    """`x` constrained to the sharding its logical axis `names` map to under `rules`,
-    on the mesh the caller traces under (`jax.sharding.use_abstract_mesh`; the token
-    trainer traces its steps under its mesh).
-
-    Without such a mesh, or on a mesh of one device, `x` is returned as it is (no
-    operation at all). A mesh axis that does not divide its dimension (2 KV heads over a
-    4-way "tensor" axis) or that the mesh lacks is dropped (replicated). Telling XLA
-    where the activations live keeps the partitioner from resharding the residual
-    stream to the weights' layout (the "involuntary full rematerialization" of FSDP
-    layouts); the same idea as MaxText's activation logical axes.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return x
-    table = dict(rules)
-    spec = []
-    for name, dim in zip(names, x.shape, strict=True):
-        axes = table[name]
-        names_of = axes if isinstance(axes, tuple) else (axes,)
-        if axes is None or any(a not in mesh.shape for a in names_of) or dim % int(
-                np.prod([mesh.shape[a] for a in names_of])):
-            axes = None
-        spec.append(axes)
-    return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerConfig:
-    """Hyper-parameters of the decoder. Frozen and hashable (a static module attribute).
-
-    Attributes:
-      vocab_size: number of token ids.
-      d_model: residual stream width.
-      num_layers: number of decoder layers.
-      num_heads: query heads.
-      num_kv_heads: key/value heads; grouped-query attention when < num_heads. Must
-        divide num_heads.
-      head_dim: per-head width; defaults to d_model // num_heads.
-      mlp_dim: SwiGLU hidden width.
-      max_len: default KV-cache capacity (`init_cache` callers may pass their own).
-      rope_theta: RoPE base (10_000 for Llama 2, 500_000 for Llama 3, 1e6 for Qwen2).
-      norm_eps: RMSNorm epsilon.
-      qkv_bias: biases on the q/k/v projections (Qwen2; with o_bias, HF Llama's
-        `attention_bias=True`).
-      o_bias: a bias on the attention output projection o_proj (HF Llama
-        `attention_bias=True` sets both qkv_bias and o_bias; Qwen2 has none).
-      mlp_bias: biases on gate_proj, up_proj and down_proj (HF Llama `mlp_bias=True`).
-      tie_embeddings: logits use the input embedding matrix transposed.
-      value_head: add a scalar value head on the final hidden state.
-      dtype: activation dtype (float32 or bfloat16). Norms, attention softmax, logits and
-        values are always float32.
-      param_dtype: parameter dtype.
-      initializer_range: std of the normal initialiser of every matrix (HF convention).
-      remat: rematerialise each layer in the backward pass (saves activation memory).
-      layer_unroll: layers per iteration of the layer scan in cache-free calls (training,
-        recomputation): 1 = a loop of one compiled layer, num_layers = fully unrolled.
-        Unrolling lets XLA drop the per-layer buffers the scan stacks for the backward
-        pass, at a compile time that grows with the depth. Calls with a stacked KV cache
-        run one layer per iteration; with a per-layer cache (`KVCache.per_layer()`) the
-        layers run one after another. Fully unrolled, `generate` and the rollout's turns
-        decode on a per-layer cache (`decodes_per_layer`).
-      attention: self-attention of cache-free calls (training, scoring): "dense" (the
-        [B, H, T, T] scores in one piece), "blocked" (FlashAttention-style tiling in JAX,
-        memory linear in T, `arl.models.attention`), "cudnn" (cuDNN's fused kernel via
-        `jax.nn.dot_product_attention`, NVIDIA GPUs only) or "auto" (dense up to
-        `attention_block` tokens, blocked beyond). KV-cached calls follow the same rule
-        with the cache's capacity as the length: blocked reads only the cache blocks up
-        to the last query's slot (`attention.cached_attention`); cudnn attends densely.
-      attention_block: the largest query / key block of the blocked attention (the
-        context is cut into the fewest equal blocks, `attention.block_layout`).
-    """
-
-    vocab_size: int
-    d_model: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    head_dim: int | None = None
-    mlp_dim: int = 512
-    max_len: int = 512
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-6
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    tie_embeddings: bool = False
-    value_head: bool = False
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-    initializer_range: float = 0.02
-    remat: bool = False
-    layer_unroll: int = 1
-    attention: str = "auto"
-    attention_block: int = 512
-
-    def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                     "mlp_dim", "max_len", "layer_unroll", "attention_block"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
-        for name in ("qkv_bias", "o_bias", "mlp_bias"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise ValueError(f"TransformerConfig.{name} must be a bool, got "
-                                 f"{getattr(self, name)!r}")
-        if self.head_dim is None:
-            if self.d_model % self.num_heads:
-                raise ValueError(
-                    f"TransformerConfig.num_heads={self.num_heads} must divide "
-                    f"d_model={self.d_model} (or set head_dim explicitly)")
-        elif not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1:
-            raise ValueError(f"TransformerConfig.head_dim must be a positive int or None, "
-                             f"got {self.head_dim!r}")
-        if self.resolved_head_dim % 2:
-            raise ValueError(f"TransformerConfig.head_dim must be even for RoPE, got "
-                             f"{self.resolved_head_dim}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"TransformerConfig.num_kv_heads={self.num_kv_heads} must divide "
-                f"num_heads={self.num_heads}")
-        if not self.rope_theta > 0:
-            raise ValueError(f"TransformerConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if not self.norm_eps > 0:
-            raise ValueError(f"TransformerConfig.norm_eps must be > 0, got {self.norm_eps}")
-        if self.attention not in attention_lib.IMPLEMENTATIONS:
-            raise ValueError(f"TransformerConfig.attention must be one of "
-                             f"{attention_lib.IMPLEMENTATIONS}, got {self.attention!r}")
-        for name in ("dtype", "param_dtype"):
-            dt = jnp.dtype(getattr(self, name))
-            if not jnp.issubdtype(dt, jnp.floating):
-                raise ValueError(f"TransformerConfig.{name} must be a float dtype "
-                                 f"(float32, bfloat16, float16), got {dt}")
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
-
-
-@struct.dataclass
-class KVCache:
-    """Per-layer keys/values of every position written so far, one row per sequence.
-
-    keys, values: [num_layers, B, S, num_kv_heads, head_dim] (S = capacity), or, in the
-      per-layer form (`per_layer()`), tuples of num_layers arrays, keys [B, num_kv_heads,
-      head_dim, S] and values [B, num_kv_heads, S, head_dim]: one buffer per layer, which
-      a decoding loop updates and reads in place (the stacked form makes XLA copy a
-      layer's slice out at every token and layer), laid out as the attention's products
-      read them (slots last for the keys, so a decoded token's scores run along them).
-    length: int32 [B], number of valid positions of each row; position p of row b is
-      valid iff p < length[b]. Entries at p >= length[b] are stale and never attended by
-      valid queries. Padding (num_valid, attention_mask) is never written, so every
-      slot below length[b] holds a real token.
-    projections: None, or the layers' projection outputs at every written position, a
-      dict {name: [num_layers, B, S, *features]} over
-      `arl.models.projections.LAYER_PROJECTIONS` (q/k/v before RoPE), written by every
-      cached call as keys and values are (`init_cache(..., record_projections=True)`):
-      an update at the same parameters takes them as its forward values
-      (`Transformer(..., projections=)`) instead of recomputing them.
-    """
-
-    keys: jax.Array | tuple[jax.Array, ...]
-    values: jax.Array | tuple[jax.Array, ...]
-    length: jax.Array
-    projections: dict[str, jax.Array] | None = None
-
-    @property
-    def is_per_layer(self) -> bool:
-        return isinstance(self.keys, (tuple, list))
-
-    @property
-    def capacity(self) -> int:
-        return self.keys[0].shape[-1] if self.is_per_layer else self.keys.shape[2]
-
-    def per_layer(self) -> KVCache:
-        """The same cache as one buffer per layer, keys [B, KV, head_dim, S] and values
-        [B, KV, S, head_dim] (a transposed copy of the cache)."""
-        if self.is_per_layer:
-            return self
-        return self.replace(keys=tuple(k.transpose(0, 2, 3, 1) for k in self.keys),
-                            values=tuple(v.transpose(0, 2, 1, 3) for v in self.values))
-
-    def stacked(self) -> KVCache:
-        """The same cache as [num_layers, B, S, num_kv_heads, head_dim] arrays."""
-        if not self.is_per_layer:
-            return self
-        return self.replace(keys=jnp.stack([k.transpose(0, 3, 1, 2) for k in self.keys]),
-                            values=jnp.stack([v.transpose(0, 2, 1, 3) for v in self.values]))
+# The model's public names, wherever they are defined (`from arl.models.transformer
+# import KVCache` keeps working since the cache, the config, RoPE and the sharding rules
+# moved to modules of their own).
+__all__ = [
+    "ACTIVATION_AXIS_RULES", "LOGICAL_AXIS_RULES", "KVCache", "ModelOutput", "RMSNorm",
+    "Transformer", "TransformerConfig", "abstract_params", "apply_rope",
+    "constrain_activation", "decodes_per_layer", "gather_embedding", "init_cache",
+    "output_matrix", "param_partition_specs", "param_shardings", "per_layer_params",
+    "projection_features", "rope_tables", "unembedding_matrix",
+]
 
 
 @struct.dataclass
@@ -336,36 +128,6 @@ class ModelOutput:
     cache: KVCache | None
     hidden: jax.Array | None = None
     projections: dict[str, jax.Array] | None = None
-
-
-def init_cache(config: TransformerConfig, batch_size: int, capacity: int | None = None,
-               dtype=jnp.float32, *, record_projections: bool = False) -> KVCache:
-    """An empty cache (length 0 everywhere) for `batch_size` rows of `capacity` positions
-    (default config.max_len); with `record_projections`, zeroed `KVCache.projections`
-    buffers (in `dtype`) that every cached call fills at the positions it writes."""
-    capacity = config.max_len if capacity is None else capacity
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
-    if not isinstance(capacity, (int, np.integer)) or capacity < 1:
-        raise ValueError(f"init_cache: capacity must be a positive int, got {capacity!r}")
-    shape = (config.num_layers, batch_size, capacity, config.num_kv_heads,
-             config.resolved_head_dim)
-    projections = None
-    if record_projections:
-        projections = {name: jnp.zeros((config.num_layers, batch_size, capacity) + features,
-                                       dtype)
-                       for name, features in projection_features(config).items()}
-    return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype),
-                   length=jnp.zeros((batch_size,), jnp.int32), projections=projections)
-
-
-def projection_features(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Each layer projection's output shape per token (q/k/v: heads x head_dim)."""
-    head_dim = config.resolved_head_dim
-    return {"q_proj": (config.num_heads, head_dim), "k_proj": (config.num_kv_heads, head_dim),
-            "v_proj": (config.num_kv_heads, head_dim), "o_proj": (config.d_model,),
-            "gate_proj": (config.mlp_dim,), "up_proj": (config.mlp_dim,),
-            "down_proj": (config.d_model,)}
 
 
 def _normal(config: TransformerConfig):
@@ -388,49 +150,6 @@ class RMSNorm(nn.Module):
         # HF casts back to the activation dtype before the scale multiply; keep that order
         # so bfloat16 checkpoints reproduce exactly.
         return normed.astype(self.dtype) * scale.astype(self.dtype)
-
-
-def rope_tables(positions: jax.Array, head_dim: int, theta: float, dtype
-                ) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin) [B, T, 1, head_dim] of the rotary angles at `positions` int [B, T],
-    rotate-half layout, in `dtype`."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, T, 1, D]
-    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
-
-
-# Largest sequence whose RoPE tables (sequence x head_dim / 2 elements each) are built as
-# constants of the compiled program; a longer one computes them in the program.
-_CONSTANT_ROPE_ELEMENTS = 1 << 20
-
-
-def _constant_rope_tables(seq_len: int, head_dim: int, theta: float, dtype
-                          ) -> tuple[jax.Array, jax.Array] | None:
-    """`rope_tables` at positions 0..seq_len-1 as host constants [1, T, 1, head_dim], or
-    None for a sequence above `_CONSTANT_ROPE_ELEMENTS`.
-
-    The angles are float32 products, as in the program (and in Hugging Face's
-    implementation); their cos and sin are evaluated in float64 and rounded once.
-    """
-    if seq_len * head_dim // 2 > _CONSTANT_ROPE_ELEMENTS:
-        return None
-    inv_freq = (1.0 / theta ** (np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
-    angles = np.arange(seq_len, dtype=np.float32)[:, None] * inv_freq  # [T, D/2] float32
-    angles = np.concatenate([angles, angles], axis=-1).astype(np.float64)[None, :, None]
-    return (jnp.asarray(np.cos(angles), dtype), jnp.asarray(np.sin(angles), dtype))
-
-
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [B, T, N, D] rotated by the `rope_tables` of its positions."""
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return x * cos + rotated * sin
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding, rotate-half layout. x [B, T, N, D], positions int [B, T]."""
-    return _rotate(x, *rope_tables(positions, x.shape[-1], theta, x.dtype))
 
 
 def _projection(config, features, names, use_bias, name):
@@ -516,15 +235,15 @@ class Attention(nn.Module):
             produced[name] = out
             return out
 
-        q = project(num_heads, ("heads", "head_dim"), "q_proj", _HEADS)
-        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", _KV_HEADS)
-        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", _KV_HEADS)
-        q = _rotate(q, *rope)
-        k = _rotate(k, *rope)
+        q = project(num_heads, ("heads", "head_dim"), "q_proj", HEADS)
+        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", KV_HEADS)
+        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", KV_HEADS)
+        q = rotate(q, *rope)
+        k = rotate(k, *rope)
         out, new_kv = self._attend(q, k, v, positions, cache_kv, layer_index,
                                    write_positions, key_positions, attend, key_mask,
                                    query_slots, prefix_kv)
-        out = _output_projection(cfg, constrain_activation(out, _HEADS),
+        out = _output_projection(cfg, constrain_activation(out, HEADS),
                                  None if stored is None else stored["o_proj"])
         produced["o_proj"] = out
         return out, new_kv, produced
@@ -556,13 +275,13 @@ class Attention(nn.Module):
             new_kv = (k, v)
         elif attention_lib.resolve_implementation(
                 cfg.attention, cache_kv[0].shape[2], cfg.attention_block) == "blocked":
-            all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
+            all_keys, all_values = write_cache(cache_kv, layer_index, write_positions, k, v)
             out = attention_lib.cached_attention(
                 q, all_keys, all_values, layer_index, query_slots,
                 block_size=cfg.attention_block)
             return out, (all_keys, all_values)
         else:
-            all_keys, all_values = _write_cache(cache_kv, layer_index, write_positions, k, v)
+            all_keys, all_values = write_cache(cache_kv, layer_index, write_positions, k, v)
             new_kv = (all_keys, all_values)
             keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
             values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
@@ -619,7 +338,7 @@ class Attention(nn.Module):
         (keys [B, KV, Dh, S], values [B, KV, S, Dh]): the same function, with products
         that read the buffers as stored. Returns (output before o_proj, the buffers)."""
         cfg = self.config
-        keys, values = _write_layer_cache(layer_cache, write_positions, k, v)
+        keys, values = write_layer_cache(layer_cache, write_positions, k, v)
         capacity = keys.shape[-1]
         if attention_lib.resolve_implementation(cfg.attention, capacity,
                                                 cfg.attention_block) == "blocked":
@@ -661,57 +380,6 @@ def _attention_probs(scores, key_pos, positions, attend, dtype):
     return jax.nn.softmax(scores, axis=-1).astype(dtype)
 
 
-def _write_cache(cache_kv, layer_index, write_positions, k, v):
-    """The cache with this layer's new keys and values at `[layer_index, b,
-    write_positions[b, t]]`."""
-    all_keys, all_values = cache_kv
-    batch_index = jnp.arange(k.shape[0])[:, None]
-    # mode="drop": writes beyond capacity (or masked to capacity) vanish instead of
-    # clamping onto the last slot as dynamic_update_slice would.
-    all_keys = all_keys.at[layer_index, batch_index, write_positions].set(
-        k.astype(all_keys.dtype), mode="drop")
-    all_values = all_values.at[layer_index, batch_index, write_positions].set(
-        v.astype(all_values.dtype), mode="drop")
-    return all_keys, all_values
-
-
-def _write_layer_cache(layer_cache, write_positions, k, v):
-    """One layer's buffers of a per-layer cache (keys [B, KV, Dh, S], values [B, KV, S,
-    Dh]) with the new keys and values k, v [B, T, KV, Dh] at slots `write_positions[b,
-    t]` (out-of-range writes dropped, as in `_write_cache`)."""
-    keys, values = layer_cache
-    batch_index = jnp.arange(k.shape[0])[:, None]
-    # The indexed axes are not adjacent, so the indexed window is [B, T, KV, Dh]: k's shape.
-    keys = keys.at[batch_index, :, :, write_positions].set(k.astype(keys.dtype), mode="drop")
-    values = values.at[batch_index, :, write_positions].set(v.astype(values.dtype),
-                                                             mode="drop")
-    return keys, values
-
-
-def _check_cache_shapes(cache: KVCache, cfg: TransformerConfig, batch: int):
-    if cache.is_per_layer:
-        capacity = cache.capacity if cache.keys else None
-        kv, head_dim = cfg.num_kv_heads, cfg.resolved_head_dim
-        keys_shape, values_shape = (batch, kv, head_dim, capacity), (batch, kv, capacity, head_dim)
-        if (len(cache.keys) != cfg.num_layers or len(cache.values) != cfg.num_layers
-                or any(x.shape != keys_shape for x in cache.keys)
-                or any(x.shape != values_shape for x in cache.values)):
-            shapes = sorted({x.shape for x in (*cache.keys, *cache.values)})
-            raise ValueError(f"Transformer: a per-layer cache needs {cfg.num_layers} keys "
-                             f"arrays of shape {keys_shape} (batch, kv_heads, head_dim, "
-                             f"capacity) and {cfg.num_layers} values arrays of shape "
-                             f"{values_shape} (batch, kv_heads, capacity, head_dim), got "
-                             f"{len(cache.keys)} / {len(cache.values)} arrays of shapes "
-                             f"{shapes}")
-        return
-    expected = (cfg.num_layers, batch, cache.capacity, cfg.num_kv_heads,
-                cfg.resolved_head_dim)
-    if cache.keys.shape != expected or cache.values.shape != expected:
-        raise ValueError(f"Transformer: cache.keys/values must have shape {expected} "
-                         f"(layers, batch, capacity, kv_heads, head_dim), got "
-                         f"{cache.keys.shape} / {cache.values.shape}")
-
-
 def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args,
                      return_projections: bool = False, recorded=None):
     """The layers one after another, layer l on its own cache buffer (a per-layer
@@ -745,18 +413,10 @@ def _per_layer_calls(cfg, layer_params, h, layer_caches, layer_args,
         new_keys.append(keys)
         new_values.append(values)
         if buffers is not None:
-            buffers = _write_projections(buffers, recorded[1], outputs, layer_index=index)
+            buffers = write_projections(buffers, recorded[1], outputs, layer_index=index)
         produced.append(outputs)
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *produced) if return_projections else None
     return h, (tuple(new_keys), tuple(new_values)), stacked, buffers
-
-
-def decodes_per_layer(config: TransformerConfig) -> bool:
-    """Whether decoding runs on a per-layer cache and per-layer weights: with every layer
-    unrolled (`layer_unroll >= num_layers`), where the program has one layer body per
-    layer anyway; a scanned layer stack keeps the stacked cache. Other models (a config
-    that is not a `TransformerConfig`) keep their own cache."""
-    return isinstance(config, TransformerConfig) and config.layer_unroll >= config.num_layers
 
 
 def per_layer_params(params):
@@ -843,7 +503,7 @@ class SwiGLU(nn.Module):
         # reshapes; no operation at all without a mesh).
         hidden = constrain_activation(
             swiglu(gate, up).reshape(leading + (cfg.mlp_dim,)),
-            _MLP).reshape(-1, cfg.mlp_dim)
+            MLP).reshape(-1, cfg.mlp_dim)
         out = dense(hidden, cfg.d_model, ("mlp", "embed"), "down_proj")
         return out.reshape(leading + (cfg.d_model,)), produced
 
@@ -1005,7 +665,7 @@ class Transformer(nn.Module):
             raise ValueError("Transformer: prefix_kv, return_kv and projections apply to "
                              "cache-free calls")
         if projections is not None:
-            _check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
+            check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
                                "projections")
         if prefix_kv is not None:
             prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
@@ -1042,7 +702,7 @@ class Transformer(nn.Module):
             layer_caches = None
             write_positions = key_positions = slots = None
         else:
-            _check_cache_shapes(cache, cfg, batch)
+            check_cache_shapes(cache, cfg, batch)
             if cache.length.shape != (batch,):
                 raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
                                  f"{cache.length.shape}")
@@ -1089,7 +749,7 @@ class Transformer(nn.Module):
         # again for every head, in every layer, forward and backward.
         rope = None
         if cache is None and prefix_kv is None and not explicit_positions and real is None:
-            rope = _constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
+            rope = constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
                                          cfg.dtype)
         if rope is None:
             rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
@@ -1097,7 +757,7 @@ class Transformer(nn.Module):
                       slots)
         recording = cache is not None and cache.projections is not None
         if recording:
-            _check_projections(cache.projections, cfg,
+            check_projections(cache.projections, cfg,
                                (cfg.num_layers, batch, cache.capacity), "cache.projections")
         recorded = None
         if cache is not None and cache.is_per_layer:
@@ -1147,7 +807,7 @@ class Transformer(nn.Module):
                                 unembed.astype(cfg.dtype),
                                 preferred_element_type=jnp.float32).reshape(
                                     batch, seq_len, cfg.vocab_size)
-            logits = constrain_activation(logits, _LOGITS)
+            logits = constrain_activation(logits, LOGITS)
 
         values = None
         if cfg.value_head:
@@ -1160,7 +820,7 @@ class Transformer(nn.Module):
         new_cache = None
         if cache is not None:
             if recording and recorded is None:
-                recorded = _write_projections(cache.projections, write_positions, produced)
+                recorded = write_projections(cache.projections, write_positions, produced)
             new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
                                 length=cache.length + num_valid, projections=recorded)
         elif return_kv:
@@ -1169,33 +829,6 @@ class Transformer(nn.Module):
         return ModelOutput(logits=logits, values=values, cache=new_cache,
                            hidden=hidden if return_hidden else None,
                            projections=produced if return_projections else None)
-
-
-def _check_projections(projections, cfg: TransformerConfig, leading: tuple[int, ...],
-                       what: str):
-    """Recorded projection outputs: a dict with every layer projection, each of shape
-    `leading` + its features."""
-    features = projection_features(cfg)
-    if not isinstance(projections, dict) or set(projections) != set(features):
-        raise ValueError(f"Transformer: {what} must be a dict with the keys "
-                         f"{sorted(features)}, got "
-                         f"{sorted(projections) if isinstance(projections, dict) else projections!r}")
-    for name, size in features.items():
-        if projections[name].shape != leading + size:
-            raise ValueError(f"Transformer: {what}[{name!r}] must have shape {leading + size} "
-                             f"(layers, batch, positions, features), got "
-                             f"{projections[name].shape}")
-
-
-def _write_projections(buffers, write_positions, produced, layer_index=None):
-    """The recorded projection buffers {name: [L, B, S, ...]} with the call's outputs
-    {name: [L, B, T, ...]} (or layer `layer_index`'s, {name: [B, T, ...]}) at slots
-    `write_positions` [B, T] (out-of-range writes dropped, as the cache's)."""
-    batch_index = jnp.arange(write_positions.shape[0])[:, None]
-    layers = slice(None) if layer_index is None else layer_index
-    return {name: buffer.at[layers, batch_index, write_positions].set(
-                produced[name].astype(buffer.dtype), mode="drop")
-            for name, buffer in buffers.items()}
 
 
 def gather_embedding(params, config: TransformerConfig):
@@ -1244,42 +877,3 @@ def abstract_params(model: Transformer, batch_size: int = 1, seq_len: int = 1):
     """Boxed parameter shapes (`nn.LogicallyPartitioned` of ShapeDtypeStruct), no memory."""
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
     return jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
-
-
-def _divides(mesh, mesh_axes, dim) -> bool:
-    names = mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
-    return dim % int(np.prod([mesh.shape[n] for n in names])) == 0
-
-
-def param_partition_specs(params_or_boxed, rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES,
-                          mesh: jax.sharding.Mesh | None = None):
-    """PartitionSpec pytree (mesh axes) for boxed parameters.
-
-    Leaves that are `nn.Partitioned`/`nn.LogicallyPartitioned` boxes (what `model.init`
-    and `abstract_params` return) get their logical names mapped through `rules`; plain
-    arrays get PartitionSpec() (replicated) — pass boxes, not unboxed params. With `mesh`,
-    an axis whose mesh size does not divide the dimension is dropped (replicated) so the
-    spec is always valid for `jax.device_put`, e.g. 2 kv heads on a 4-way tensor axis.
-    The result has the structure of the unboxed parameters.
-    """
-    logical = nn.get_partition_spec(params_or_boxed)
-    mesh_specs = nn.logical_to_mesh(logical, rules)
-    if mesh is None:
-        return mesh_specs
-    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(params_or_boxed))
-
-    def fit(spec, shape):
-        return PartitionSpec(*(axes if axes is None or _divides(mesh, axes, dim) else None
-                               for axes, dim in zip(tuple(spec) + (None,) * (len(shape) - len(spec)),
-                                                    shape)))
-
-    return jax.tree.map(fit, mesh_specs, shapes,
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-
-def param_shardings(params_or_boxed, mesh: jax.sharding.Mesh,
-                    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES):
-    """NamedSharding pytree for `jax.device_put` / `jax.jit(out_shardings=...)`."""
-    specs = param_partition_specs(params_or_boxed, rules, mesh)
-    return jax.tree.map(lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))

@@ -1,7 +1,6 @@
 """Each kernel jitted with its batch sharded over 8 fake CPU devices equals 1 device."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from arl.algorithms import entropy, token_logprobs
-from arl.models import Transformer, TransformerConfig, unembedding_matrix
+from arl.models import TransformerConfig, unembedding_matrix
 from arl.models.logprobs import chunked_token_logprobs, model_token_logprobs
 from tests.models.helpers import jitted_forward, make
 

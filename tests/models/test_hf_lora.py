@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from arl.algorithms import token_logprobs
-from arl.models import Transformer, TransformerConfig
+from arl.models import TransformerConfig
 from arl.models.lora import LoraConfig, init_lora, merge_lora, num_lora_params
 from tests.models.helpers import make
 

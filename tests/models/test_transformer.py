@@ -12,6 +12,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from arl.models import (LOGICAL_AXIS_RULES, Transformer, TransformerConfig, abstract_params,
                         init_cache, param_partition_specs, param_shardings,
                         unembedding_matrix)
+from arl.models import rope as rope_lib
 from arl.models import transformer as transformer_lib
 from tests.models.helpers import SMALL, jitted_forward, make
 
@@ -156,9 +157,8 @@ def test_causality_and_rope_relative_positions():
 def test_constant_rope_tables_are_the_computed_ones_within_one_rounding(seq_len, head_dim, theta):
     """The training forward pass's tables (host constants) against the program's own
     `rope_tables`: float32 angles alike, so cos and sin differ by at most one rounding."""
-    const_cos, const_sin = transformer_lib._constant_rope_tables(seq_len, head_dim, theta,
-                                                                 jnp.float32)
-    cos, sin = jax.jit(lambda p: transformer_lib.rope_tables(p, head_dim, theta, jnp.float32))(
+    const_cos, const_sin = rope_lib.constant_rope_tables(seq_len, head_dim, theta, jnp.float32)
+    cos, sin = jax.jit(lambda p: rope_lib.rope_tables(p, head_dim, theta, jnp.float32))(
         jnp.arange(seq_len)[None])
     assert const_cos.shape == cos.shape == (1, seq_len, 1, head_dim)
     np.testing.assert_allclose(const_cos, cos, rtol=0, atol=2 ** -24)
@@ -171,7 +171,7 @@ def test_default_positions_use_constant_rope_tables(limit, monkeypatch):
     compiled program; above the size limit computed ones) equals the one given the same
     positions explicitly (tables computed in the program), logits and gradients."""
     if limit is not None:
-        monkeypatch.setattr(transformer_lib, "_CONSTANT_ROPE_ELEMENTS", limit)
+        monkeypatch.setattr(rope_lib, "CONSTANT_ROPE_ELEMENTS", limit)
     model, _, params = make(MQA_TIED)
     tokens = jax.random.randint(jax.random.key(5), (3, 7), 0, MQA_TIED.vocab_size)
     explicit = jnp.broadcast_to(jnp.arange(7), (3, 7))
