@@ -83,7 +83,7 @@ Beside this module: the hyper-parameters (`arl.models.transformer_config`), the 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -575,6 +575,115 @@ def _checked_mask(attention_mask, batch: int, seq_len: int) -> jax.Array:
     return mask.astype(bool)
 
 
+class _CallLayout(NamedTuple):
+    """Where the T tokens of one `Transformer` call sit, and what each query may see.
+
+    positions: int32 [B, T], the tokens' RoPE positions.
+    attend: None, or bool [B or 1, T, T] (cache-free) / [B, T, S] (cached): the keys
+      each query sees; None lets the attention derive causality from the positions.
+    key_mask: None, or bool [B, T], the real tokens as keys (the tiled kernels' padding
+      mask, which they apply per block).
+    prefix_layers: the keys and values of a `prefix_kv` ([L, B, P, KV, Dh] each) or None.
+    layer_caches: the cache's (keys, values) or None.
+    write_positions, slots: int32 [B, T], the cache slot each token is written to (the
+      capacity for a token not written) and would occupy; key_positions: int32 [S], the
+      cache's slots. None without a cache.
+    num_valid: int32 [B], the tokens each row writes to the cache (else as given: None).
+    """
+
+    positions: jax.Array
+    attend: jax.Array | None = None
+    key_mask: jax.Array | None = None
+    prefix_layers: tuple[jax.Array, jax.Array] | None = None
+    layer_caches: tuple | None = None
+    write_positions: jax.Array | None = None
+    key_positions: jax.Array | None = None
+    slots: jax.Array | None = None
+    num_valid: jax.Array | None = None
+
+
+def _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real, num_valid
+                         ) -> _CallLayout:
+    """T tokens after the P positions of `prefix_kv`: positions P..P+T-1."""
+    prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
+    if positions is not None or real is not None:
+        raise ValueError("Transformer: prefix_kv does not combine with positions "
+                         "or attention_mask")
+    if num_valid is not None:
+        raise ValueError("Transformer: num_valid only applies together with cache")
+    positions = jnp.broadcast_to(
+        prefix_kv.capacity + jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
+    return _CallLayout(positions=positions, prefix_layers=prefix_layers)
+
+
+def _cache_free_layout(cfg, batch, seq_len, positions, real, num_valid) -> _CallLayout:
+    """A cache-free call: causal over the T tokens, padding (`real` False) never seen."""
+    if num_valid is not None:
+        raise ValueError("Transformer: num_valid only applies together with cache")
+    explicit_positions = positions is not None
+    attend = key_mask = None
+    tiled = attention_lib.resolve_implementation(
+        cfg.attention, seq_len, cfg.attention_block) != "dense"
+    if not explicit_positions and real is None:
+        positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
+                                     (batch, seq_len))
+    elif tiled:
+        # No [B, T, T] mask: the tiled kernels mask per block from the key mask.
+        key_mask = real
+        if real is not None and not explicit_positions:
+            positions = jnp.maximum(jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
+    else:
+        order = jnp.arange(seq_len, dtype=jnp.int32)
+        attend = (order[None, :] <= order[:, None])[None]  # [1, T, T] causal
+        if real is not None:
+            attend = attend & real[:, None, :]
+            if not explicit_positions:
+                positions = jnp.maximum(
+                    jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
+    return _CallLayout(positions=positions, attend=attend, key_mask=key_mask)
+
+
+def _cached_layout(cfg, batch, seq_len, cache: KVCache, positions, real, num_valid
+                   ) -> _CallLayout:
+    """A cached call: the tokens go to the slots after each row's length (padding is not
+    written) and attend to every cached slot up to their own."""
+    explicit_positions = positions is not None
+    attend = None
+    check_cache_shapes(cache, cfg, batch)
+    if cache.length.shape != (batch,):
+        raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
+                         f"{cache.length.shape}")
+    if real is not None and num_valid is not None:
+        raise ValueError("Transformer: pass either num_valid (padding at the end of "
+                         "each row) or attention_mask, not both")
+    if real is None:
+        if num_valid is None:
+            num_valid = jnp.full((batch,), seq_len, jnp.int32)
+        num_valid = jnp.asarray(num_valid, jnp.int32)
+        if num_valid.shape != (batch,):
+            raise ValueError(f"Transformer: num_valid must be int32 [B]=({batch},), "
+                             f"got shape {num_valid.shape}")
+        offsets = jnp.arange(seq_len, dtype=jnp.int32)
+        slots = cache.length[:, None] + offsets  # [B, T]
+        write_positions = jnp.where(offsets < num_valid[:, None], slots,
+                                    cache.capacity)
+    else:
+        # Real tokens are packed: the k-th real token of the chunk goes to slot
+        # length + k; padding is dropped (written "past the capacity").
+        slots = cache.length[:, None] + jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
+        write_positions = jnp.where(real, slots, cache.capacity)
+        num_valid = jnp.sum(real, axis=1, dtype=jnp.int32)
+    key_positions = jnp.arange(cache.capacity, dtype=jnp.int32)
+    if explicit_positions or real is not None:
+        attend = key_positions[None, None, :] <= slots[:, :, None]  # [B, T, S]
+    if not explicit_positions:
+        positions = slots
+    return _CallLayout(positions=positions, attend=attend,
+                       layer_caches=(cache.keys, cache.values),
+                       write_positions=write_positions, key_positions=key_positions,
+                       slots=slots, num_valid=num_valid)
+
+
 class Transformer(nn.Module):
     """Decoder-only LM; see the module docstring for the architecture and parameters."""
 
@@ -658,80 +767,21 @@ class Transformer(nn.Module):
         if explicit_positions:
             positions = _checked_positions(positions, batch, seq_len)
         real = None if attention_mask is None else _checked_mask(attention_mask, batch, seq_len)
-        attend = key_mask = None
-        prefix_layers = None
         if cache is not None and (prefix_kv is not None or return_kv
                                   or projections is not None):
             raise ValueError("Transformer: prefix_kv, return_kv and projections apply to "
                              "cache-free calls")
         if projections is not None:
             check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
-                               "projections")
+                              "projections")
         if prefix_kv is not None:
-            prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
-            if explicit_positions or real is not None:
-                raise ValueError("Transformer: prefix_kv does not combine with positions "
-                                 "or attention_mask")
-            if num_valid is not None:
-                raise ValueError("Transformer: num_valid only applies together with cache")
-            positions = jnp.broadcast_to(
-                prefix_kv.capacity + jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
-            layer_caches = None
-            write_positions = key_positions = slots = None
+            layout = _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real,
+                                          num_valid)
         elif cache is None:
-            if num_valid is not None:
-                raise ValueError("Transformer: num_valid only applies together with cache")
-            tiled = attention_lib.resolve_implementation(
-                cfg.attention, seq_len, cfg.attention_block) != "dense"
-            if not explicit_positions and real is None:
-                positions = jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
-                                             (batch, seq_len))
-            elif tiled:
-                # No [B, T, T] mask: the tiled kernels mask per block from the key mask.
-                key_mask = real
-                if real is not None and not explicit_positions:
-                    positions = jnp.maximum(jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
-            else:
-                order = jnp.arange(seq_len, dtype=jnp.int32)
-                attend = (order[None, :] <= order[:, None])[None]  # [1, T, T] causal
-                if real is not None:
-                    attend = attend & real[:, None, :]
-                    if not explicit_positions:
-                        positions = jnp.maximum(
-                            jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1, 0)
-            layer_caches = None
-            write_positions = key_positions = slots = None
+            layout = _cache_free_layout(cfg, batch, seq_len, positions, real, num_valid)
         else:
-            check_cache_shapes(cache, cfg, batch)
-            if cache.length.shape != (batch,):
-                raise ValueError(f"Transformer: cache.length must be [B]=({batch},), got "
-                                 f"{cache.length.shape}")
-            if real is not None and num_valid is not None:
-                raise ValueError("Transformer: pass either num_valid (padding at the end of "
-                                 "each row) or attention_mask, not both")
-            if real is None:
-                if num_valid is None:
-                    num_valid = jnp.full((batch,), seq_len, jnp.int32)
-                num_valid = jnp.asarray(num_valid, jnp.int32)
-                if num_valid.shape != (batch,):
-                    raise ValueError(f"Transformer: num_valid must be int32 [B]=({batch},), "
-                                     f"got shape {num_valid.shape}")
-                offsets = jnp.arange(seq_len, dtype=jnp.int32)
-                slots = cache.length[:, None] + offsets  # [B, T]
-                write_positions = jnp.where(offsets < num_valid[:, None], slots,
-                                            cache.capacity)
-            else:
-                # Real tokens are packed: the k-th real token of the chunk goes to slot
-                # length + k; padding is dropped (written "past the capacity").
-                slots = cache.length[:, None] + jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
-                write_positions = jnp.where(real, slots, cache.capacity)
-                num_valid = jnp.sum(real, axis=1, dtype=jnp.int32)
-            key_positions = jnp.arange(cache.capacity, dtype=jnp.int32)
-            if explicit_positions or real is not None:
-                attend = key_positions[None, None, :] <= slots[:, :, None]  # [B, T, S]
-            if not explicit_positions:
-                positions = slots
-            layer_caches = (cache.keys, cache.values)
+            layout = _cached_layout(cfg, batch, seq_len, cache, positions, real, num_valid)
+        positions, num_valid = layout.positions, layout.num_valid
 
         embed = nn.Embed(
             cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -750,11 +800,11 @@ class Transformer(nn.Module):
         rope = None
         if cache is None and prefix_kv is None and not explicit_positions and real is None:
             rope = constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
-                                         cfg.dtype)
+                                        cfg.dtype)
         if rope is None:
             rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
-        layer_args = (positions, rope, write_positions, key_positions, attend, key_mask,
-                      slots)
+        layer_args = (positions, rope, layout.write_positions, layout.key_positions,
+                      layout.attend, layout.key_mask, layout.slots)
         recording = cache is not None and cache.projections is not None
         if recording:
             check_projections(cache.projections, cfg,
@@ -762,9 +812,9 @@ class Transformer(nn.Module):
         recorded = None
         if cache is not None and cache.is_per_layer:
             h, new_layer_caches, produced, recorded = _per_layer_calls(
-                cfg, self.variables["params"]["layers"], h, layer_caches, layer_args,
+                cfg, self.variables["params"]["layers"], h, layout.layer_caches, layer_args,
                 return_projections,
-                (cache.projections, write_positions) if recording else None)
+                (cache.projections, layout.write_positions) if recording else None)
         else:
             if isinstance(self.variables.get("params", {}).get("layers"), (tuple, list)):
                 raise ValueError("Transformer: parameters with per-layer trees "
@@ -786,8 +836,8 @@ class Transformer(nn.Module):
                     cfg, return_kv=return_kv,
                     return_projections=return_projections or recording, name="layers")
             (h, new_layer_caches), (token_kv, produced) = layers(
-                (h, layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                prefix_layers, projections, *layer_args)
+                (h, layout.layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
+                layout.prefix_layers, projections, *layer_args)
 
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
@@ -820,7 +870,8 @@ class Transformer(nn.Module):
         new_cache = None
         if cache is not None:
             if recording and recorded is None:
-                recorded = write_projections(cache.projections, write_positions, produced)
+                recorded = write_projections(cache.projections, layout.write_positions,
+                                             produced)
             new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
                                 length=cache.length + num_valid, projections=recorded)
         elif return_kv:
