@@ -37,11 +37,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from arl.data import datasets
+from arl.data import records
 from arl.envs import verifiers
 from arl.envs.codec import CharCodec, Codec
 
-BUILDER_DIR = os.path.join("arl_text_tasks", datasets._VERSION)  # pylint: disable=protected-access
+BUILDER_DIR = os.path.join("arl_text_tasks", records.BUILDER_VERSION)
 TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "eval")
 MAX_PROMPT_LEN = 512
@@ -221,7 +221,7 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
                   "train": [rows[i] for i in order[num_eval:]]}
     widths = {"prompt": max(len(r["prompt"]) for r in rows),
               "answer": max(len(r["answer"]) for r in rows)}
-    for form in datasets.CANONICAL_FORMS:
+    for form in records.CANONICAL_FORMS:
         widths[form] = max([1] + [len(r[form]) for r in rows if r[form] is not None])
 
     def generate(split):
@@ -233,7 +233,7 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
                 padded[: len(row[field])] = row[field]
                 record[field] = padded
                 record[f"{field}_length"] = len(row[field])
-            for form in datasets.CANONICAL_FORMS:
+            for form in records.CANONICAL_FORMS:
                 text = row[form]
                 chars, length = verifiers.code_points(text or "", widths[form])
                 record[f"{form}_chars"] = chars
@@ -251,10 +251,10 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
         "answers_with_number": sum(r["number"] is not None for r in rows),
         "format_version": _FORMAT_VERSION,
     }
-    builder = datasets._builder_classes()[2]  # pylint: disable=protected-access
-    path = datasets._prepare(builder, data_dir, env_config=None,  # pylint: disable=protected-access
-                             num_examples=len(rows), seed=seed, generate=generate,
-                             extra_metadata=metadata)
+    builder = records.builder_classes()[2]
+    path = records.prepare(builder, data_dir, env_config=None,
+                           num_examples=len(rows), seed=seed, generate=generate,
+                           extra_metadata=metadata)
     if spec["kind"] == "hf":
         with open(os.path.join(path, TOKENIZER_FILE), "w", encoding="utf-8") as f:
             f.write(codec.tokenizer.to_str())
@@ -315,7 +315,7 @@ def load_text_tasks(path, split: str = "train") -> TextTasks:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     path = dataset_path(path)
-    arrays, metadata = datasets._read_all(path, split)  # pylint: disable=protected-access
+    arrays, metadata = records.read_all(path, split)
     if "tokenizer" not in metadata or "widths" not in metadata:
         raise ValueError(f"{path!r} is not a text-task dataset (its metadata has no "
                          "tokenizer / widths)")
@@ -327,7 +327,7 @@ def load_text_tasks(path, split: str = "train") -> TextTasks:
         answer_lengths=arrays["answer_length"].astype(np.int32),
         forms={form: (arrays[f"{form}_chars"].astype(np.int32),
                       arrays[f"{form}_length"].astype(np.int32))
-               for form in datasets.CANONICAL_FORMS},
+               for form in records.CANONICAL_FORMS},
         lines=arrays["line"].astype(np.int32),
         prompt_texts=[_text(t) for t in arrays["prompt_text"]],
         answer_texts=[_text(t) for t in arrays["answer_text"]],
