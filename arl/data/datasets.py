@@ -38,6 +38,7 @@ from arl import envs as envs_lib
 from arl import rollout as rollout_lib
 from arl.data import records
 
+
 def _env_config_dict(env_config) -> dict[str, Any]:
     """`config.env` (ConfigDict or dict) in one canonical JSON form, for comparisons."""
     if isinstance(env_config, ml_collections.ConfigDict):

@@ -602,24 +602,19 @@ class _CallLayout(NamedTuple):
     num_valid: jax.Array | None = None
 
 
-def _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real, num_valid
-                         ) -> _CallLayout:
+def _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real) -> _CallLayout:
     """T tokens after the P positions of `prefix_kv`: positions P..P+T-1."""
     prefix_layers = _checked_prefix(prefix_kv, cfg, batch)
     if positions is not None or real is not None:
         raise ValueError("Transformer: prefix_kv does not combine with positions "
                          "or attention_mask")
-    if num_valid is not None:
-        raise ValueError("Transformer: num_valid only applies together with cache")
     positions = jnp.broadcast_to(
         prefix_kv.capacity + jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len))
     return _CallLayout(positions=positions, prefix_layers=prefix_layers)
 
 
-def _cache_free_layout(cfg, batch, seq_len, positions, real, num_valid) -> _CallLayout:
+def _cache_free_layout(cfg, batch, seq_len, positions, real) -> _CallLayout:
     """A cache-free call: causal over the T tokens, padding (`real` False) never seen."""
-    if num_valid is not None:
-        raise ValueError("Transformer: num_valid only applies together with cache")
     explicit_positions = positions is not None
     attend = key_mask = None
     tiled = attention_lib.resolve_implementation(
@@ -771,14 +766,15 @@ class Transformer(nn.Module):
                                   or projections is not None):
             raise ValueError("Transformer: prefix_kv, return_kv and projections apply to "
                              "cache-free calls")
+        if cache is None and num_valid is not None:
+            raise ValueError("Transformer: num_valid only applies together with cache")
         if projections is not None:
             check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
                               "projections")
         if prefix_kv is not None:
-            layout = _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real,
-                                          num_valid)
+            layout = _after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real)
         elif cache is None:
-            layout = _cache_free_layout(cfg, batch, seq_len, positions, real, num_valid)
+            layout = _cache_free_layout(cfg, batch, seq_len, positions, real)
         else:
             layout = _cached_layout(cfg, batch, seq_len, cache, positions, real, num_valid)
         positions, num_valid = layout.positions, layout.num_valid
