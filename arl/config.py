@@ -132,11 +132,19 @@ def default_config() -> ml_collections.ConfigDict:
     # decoding").
     c.model.attention = "auto"
     c.model.attention_block = 512
-    # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json + safetensors)
-    # to start from; its config.json then replaces the architecture fields above (d_model,
-    # num_layers, num_heads, num_kv_heads, mlp_dim, rope_theta, tie_embeddings). "" = a
-    # randomly initialised model. Its vocabulary must cover the env codec's ids.
+    # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json, safetensors,
+    # tokenizer.json, tokenizer_config.json with its chat template,
+    # generation_config.json) to start from, as one unit: its config.json replaces the
+    # architecture fields above (d_model, num_layers, num_heads, num_kv_heads, mlp_dim,
+    # rope_theta, tie_embeddings), its tokenizer and chat template become the token envs'
+    # codec (arl.envs.checkpoint_codec), ids past the tokenizer's vocabulary are never
+    # sampled. "" = a randomly initialised model.
     c.model.hf_checkpoint = ""
+    # With hf_checkpoint: the system message every episode's conversation starts with,
+    # rendered by the checkpoint's chat template ("" = none, i.e. the template's own
+    # default). Token envs read the checkpoint's tokenizer and template unless
+    # env.kwargs.codec names another codec.
+    c.model.system_prompt = ""
     # LoRA (arl.models.lora): rank > 0 trains low-rank adapters W + (alpha/rank) A B on
     # the `lora_targets` projections of a frozen base (the checkpoint's or the fresh
     # init's weights); the KL reference is the base itself. 0 = full fine-tuning.
@@ -619,7 +627,10 @@ def _validate_token_env(config) -> None:
         _fail("env.name", name, f"allowed values for token algorithms are {known + ['mixture']}"
               f"{hint}")
     # Python only, nothing compiled: the constructors' and the params' checks.
-    env = envs_lib.make_env(config.env)
+    if not isinstance(config.model.get("system_prompt", ""), str):
+        _fail("model.system_prompt", config.model.get("system_prompt"),
+              "expected a string ('' = no system message)")
+    env = envs_lib.make_env(config.env, codec=envs_lib.checkpoint_codec(config))
     envs_lib.task_params(env, config.env, envs_lib.member_of_task(env, 1))
     rounds = tuple(config.rollout.horizon_rounds)
     if any(h > env.max_turns for h in rounds):

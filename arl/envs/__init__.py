@@ -19,7 +19,8 @@ from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
 from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
 from arl.envs.host import (HostEnvironment, HostEnvState, HostEpisode, HostStats, HostTurn,
                             is_host_environment)
-from arl.envs.from_config import env_names, make_env, member_of_task, task_params
+from arl.envs.from_config import (checkpoint_codec, env_names, make_env, member_of_task,
+                                  task_params)
 from arl.envs.registry import make, register, registered_names
 from arl.envs.sokoban import Sokoban, SokobanParams, SokobanState
 from arl.envs.sql_query import SqlQuery
@@ -38,6 +39,6 @@ __all__ = [
     "Sokoban", "SokobanParams", "SokobanState", "SqlQuery", "TimeStep", "TokenChunk",
     "TokenEnvState", "TokenEnvironment", "TokenSpace", "ToolEnvironment", "ToolParams",
     "ToolTask", "TurnHorizon", "TurnHorizonParams", "TurnHorizonState", "VmapWrapper", "batch",
-    "broadcast_params", "env_names", "is_host_environment", "make", "make_env",
+    "broadcast_params", "checkpoint_codec", "env_names", "is_host_environment", "make", "make_env",
     "member_of_task", "register", "registered_names", "task_params",
 ]

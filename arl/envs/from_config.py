@@ -13,7 +13,9 @@ naming the config field).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import os
 from typing import Any, Mapping
 
 import jax
@@ -34,28 +36,54 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if getter is not None else default
 
 
-def make_env(env_config: Mapping[str, Any]):
+def checkpoint_codec(config) -> Any:
+    """The codec of `config.model.hf_checkpoint` (its tokenizer, special tokens and chat
+    template, with `config.model.system_prompt`: `HFCodec.from_pretrained`), or None
+    without a checkpoint. What it refuses is a `ConfigError` naming the field."""
+    model = _get(config, "model")
+    directory = _get(model, "hf_checkpoint", "")
+    if not directory:
+        return None
+    system_prompt = _get(model, "system_prompt", "") or None
+    return _cached_checkpoint_codec(os.path.abspath(directory), system_prompt)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_checkpoint_codec(directory: str, system_prompt: str | None):
+    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    try:
+        return HFCodec.from_pretrained(directory, system_prompt=system_prompt)
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"config.model.hf_checkpoint={directory!r} is invalid: "
+                          f"{one_line(error)}") from error
+
+
+def make_env(env_config: Mapping[str, Any], codec: Any = None):
     """The environment named by `env_config` (a `config.env` ConfigDict or dict): a
     registered env built with `kwargs`, or for name "mixture" a `Mixture` of `members`
-    (each {"name", "kwargs", "params"}).
+    (each {"name", "kwargs", "params"}). `codec` (e.g. `checkpoint_codec(config)`) is
+    passed to every env that takes one and whose kwargs do not name their own.
 
     Whatever the constructors reject (an unknown or missing argument, a ValueError such
     as guess_number's `max_n` out of range) is a `ConfigError` naming
     `config.env.kwargs` (or `config.env.members[i].kwargs`) with the constructor's
     message."""
     if env_config["name"] == "mixture":
-        members = [build_env(_get(m, "name"), _get(m, "kwargs", {}), f"env.members[{i}]")
+        members = [build_env(_get(m, "name"), _get(m, "kwargs", {}), f"env.members[{i}]",
+                             codec)
                    for i, m in enumerate(env_config["members"])]
         try:
             return Mixture(members)
         except ValueError as error:
             raise ConfigError(f"config.env.members is invalid: {one_line(error)}") from error
-    return build_env(env_config["name"], _get(env_config, "kwargs", {}), "env")
+    return build_env(env_config["name"], _get(env_config, "kwargs", {}), "env", codec)
 
 
-def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env"):
+def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env",
+              codec: Any = None):
     """`registry.make(name, **kwargs)`, its rejections raised as `ConfigError`s naming
-    `config.<field>.name` / `config.<field>.kwargs`."""
+    `config.<field>.name` / `config.<field>.kwargs`; `codec` is the default of an env's
+    `codec` argument (an explicit `kwargs.codec` wins)."""
     kwargs = dict(kwargs or {})
     if not isinstance(name, str):
         raise ConfigError(f"config.{field}.name={name!r} is invalid: expected an env name "
@@ -76,6 +104,10 @@ def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env"):
                     f"config.{field}.kwargs.{key}={kwargs[key]!r} is invalid: env {name!r} "
                     f"({_display(factory)}) takes no argument {key!r}"
                     f"{did_you_mean(key, accepted)}; its arguments are {', '.join(accepted)}.")
+    if codec is not None and kwargs.get("codec") is None and (
+            "codec" in accepted or (any_keyword and not name.startswith(
+                registry.GYMNAX_PREFIX))):
+        kwargs["codec"] = codec
     missing = [key for key in required if key not in kwargs]
     if missing:
         raise ConfigError(f"config.{field}.kwargs={kwargs!r} is invalid: env {name!r} "

@@ -20,13 +20,26 @@ the environment does not accept, which is then a format error like any other typ
 
 Chat formatting (`chat_ids`): `[bos] (<role> content <eot>)* [<assistant>]`, with one
 special token per role; the rollout itself starts from `[bos] + prompt`.
+
+A checkpoint directory (`HFCodec.from_pretrained`): `tokenizer.json` with the tokens
+`tokenizer_config.json` names (pad, eos, optional bos: a model without a BOS gets none),
+its added special tokens and its chat template (`chat_template` there, or a
+`chat_template.jinja` file next to it). With a template the codec carries its
+`ChatFormat` (`arl.envs.chat_template`): the rollout then wraps the prompt and every
+reply in the template's pieces, and the end-of-turn token is the one the template
+closes an assistant turn with (`<|im_end|>`, `<|eot_id|>`); without one, the eos token.
+The pad token is tokenizer_config's pad_token, else generation_config.json's
+pad_token_id, else the first added special token that is neither the end-of-turn token,
+the BOS nor part of the template's pieces (pad ids only fill unused positions).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import string
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -46,14 +59,18 @@ class HFCodec(Codec):
     Args:
       tokenizer: a `tokenizers.Tokenizer`, or a path to a `tokenizer.json`.
       pad_token, bos_token, eot_token: names of the pad / begin / end-of-turn tokens
-        (each must be one token of the vocabulary).
+        (each must be one token of the vocabulary; bos_token None: the model has no BOS,
+        `bos_id` is None and nothing is put in front of the prompt).
       role_tokens: role name -> token, for `chat_ids` (each must be one token).
       single_token_chars: characters that must each be a single token (see module doc).
 
     Raises ValueError naming the offending token when a requirement does not hold.
     """
 
-    def __init__(self, tokenizer, pad_token: str = PAD, bos_token: str = BOS,
+    # Set by `from_pretrained`: the checkpoint's chat format (None: raw turns).
+    chat = None
+
+    def __init__(self, tokenizer, pad_token: str = PAD, bos_token: str | None = BOS,
                  eot_token: str = EOT, role_tokens: dict[str, str] | None = None,
                  single_token_chars: str = PARSED_CHARS):
         from tokenizers import Tokenizer
@@ -66,7 +83,7 @@ class HFCodec(Codec):
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.pad_id = self._single_id(pad_token, "pad_token")
-        self.bos_id = self._single_id(bos_token, "bos_token")
+        self.bos_id = None if bos_token is None else self._single_id(bos_token, "bos_token")
         self.eot_id = self._single_id(eot_token, "eot_token")
         role_tokens = dict(ROLE_TOKENS if role_tokens is None else role_tokens)
         self.role_ids = {role: self._single_id(tok, f"role_tokens[{role!r}]")
@@ -76,7 +93,77 @@ class HFCodec(Codec):
         self.digit_value[self.digit_ids] = np.arange(10, dtype=np.int32)
         for char in single_token_chars:
             self.token_id(char)
-        self._special_ids = {self.pad_id, self.bos_id, self.eot_id, *self.role_ids.values()}
+        self.special_ids = {self.pad_id, self.eot_id, *self.role_ids.values()} | (
+            set() if self.bos_id is None else {self.bos_id})
+
+    @classmethod
+    def from_pretrained(cls, directory: str, system_prompt: str | None = None,
+                        single_token_chars: str = PARSED_CHARS) -> "HFCodec":
+        """The codec of a Hugging Face checkpoint directory (module docstring), with its
+        chat format for conversations that start with `system_prompt` (None: no system
+        message, i.e. the template's own default). Raises ValueError naming the file and
+        field that does not fit (`ChatTemplateError` for a template whose turns cannot
+        be split into static pieces)."""
+        from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+
+        from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
+
+        directory = os.fspath(directory)
+        path = os.path.join(directory, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{directory!r} has no tokenizer.json (a Hugging Face "
+                                    "checkpoint directory holds tokenizer.json and "
+                                    "tokenizer_config.json)")
+        tokenizer = Tokenizer.from_file(path)
+        settings = _read_json(os.path.join(directory, "tokenizer_config.json"))
+        generation = _read_json(os.path.join(directory, "generation_config.json"))
+        names = {field: _token_name(settings.get(field)) for field in
+                 ("bos_token", "eos_token", "pad_token", "unk_token")}
+        for field, name in names.items():
+            if name is not None and tokenizer.token_to_id(name) is None:
+                raise ValueError(f"tokenizer_config.json: {field}={name!r} is not a token of "
+                                 f"{path!r}")
+        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()
+                    if t.special]
+        template = _chat_template(directory, settings)
+        pad_name = names["pad_token"]
+        if pad_name is None and isinstance(generation.get("pad_token_id"), int):
+            pad_name = tokenizer.id_to_token(generation["pad_token_id"])
+        encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids)
+        chat = None
+        if template is not None:
+            chat = chat_template.derive_chat_format(
+                template, encode=encode, special_texts=specials,
+                special_tokens={k: v for k, v in names.items() if v is not None},
+                pad_id=-1, system_prompt=system_prompt)
+            eot_name = tokenizer.id_to_token(chat.eot_id)
+        elif names["eos_token"] is not None:
+            eot_name = names["eos_token"]
+        else:
+            raise ValueError(f"{directory!r}: tokenizer_config.json has neither a chat_template "
+                             "nor an eos_token, so no token ends a turn")
+        if pad_name is None:
+            used = set() if chat is None else set(chat.prompt_prefix + chat.turn_suffix
+                                                  + chat.reply_prefix)
+            pad_name = next((t for t in specials if t not in (eot_name, names["bos_token"])
+                             and tokenizer.token_to_id(t) not in used), None)
+            if pad_name is None:
+                raise ValueError(f"{directory!r}: tokenizer_config.json has no pad_token and "
+                                 "the tokenizer no spare special token to pad with: set "
+                                 "pad_token in tokenizer_config.json")
+        codec = cls(tokenizer, pad_token=pad_name, bos_token=names["bos_token"],
+                    eot_token=eot_name, role_tokens={},
+                    single_token_chars=single_token_chars)
+        codec.special_ids |= {tokenizer.token_to_id(t) for t in specials}
+        codec.directory = directory
+        codec.chat_template = template
+        codec.template_tokens = {k: v for k, v in names.items() if v is not None}
+        if chat is None:  # raw turns; a BOS only where the model has one
+            chat = chat_template.ChatFormat(
+                prompt_prefix=() if codec.bos_id is None else (codec.bos_id,), turn_suffix=(),
+                reply_prefix=(), eot_id=codec.eot_id, pad_id=codec.pad_id)
+        codec.chat = dataclasses.replace(chat, pad_id=codec.pad_id)
+        return codec
 
     def _single_id(self, token: str, what: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
@@ -119,7 +206,7 @@ class HFCodec(Codec):
             if not 0 <= raw < self.vocab_size:
                 flush()
                 pieces.append("<?>")
-            elif raw in self._special_ids:
+            elif raw in self.special_ids:
                 flush()
                 if show_special:
                     pieces.append(self.tokenizer.id_to_token(raw))
@@ -130,7 +217,17 @@ class HFCodec(Codec):
 
     def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
         """`[bos] + sum(<role> encode(content) <eot>) [+ <assistant>]` of
-        messages = [{"role": "system" | "user" | "assistant", "content": str}, ...]."""
+        messages = [{"role": "system" | "user" | "assistant", "content": str}, ...];
+        a checkpoint's codec (`from_pretrained`) renders its chat template instead."""
+        template = getattr(self, "chat_template", None)
+        if template is not None:
+            from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
+            return self.encode(chat_template.render(
+                template, messages, add_generation_prompt=add_generation_prompt,
+                special_tokens=self.template_tokens))
+        if self.bos_id is None or not self.role_ids:
+            raise ValueError("chat_ids needs role tokens and a bos token, or a chat template "
+                             "(HFCodec.from_pretrained)")
         ids = [self.bos_id]
         for k, message in enumerate(messages):
             role = message.get("role")
@@ -141,6 +238,44 @@ class HFCodec(Codec):
         if add_generation_prompt:
             ids.append(self.role_ids["assistant"])
         return ids
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    """The object in a JSON file, {} if there is none."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        try:
+            value = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") \
+                from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _token_name(value) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken
+    dict {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _chat_template(directory: str, settings: dict[str, Any]) -> str | None:
+    """The default chat template: chat_template.jinja if present (transformers >= 4.5x
+    writes it there), else tokenizer_config.json's chat_template (a string, or a list of
+    {"name", "template"} of which "default" is used)."""
+    path = os.path.join(directory, "chat_template.jinja")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template
+                         if isinstance(t, dict) and t.get("name") == "default"), None)
+    return template if isinstance(template, str) and template else None
 
 
 def env_corpus(num_expressions: int = 300, seed: int = 0) -> list[str]:

@@ -101,7 +101,7 @@ from arl.models.partitioning import (ACTIVATION_AXIS_RULES, HEADS, KV_HEADS,
 from arl.models.projections import StoredProjection
 from arl.models.rope import apply_rope, constant_rope_tables, rope_tables, rotate
 from arl.models.transformer_config import (TransformerConfig, decodes_per_layer,
-                                           projection_features)
+                                           mask_padded_vocab, projection_features)
 
 
 # The model's public names, wherever they are defined (`from arl.models.transformer
@@ -853,7 +853,7 @@ class Transformer(nn.Module):
                                 unembed.astype(cfg.dtype),
                                 preferred_element_type=jnp.float32).reshape(
                                     batch, seq_len, cfg.vocab_size)
-            logits = constrain_activation(logits, LOGITS)
+            logits = constrain_activation(mask_padded_vocab(logits, cfg), LOGITS)
 
         values = None
         if cfg.value_head:
@@ -915,9 +915,12 @@ def output_matrix(params, config: TransformerConfig) -> tuple[jax.Array, bool]:
     stored spares the transposed copy `unembedding_matrix` makes of it. Accepts plain or
     boxed params."""
     params = nn.unbox(params)
+    tokens = config.token_vocab_size or config.vocab_size  # padded ids are no targets
     if config.tie_embeddings:
-        return params["embed_tokens"]["embedding"], True
-    return params["lm_head"], False
+        table = params["embed_tokens"]["embedding"]
+        return (table if tokens == config.vocab_size else table[:tokens]), True
+    head = params["lm_head"]
+    return (head if tokens == config.vocab_size else head[:, :tokens]), False
 
 
 def abstract_params(model: Transformer, batch_size: int = 1, seq_len: int = 1):

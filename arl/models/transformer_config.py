@@ -17,6 +17,10 @@ class TransformerConfig:
 
     Attributes:
       vocab_size: number of token ids.
+      token_vocab_size: 0, or the number of ids that are tokens when the embedding is
+        padded past the tokenizer (Qwen pads 151665 tokens to 151936 rows): the logits of
+        ids >= token_vocab_size are masked (`mask_padded_vocab`) and the log-prob matrices
+        (`output_matrix`) cut to the tokens, so those ids are never sampled or scored.
       d_model: residual stream width.
       num_layers: number of decoder layers.
       num_heads: query heads.
@@ -79,6 +83,7 @@ class TransformerConfig:
     layer_unroll: int = 1
     attention: str = "auto"
     attention_block: int = 512
+    token_vocab_size: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
@@ -90,6 +95,11 @@ class TransformerConfig:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"TransformerConfig.{name} must be a bool, got "
                                  f"{getattr(self, name)!r}")
+        if isinstance(self.token_vocab_size, bool) or not isinstance(
+                self.token_vocab_size, (int, np.integer)) or not (
+                0 <= self.token_vocab_size <= self.vocab_size):
+            raise ValueError(f"TransformerConfig.token_vocab_size must be an int in [0, "
+                             f"vocab_size={self.vocab_size}], got {self.token_vocab_size!r}")
         if self.head_dim is None:
             if self.d_model % self.num_heads:
                 raise ValueError(
@@ -121,6 +131,20 @@ class TransformerConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+
+# Below every real logit and finite: exp(z - max) is exactly 0, and 0 * z stays 0 in an
+# entropy (-inf would give NaN there).
+MASKED_LOGIT = -1e30
+
+
+def mask_padded_vocab(logits, config: TransformerConfig):
+    """`logits` [..., vocab_size] with the ids >= config.token_vocab_size (padding rows
+    of the embedding, no token) at MASKED_LOGIT; unchanged when it is 0."""
+    if not config.token_vocab_size or config.token_vocab_size == config.vocab_size:
+        return logits
+    ids = jnp.arange(logits.shape[-1])
+    return jnp.where(ids < config.token_vocab_size, logits, MASKED_LOGIT).astype(logits.dtype)
 
 
 def projection_features(config: TransformerConfig) -> dict[str, tuple[int, ...]]:

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from arl.envs.from_config import member_of_task, task_params
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
-from arl.rollout.trajectory import SamplingConfig, Trajectory, context_length
+from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format,
+                                     context_length)
 from arl.rollout.turns import ACTION_SOURCES, TurnPlayer, initial_carry, write_rows
 
 
@@ -123,10 +124,17 @@ def rollout(
     env_state, timestep = jax.vmap(env.reset)(reset_keys, env_params)
 
     tokens = jnp.full((batch, width), codec.pad_id, jnp.int32)
-    tokens = tokens.at[:, 0].set(codec.bos_id)
     prompt = timestep.observation
-    tokens = write_rows(tokens, prompt.tokens, jnp.ones((batch,), jnp.int32), prompt.length)
-    offset = 1 + prompt.length
+    chat = chat_format(env)
+    if chat is None:  # arl's own codecs: <bos> + prompt
+        tokens = tokens.at[:, 0].set(codec.bos_id)
+        tokens = write_rows(tokens, prompt.tokens, jnp.ones((batch,), jnp.int32), prompt.length)
+        offset = 1 + prompt.length
+    else:  # the checkpoint's template: system block, user turn, generation prompt
+        first_chunk = jax.vmap(chat.wrap_prompt)(prompt)
+        tokens = write_rows(tokens, first_chunk.tokens, jnp.zeros((batch,), jnp.int32),
+                            first_chunk.length)
+        offset = first_chunk.length
     zeros = jnp.zeros((batch, width), jnp.float32)
 
     use_model = action_source == "model"
@@ -137,8 +145,11 @@ def rollout(
         params = transformer_lib.gather_embedding(params, model.config)
         # Keys and values are computed in the activation dtype: a cache in that dtype
         # holds them exactly, at half the bytes of float32 for bfloat16 activations.
-        first = jnp.concatenate(
-            [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
+        if chat is None:
+            first = jnp.concatenate(
+                [jnp.full((batch, 1), codec.bos_id, jnp.int32), prompt.tokens], axis=1)
+        else:
+            first = first_chunk.tokens
         cache, last_logits, prompt_values = _prefill(
             model, params, first, offset, width, group_size if share_group_prefill else 1,
             record_projections)

@@ -2,7 +2,8 @@
 
     <bos> prompt | turn 1 (agent) | reply 1 (env) | turn 2 (agent) | reply 2 | ... <pad>
 
-with `S = context_length(env) = 1 + prompt_len + max_turns * (action_len + obs_len)`.
+with `S = context_length(env) = 1 + prompt_len + max_turns * (action_len + obs_len)` (more
+with a checkpoint's chat format, `first_observation_length` / `observation_length`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,31 @@ class Trajectory:
     projections: Any = None
 
 
+def chat_format(env):
+    """The `arl.envs.chat_template.ChatFormat` the rollout wraps `env`'s turns in (a
+    checkpoint's codec, `HFCodec.from_pretrained`), or None: arl's own codecs read
+    `[bos] + prompt` and the raw replies."""
+    return getattr(env.codec, "chat", None)
+
+
+def first_observation_length(env) -> int:
+    """Static length of what the policy reads before its first turn: `1 + prompt_len`
+    (bos + prompt), or the prompt wrapped in the chat format's pieces."""
+    chat = chat_format(env)
+    return 1 + env.prompt_len if chat is None else chat.first_length(env.prompt_len)
+
+
+def observation_length(env) -> int:
+    """Static length of every later observation in the context: `obs_len`, or the reply
+    wrapped in the chat format's pieces."""
+    chat = chat_format(env)
+    return env.obs_len if chat is None else chat.reply_length(env.obs_len)
+
+
 def context_length(env) -> int:
     """The static length S of a rollout's token buffer for `env`."""
-    return 1 + env.prompt_len + env.max_turns * (env.action_len + env.obs_len)
+    return first_observation_length(env) + env.max_turns * (env.action_len
+                                                             + observation_length(env))
 
 
 def render_trajectory(env, traj: Trajectory, row: int = 0) -> str:
@@ -78,7 +101,8 @@ def render_trajectory(env, traj: Trajectory, row: int = 0) -> str:
     rewards = np.asarray(traj.rewards[row])
     turn_end = np.asarray(traj.turn_end_mask[row]) > 0
     length = int(traj.length[row])
-    lines, start = [], 1  # position 0 is <bos>
+    # arl's own codecs: position 0 is <bos>; a chat format's pieces are shown as text.
+    lines, start = [], 1 if chat_format(env) is None else 0
     while start < length:
         end = start
         while end < length and agent[end] == agent[start]:

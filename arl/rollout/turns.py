@@ -209,6 +209,12 @@ class TurnPlayer:
         offset = offset + n_act
 
         reply = ts.observation
+        chat = getattr(codec, "chat", None)
+        if chat is not None:  # the reply as the template's next user turn
+            last_id = jnp.take_along_axis(
+                action.tokens, jnp.clip(n_act - 1, 0, action.tokens.shape[1] - 1)[:, None],
+                axis=1)[:, 0]
+            reply = jax.vmap(chat.wrap_reply)(reply, (n_act > 0) & (last_id == codec.eot_id))
         n_obs = jnp.where(active, reply.length, 0)
         tokens = write_rows(tokens, reply.tokens, offset, n_obs)
         observation_mask = write_rows(

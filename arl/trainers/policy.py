@@ -70,7 +70,12 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
             raise ConfigError(
                 f"config.model.hf_checkpoint={m.hf_checkpoint!r} has vocab_size "
                 f"{model_config.vocab_size} < the env codec's {vocab_size}: "
-                f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
+                f"use the checkpoint's own tokenizer (leave env.kwargs.codec unset)")
+        # Embedding rows past the tokenizer's (Qwen pads its vocabulary) are no tokens:
+        # never sampled, never scored.
+        model_config = dataclasses.replace(
+            model_config,
+            token_vocab_size=vocab_size if vocab_size < model_config.vocab_size else 0)
     else:
         model_vocab = m.get("vocab_size", 0) or vocab_size
         if model_vocab < vocab_size:

@@ -60,7 +60,7 @@ class TokenTrainer:
                               f"the {self.algorithm.trainer} trainer, not TokenTrainer "
                               "(use arl.trainers.build)")
         self.config = config
-        self.env = envs_lib.make_env(config.env)
+        self.env = envs_lib.make_env(config.env, codec=envs_lib.checkpoint_codec(config))
         self.env_names = envs_lib.env_names(self.env)
         self.num_envs = len(self.env_names)
         self.context_length = rollout_lib.context_length(self.env)
@@ -75,11 +75,12 @@ class TokenTrainer:
             temperature=config.rollout.temperature, top_k=config.rollout.top_k,
             top_p=config.rollout.top_p)
         self.batch_size = config.rollout.num_tasks * config.rollout.group_size
-        # A group's rows start from the same observation (bos + prompt): scored once
+        # A group's rows start from the same observation (bos + prompt, or the chat
+        # template's first turn): scored once
         # (prompt_len 0: every row read whole).
         self.shared_prompt = dict(
             group_size=config.rollout.group_size,
-            prompt_len=(1 + self.env.prompt_len
+            prompt_len=(rollout_lib.first_observation_length(self.env)
                         if config.updates.get("share_group_prompt", True) else 0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
@@ -101,7 +102,8 @@ class TokenTrainer:
                                minibatches=config.updates.minibatches, mesh=self.mesh,
                                context_length=self.context_length,
                                agent_token_bound=self.env.max_turns * self.env.action_len,
-                               observation_token_bound=self.env.max_turns * self.env.obs_len,
+                               observation_token_bound=self.env.max_turns
+                               * rollout_lib.observation_length(self.env),
                                shuffle=config.updates.get("shuffle", "rows"),
                                reuse_activations=config.updates.get(
                                    "reuse_rollout_activations", False),

@@ -1,0 +1,261 @@
+"""A checkpoint's chat template as static token pieces around the env's turns.
+
+A Hugging Face chat template (Jinja, `tokenizer_config.json`'s "chat_template") turns a
+conversation into text:
+
+    render([system, user u1, assistant a1, user u2], add_generation_prompt=True)
+    Qwen2.5:  <|im_start|>system\\n{S}<|im_end|>\\n<|im_start|>user\\n{u1}<|im_end|>\\n
+              <|im_start|>assistant\\n{a1}<|im_end|>\\n<|im_start|>user\\n{u2}<|im_end|>\\n
+              <|im_start|>assistant\\n
+
+A token env's episode is exactly such a conversation: its prompt is the first user
+turn, each agent action an assistant turn, each reply a user turn. The env produces its
+observations inside `jit`, so the template cannot be run per episode; instead
+`derive_chat_format` renders conversations of placeholder contents on the host and cuts
+the text into the static pieces every turn is wrapped in:
+
+    first observation:   prompt_prefix + prompt + turn_suffix
+    agent turn:          action ... eot                      (the model writes eot)
+    later observation:   reply_prefix + reply + turn_suffix
+
+`prompt_prefix` holds what precedes the first user content (a BOS the template writes,
+the system block, the user header), `turn_suffix` the end of a user turn and the
+generation prompt, `reply_prefix` what follows the assistant's end-of-turn token up to
+the next user content. The end-of-turn token `eot` is the special token the template
+closes an assistant turn with (`<|im_end|>`, `<|eot_id|>`). An action cut by the token
+budget before its eot gets the eot written in front of the reply (as an observation
+token: the template closes every assistant turn).
+
+The derivation is then CHECKED: conversations of one to three exchanges with ordinary
+contents are rendered in full, tokenized as `transformers` does (`add_special_tokens=
+False`) and compared with the assembled pieces; a template whose turns cannot be split
+this way (contents it rewrites, pieces that depend on the turn's position, a turn end
+that is not one special token, tokens that merge across a turn boundary) is refused
+with the first difference. Rendering follows `transformers.apply_chat_template`: a
+sandboxed Jinja environment with `trim_blocks`, `lstrip_blocks`, the loop controls,
+`raise_exception`, `strftime_now` and a `tojson` that does not escape HTML, and the
+tokenizer's special tokens (bos_token, eos_token, ...) as variables; `transformers` is
+not needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from arl.envs.base import TokenChunk
+
+# Placeholder contents: plain words, so no template rewrites them and no tokenizer
+# merges them with what surrounds them differently from ordinary text.
+_PLACEHOLDERS = ("Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf")
+# Contents of the conversations the derivation is checked on.
+_CHECK_CONTENTS = ("What is 12 + 30?", "42", "wrong, try again", "The answer is 7.",
+                   "no answer", "guess 0-99", "lower")
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot be split into static pieces around the turns."""
+
+
+def _compile(template: str):
+    import jinja2  # pylint: disable=g-import-not-at-top
+    from jinja2 import ext, nodes  # pylint: disable=g-import-not-at-top
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=g-import-not-at-top
+
+    class Generation(ext.Extension):
+        """`{% generation %}...{% endgeneration %}` renders its body (transformers marks
+        the assistant's tokens with it; the text is the same)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def render(template: str, messages: Sequence[Mapping[str, str]], *,
+           add_generation_prompt: bool, special_tokens: Mapping[str, str] | None = None) -> str:
+    """The text `transformers.apply_chat_template(messages, tokenize=False,
+    add_generation_prompt=...)` renders with this template and these special tokens
+    ({"bos_token": ..., "eos_token": ...}, as the tokenizer's special_tokens_map)."""
+    return _compile(template).render(messages=[dict(m) for m in messages], tools=None,
+                                     documents=None,
+                                     add_generation_prompt=add_generation_prompt,
+                                     **dict(special_tokens or {}))
+
+
+def conversation(system_prompt: str | None, turns: Sequence[str]) -> list[dict[str, str]]:
+    """[system,] user turns[0], assistant turns[1], user turns[2], ... as messages."""
+    messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    for k, content in enumerate(turns):
+        messages.append({"role": "user" if k % 2 == 0 else "assistant", "content": content})
+    return messages
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+    """The static token pieces of a chat template around an env's turns (module doc).
+
+    `prompt_prefix`, `turn_suffix`, `reply_prefix`: token ids (tuples); `eot_id`: the
+    end-of-turn token the model writes; `system_prompt`: the system message the pieces
+    hold (None: none, i.e. the template's own default if it has one)."""
+
+    prompt_prefix: tuple[int, ...]
+    turn_suffix: tuple[int, ...]
+    reply_prefix: tuple[int, ...]
+    eot_id: int
+    pad_id: int
+    system_prompt: str | None = None
+
+    def first_length(self, prompt_len: int) -> int:
+        """Static length of the wrapped first observation."""
+        return len(self.prompt_prefix) + prompt_len + len(self.turn_suffix)
+
+    def reply_length(self, obs_len: int) -> int:
+        """Static length of a wrapped later observation (eot of a cut action included)."""
+        return 1 + len(self.reply_prefix) + obs_len + len(self.turn_suffix)
+
+    def ids_of_conversation(self, encode: Callable[[str], list[int]],
+                            turns: Sequence[str]) -> list[int]:
+        """The ids the pieces give for a conversation of `turns` (user, assistant, ...,
+        ending on a user turn) followed by the generation prompt."""
+        ids = list(self.prompt_prefix)
+        for k, content in enumerate(turns):
+            if k % 2 == 0:
+                ids += (list(self.reply_prefix) if k else []) + encode(content) + list(
+                    self.turn_suffix)
+            else:
+                ids += encode(content) + [self.eot_id]
+        return ids
+
+    def _wrap(self, head: jax.Array, head_length, body: TokenChunk, size: int) -> TokenChunk:
+        """head[:head_length] + body + turn_suffix, padded to `size` (one row)."""
+        suffix = jnp.asarray(self.turn_suffix, jnp.int32)
+        pos = jnp.arange(size)
+        body_start = head_length
+        suffix_start = body_start + body.length
+        length = suffix_start + len(self.turn_suffix)
+        take = lambda arr, i: jnp.take(arr, jnp.clip(i, 0, arr.shape[-1] - 1))
+        tokens = jnp.where(pos < body_start, take(head, pos),
+                           jnp.where(pos < suffix_start, take(body.tokens, pos - body_start),
+                                     take(suffix, pos - suffix_start) if len(self.turn_suffix)
+                                     else self.pad_id))
+        tokens = jnp.where(pos < length, tokens, self.pad_id)
+        return TokenChunk(tokens.astype(jnp.int32), jnp.asarray(length, jnp.int32))
+
+    def wrap_prompt(self, prompt: TokenChunk) -> TokenChunk:
+        """prompt_prefix + prompt + turn_suffix of one row (traceable), padded to
+        `first_length(prompt_len)`."""
+        head = jnp.asarray(self.prompt_prefix or (self.pad_id,), jnp.int32)
+        return self._wrap(head, len(self.prompt_prefix), prompt,
+                          self.first_length(prompt.tokens.shape[-1]))
+
+    def wrap_reply(self, reply: TokenChunk, action_ended: jax.Array) -> TokenChunk:
+        """[eot unless the action ended with it] + reply_prefix + reply + turn_suffix of
+        one row (traceable), padded to `reply_length(obs_len)`."""
+        head = jnp.asarray((self.eot_id,) + self.reply_prefix, jnp.int32)
+        skip = jnp.asarray(action_ended, jnp.int32)  # drop the eot: the action wrote it
+        head = jnp.roll(head, -skip)
+        return self._wrap(head, 1 + len(self.reply_prefix) - skip, reply,
+                          self.reply_length(reply.tokens.shape[-1]))
+
+
+def _find(text: str, needle: str, start: int, what: str) -> int:
+    at = text.find(needle, start)
+    if at < 0:
+        raise ChatTemplateError(f"chat template: the {what} content {needle!r} does not appear "
+                                f"verbatim in the rendered text {text!r}; the template "
+                                "rewrites message contents, so its turns cannot be wrapped "
+                                "in static pieces")
+    return at
+
+
+def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
+                       special_texts: Sequence[str], special_tokens: Mapping[str, str],
+                       pad_id: int, system_prompt: str | None = None) -> ChatFormat:
+    """The `ChatFormat` of `template` (module docstring), checked against full renders.
+
+    encode: text -> ids as `transformers` tokenizes a rendered chat (special tokens in
+    the text become their ids, nothing added). special_texts: the tokenizer's special
+    tokens (added tokens marked special). special_tokens: the template's variables
+    (bos_token, eos_token, ...). Raises ChatTemplateError naming what does not hold."""
+    def text_of(turns, add_generation_prompt=True):
+        try:
+            return render(template, conversation(system_prompt, turns),
+                          add_generation_prompt=add_generation_prompt,
+                          special_tokens=special_tokens)
+        except Exception as error:  # jinja2's TemplateError and the template's own raises
+            raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
+                                    f"conversation failed: {error}") from error
+
+    u1, a1, u2 = _PLACEHOLDERS[:3]
+    one = text_of([u1])
+    two = text_of([u1, a1, u2])
+    at_u1 = _find(one, u1, 0, "first user")
+    head, turn_suffix = one[:at_u1], one[at_u1 + len(u1):]
+    if not two.startswith(one[:at_u1 + len(u1)]):
+        raise ChatTemplateError("chat template: the text before the first user content "
+                                f"changes when more turns follow ({one!r} vs {two!r})")
+    at_a1 = _find(two, a1, at_u1 + len(u1), "assistant")
+    if two[at_u1 + len(u1):at_a1] != turn_suffix:
+        raise ChatTemplateError(
+            f"chat template: the text between a user turn and the assistant's reply "
+            f"({two[at_u1 + len(u1):at_a1]!r}) differs from the generation prompt "
+            f"after it ({turn_suffix!r}); the assistant turn cannot start where the "
+            "generation prompt ends")
+    at_u2 = _find(two, u2, at_a1 + len(a1), "second user")
+    between = two[at_a1 + len(a1):at_u2]
+    between_ids = encode(between)
+    if not between_ids:
+        raise ChatTemplateError("chat template: nothing ends an assistant turn, so the model "
+                                "has no end-of-turn token to stop on")
+    eot_id = between_ids[0]
+    eot_text = max((t for t in special_texts if t and between.startswith(t)), key=len,
+                   default=None)
+    if eot_text is None or encode(eot_text) != [eot_id]:
+        raise ChatTemplateError(f"chat template: an assistant turn ends with {between!r}, "
+                                "which does not start with one special token (the model's "
+                                "end-of-turn token)")
+    if two[at_u2 + len(u2):] != turn_suffix:
+        raise ChatTemplateError(f"chat template: the generation prompt after the second user "
+                                f"turn ({two[at_u2 + len(u2):]!r}) differs from the first "
+                                f"({turn_suffix!r})")
+    chat = ChatFormat(prompt_prefix=tuple(encode(head)), turn_suffix=tuple(encode(turn_suffix)),
+                      reply_prefix=tuple(encode(between[len(eot_text):])), eot_id=int(eot_id),
+                      pad_id=int(pad_id), system_prompt=system_prompt)
+    for count in (1, 3, 5, 7):
+        turns = list(_CHECK_CONTENTS[:count])
+        expected = encode(text_of(turns))
+        got = chat.ids_of_conversation(encode, turns)
+        if got != expected:
+            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                         min(len(got), len(expected)))
+            raise ChatTemplateError(
+                f"chat template: a {count}-turn conversation tokenizes to {expected[first:first + 8]} "
+                f"at position {first} when rendered in full, but the per-turn pieces give "
+                f"{got[first:first + 8]}; the template's turns cannot be split into static "
+                "token pieces")
+    return chat

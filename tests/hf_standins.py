@@ -1,0 +1,225 @@
+"""Stand-ins for users' Hugging Face checkpoint directories, built at test time.
+
+Each is what `transformers` writes with `save_pretrained`: config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json (with the chat template, or chat_template.jinja as
+newer transformers write it), generation_config.json. The tokenizers are small byte-level
+BPEs (digits and punctuation single tokens, as `arl.envs.hf_codec.train_bpe_tokenizer`
+builds) with the family's real special tokens and chat template; the models are tiny and
+their vocabularies padded past the tokenizer's, as Qwen's are. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Qwen2.5-Instruct's chat template (the tool-call branches included).
+QWEN25_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    "    {%- else %}\n"
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    "    {%- endif %}\n"
+    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+    "query.\\n\\nYou are provided with function signatures within <tools></tools> XML "
+    "tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n"
+    "        {{- \"\\n\" }}\n"
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name "
+    "and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
+    "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+    "{%- else %}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    "    {%- else %}\n"
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+    "helpful assistant.<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) "
+    "or (message.role == \"assistant\" and not message.tool_calls) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + "
+    "'\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n"
+    "        {{- '<|im_start|>' + message.role }}\n"
+    "        {%- if message.content %}\n"
+    "            {{- '\\n' + message.content }}\n"
+    "        {%- endif %}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "            {%- if tool_call.function is defined %}\n"
+    "                {%- set tool_call = tool_call.function %}\n"
+    "            {%- endif %}\n"
+    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    "            {{- tool_call.name }}\n"
+    "            {{- '\", \"arguments\": ' }}\n"
+    "            {{- tool_call.arguments | tojson }}\n"
+    "            {{- '}\\n</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- message.content }}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n")
+
+# Qwen3's chat template (thinking blocks; tool branches left out).
+QWEN3_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}\n"
+    "    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+    "{%- endif %}\n"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+    "{%- for message in messages[::-1] %}\n"
+    "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+    "    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string "
+    "and not(message.content.startswith('<tool_response>') and "
+    "message.content.endswith('</tool_response>')) %}\n"
+    "        {%- set ns.multi_step_tool = false %}\n"
+    "        {%- set ns.last_query_index = index %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- for message in messages %}\n"
+    "    {%- if message.content is string %}\n"
+    "        {%- set content = message.content %}\n"
+    "    {%- else %}\n"
+    "        {%- set content = '' %}\n"
+    "    {%- endif %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n"
+    "        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is string %}\n"
+    "            {%- set reasoning_content = message.reasoning_content %}\n"
+    "        {%- else %}\n"
+    "            {%- if '</think>' in content %}\n"
+    "                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n')"
+    ".split('<think>')[-1].lstrip('\\n') %}\n"
+    "                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "            {%- endif %}\n"
+    "        {%- endif %}\n"
+    "        {%- if loop.index0 > ns.last_query_index %}\n"
+    "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + "
+    "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+    "            {%- else %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "            {%- endif %}\n"
+    "        {%- else %}\n"
+    "            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n")
+
+# Meta-Llama-3-Instruct's chat template.
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] "
+    "| trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
+    "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|eot_id|>")
+
+
+def _corpus() -> list[str]:
+    from arl.data import word_problems
+    from arl.data.text_tasks import read_jsonl
+    from arl.envs.hf_codec import env_corpus
+
+    lines = env_corpus(num_expressions=100)
+    lines += [t.prompt for t in read_jsonl(word_problems.SHIPPED_JSONL)[:200]]
+    lines += ["You are a helpful assistant.", "system user assistant", "wrong, try again",
+              "no answer", "correct", "The answer is", "<think>", "</think>"]
+    return lines
+
+
+def _tokenizer(specials, vocab_size: int):
+    from arl.envs.hf_codec import train_bpe_tokenizer
+    return train_bpe_tokenizer(_corpus(), vocab_size=vocab_size, special_tokens=specials)
+
+
+def _save_tokenizer(directory, tokenizer, *, template, bos, eos, pad):
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos, eos_token=eos,
+                                   pad_token=pad)
+    fast.chat_template = template
+    fast.save_pretrained(directory)
+    return fast
+
+
+def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
+                  tokenizer_vocab: int = 360, padded_vocab: int = 384):
+    """Writes a stand-in checkpoint directory of `family` ("qwen2": Qwen2.5-style, "qwen3":
+    Qwen3-style, "llama3": Llama-3-style) and returns it."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    os.makedirs(directory, exist_ok=True)
+    if family in ("qwen2", "qwen3"):
+        tokenizer = _tokenizer(QWEN_SPECIALS, tokenizer_vocab)
+        ids = {t: tokenizer.token_to_id(t) for t in QWEN_SPECIALS}
+        _save_tokenizer(directory, tokenizer,
+                        template=QWEN25_TEMPLATE if family == "qwen2" else QWEN3_TEMPLATE,
+                        bos=None, eos="<|im_end|>", pad="<|endoftext|>")
+        common = dict(vocab_size=padded_vocab, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6,
+                      rope_theta=1000000.0, tie_word_embeddings=True,
+                      bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+        if family == "qwen2":
+            config = transformers.Qwen2Config(**common)
+            model_class = transformers.Qwen2ForCausalLM
+        else:
+            config = transformers.Qwen3Config(head_dim=16, **common)
+            model_class = transformers.Qwen3ForCausalLM
+        generation = GenerationConfig(
+            bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
+            eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], do_sample=True,
+            temperature=0.7, top_p=0.8)
+    elif family == "llama3":
+        tokenizer = _tokenizer(LLAMA3_SPECIALS, tokenizer_vocab)
+        ids = {t: tokenizer.token_to_id(t) for t in LLAMA3_SPECIALS}
+        _save_tokenizer(directory, tokenizer, template=LLAMA3_TEMPLATE,
+                        bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None)
+        config = transformers.LlamaConfig(
+            vocab_size=padded_vocab, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0,
+            tie_word_embeddings=False, bos_token_id=ids["<|begin_of_text|>"],
+            eos_token_id=ids["<|eot_id|>"])
+        model_class = transformers.LlamaForCausalLM
+        generation = GenerationConfig(
+            bos_token_id=ids["<|begin_of_text|>"],
+            eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]], do_sample=True,
+            temperature=0.6, top_p=0.9)
+    else:
+        raise ValueError(f"family must be 'qwen2', 'qwen3' or 'llama3', got {family!r}")
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32)
+    model.save_pretrained(directory)
+    generation.save_pretrained(directory)
+    return str(directory)

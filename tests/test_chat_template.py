@@ -1,0 +1,142 @@
+"""A checkpoint directory's tokenizer and chat template in the rollout: the tokens the
+policy reads before every turn of a multi-turn episode equal `transformers`'
+`apply_chat_template` of the same conversation (Qwen2.5-, Qwen3- and Llama-3-style
+stand-ins), turns end on the model's own end-of-turn token, no BOS where the model has
+none; templates whose turns cannot be cut into static pieces are refused."""
+
+import functools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+
+from arl import rollout as rollout_lib  # noqa: E402
+from arl.envs import chat_template  # noqa: E402
+from arl.envs.dataset_task import DatasetTask  # noqa: E402
+from arl.envs.hf_codec import HFCodec  # noqa: E402
+from tests.hf_standins import build_standin  # noqa: E402
+
+ROWS = [(1, 2), (30, 12), (7, 8), (100, 5), (3, 3), (9, 9), (11, 4), (5, 60), (2, 2), (4, 4)]
+SYSTEM = "Answer with a number."
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tasks") / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"What is {a} plus {b}?",
+                                        "answer": str(a + b)}) + "\n" for a, b in ROWS))
+    return str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _standin(root, family):
+    return build_standin(f"{root}/{family}", family)
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("standins")
+    return lambda family: _standin(str(root), family)
+
+
+def _reply(reward, turn, max_turns):
+    if reward > 0:
+        return "correct"
+    return "wrong, try again" if turn + 1 < max_turns else "wrong"
+
+
+@pytest.mark.parametrize("family,system", [("qwen2", None), ("qwen2", SYSTEM),
+                                           ("qwen3", SYSTEM), ("llama3", SYSTEM)])
+def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, system):
+    from transformers import AutoTokenizer
+
+    directory = standins(family)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    codec = HFCodec.from_pretrained(directory, system_prompt=system)
+    eot = {"qwen2": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}[family]
+    assert codec.eot_id == tokenizer.convert_tokens_to_ids(eot)
+    assert (codec.bos_id is None) == (family != "llama3")
+    max_turns = 3
+    env = DatasetTask(jsonl, codec=codec, max_turns=max_turns)
+    keys, params = env.split_tasks(group_size=2)
+    params = params.replace(demonstrator_accuracy=params.demonstrator_accuracy * 0 + 0.4)
+    play = jax.jit(functools.partial(rollout_lib.rollout, env, num_tasks=env.num_rows,
+                                     group_size=2, action_source="demonstrator"))
+    traj = jax.device_get(play(jax.random.key(1), reset_keys=keys, env_params=params))
+    turns_seen = set()
+    for b in range(2 * env.num_rows):
+        messages = [] if system is None else [{"role": "system", "content": system}]
+        messages.append({"role": "user", "content": env.tasks.prompt_texts[b // 2]})
+        tokens = traj.tokens[b]
+        for t in range(int(traj.num_turns[b])):
+            start = int(traj.turn_starts[b, t])
+            expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True)
+            expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+            assert tokens[:start].tolist() == expected, (family, b, t)
+            if codec.bos_id is None:
+                assert codec.bos_id not in tokens[:start].tolist()
+            agent = np.flatnonzero(traj.agent_mask[b, start:] > 0)
+            end = start + int(np.flatnonzero(np.diff(agent) != 1)[0] + 1 if
+                              np.any(np.diff(agent) != 1) else agent.size)
+            action = tokens[start:end].tolist()
+            assert action[-1] == codec.eot_id  # the turn ends on the model's own token
+            messages.append({"role": "assistant",
+                             "content": tokenizer.decode(action[:-1])})
+            messages.append({"role": "user", "content": _reply(
+                float(traj.turn_rewards[b, t]), t, max_turns)})
+            turns_seen.add(t)
+    assert turns_seen == {0, 1, 2}  # multi-turn episodes were checked
+
+
+def test_a_cut_action_is_closed_by_the_eot_in_the_reply(standins):
+    codec = HFCodec.from_pretrained(standins("qwen2"))
+    chat = codec.chat
+    reply = chat_template.TokenChunk(np.asarray(codec.encode("wrong") + [codec.pad_id] * 3,
+                                                np.int32), np.int32(len(codec.encode("wrong"))))
+    closed = jax.device_get(chat.wrap_reply(reply, True))
+    cut = jax.device_get(chat.wrap_reply(reply, False))
+    body = list(chat.reply_prefix) + codec.encode("wrong") + list(chat.turn_suffix)
+    assert closed.tokens[:closed.length].tolist() == body
+    assert cut.tokens[:cut.length].tolist() == [codec.eot_id] + body
+    assert set(cut.tokens[cut.length:].tolist()) <= {codec.pad_id}
+
+
+def _derive(codec, template):
+    specials = [t.content for t in codec.tokenizer.get_added_tokens_decoder().values()]
+    return chat_template.derive_chat_format(
+        template, encode=codec.encode, special_texts=specials, special_tokens={},
+        pad_id=codec.pad_id)
+
+
+@pytest.mark.parametrize("template,message", [
+    # contents rewritten
+    ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n"
+     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+     "rewrites message contents"),
+    # the turn header depends on the turn's position
+    ("{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n{{ m.content }}"
+     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+     "{% endif %}", "differs from the generation prompt"),
+    # an assistant turn ends without a special token
+    ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+     "{% if add_generation_prompt %}assistant: {% endif %}", "one special token"),
+])
+def test_templates_that_cannot_be_split_are_refused(standins, template, message):
+    codec = HFCodec.from_pretrained(standins("qwen2"))
+    with pytest.raises(chat_template.ChatTemplateError, match=message):
+        _derive(codec, template)
+
+
+def test_codec_of_a_directory_without_bos_or_pad(standins, tmp_path):
+    codec = HFCodec.from_pretrained(standins("llama3"))
+    # Llama 3 names no pad token: a spare special token pads, never one the turns use.
+    used = set(codec.chat.prompt_prefix + codec.chat.turn_suffix + codec.chat.reply_prefix)
+    assert codec.pad_id not in used | {codec.eot_id, codec.bos_id}
+    assert codec.chat.prompt_prefix[0] == codec.bos_id
+    qwen = HFCodec.from_pretrained(standins("qwen2"))
+    assert qwen.bos_id is None and qwen.chat.prompt_prefix[0] != qwen.pad_id
