@@ -104,8 +104,8 @@ def decode_action(codec: Codec, tokens, length) -> str:
 
 def _special_ids(codec: Codec) -> frozenset[int]:
     ids = {codec.pad_id, codec.bos_id, codec.eot_id}
-    ids |= set(getattr(codec, "_special_ids", ()) or ())
-    return frozenset(int(i) for i in ids)
+    ids |= set(getattr(codec, "special_ids", ()) or ())
+    return frozenset(int(i) for i in ids if i is not None)
 
 
 def encode_text(codec: Codec, text: str) -> list[int]:

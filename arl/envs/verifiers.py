@@ -115,7 +115,7 @@ def _token_texts(codec: Codec) -> list[str | None]:
         # SentencePiece-style pieces ("▁hello" -> "hello"), which would glue words.
         anchor = int(codec.digit_ids[0])
         prefix = len(tokenizer.decode([anchor], skip_special_tokens=False))
-        special = {codec.pad_id, codec.bos_id, codec.eot_id, *codec.role_ids.values()}
+        special = codec.special_ids
         pairs = tokenizer.decode_batch([[anchor, i] for i in range(codec.vocab_size)],
                                        skip_special_tokens=False)
         return [None if i in special else text[prefix:] for i, text in enumerate(pairs)]

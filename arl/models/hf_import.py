@@ -556,6 +556,14 @@ def save_hf_checkpoint(directory: str, params, config: TransformerConfig,
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_NAME), "w", encoding="utf-8") as f:
         json.dump(hf, f, indent=2)
+    write_tensors(directory, tensors, max_shard_bytes)
+
+
+def write_tensors(directory: str, tensors: dict[str, np.ndarray],
+                  max_shard_bytes: int | None = None) -> None:
+    """`tensors` as `model.safetensors`, or with `max_shard_bytes` as
+    `model-0000i-of-0000n.safetensors` files of at most that many bytes each (a larger
+    tensor gets its own file) plus `model.safetensors.index.json`."""
     metadata = {"format": "pt"}  # transformers refuses files without it
     if max_shard_bytes is None:
         save_file(tensors, os.path.join(directory, SINGLE_FILE_NAME), metadata=metadata)
