@@ -11,6 +11,7 @@ first use, so importing arl does not import them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -141,8 +142,14 @@ def prepare(builder_cls, data_dir, **kwargs) -> str:
             raise ValueError(f"{os.fspath(builder.data_path)!r} already holds a different "
                              f"dataset ({on_disk}); choose another data_dir")
         return os.fspath(builder.data_path)
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(verify_ssl=False))
+    # tfds prints its progress ("Downloading and preparing dataset ...") on stdout and
+    # draws progress bars: the programs' stdout is their result (make_dataset prints the
+    # directory), so both are silenced.
+    tfds.disable_progress_bar()
+    with open(os.devnull, "w", encoding="utf-8") as quiet, \
+            contextlib.redirect_stdout(quiet):
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(verify_ssl=False))
     return os.fspath(builder.data_path)
 
 

@@ -5,8 +5,11 @@
 
 (`python -m experiments.make_dataset` is the command-line form.) Each line of the input
 is a JSON object ``{"prompt": str, "answer": str}`` (an integer answer is accepted and
-written as its decimal text; other fields are ignored; blank lines are skipped). A bad
-line is an error naming its line number and field; every bad line is listed at once.
+written as its decimal text; other fields are ignored; blank lines are skipped). Bad
+input (a missing or mistyped field, invalid JSON, bytes that are not UTF-8, an empty
+file, a row over the limits) is ONE error line naming the file and the first bad line
+(the other bad lines' numbers follow on the same line), raised before anything is
+written.
 
 The dataset (``<data_dir>/arl_text_tasks/1.0.0``, the directory `load_text_tasks` and
 `arl.envs.dataset_task.DatasetTask` take) has a "train" and an "eval" split (a seeded
@@ -49,6 +52,12 @@ MAX_ANSWER_LEN = 256
 CACHE_ENV = "ARL_CACHE_DIR"
 _FORMAT_VERSION = 1  # bump when the records change meaning (invalidates cached builds)
 _MAX_LISTED = 20  # bad lines listed in one error
+# What a .jsonl path built on use (DatasetTask(path="x.jsonl")) can do about long rows:
+# the env takes no limits, a dataset built by make_dataset can drop them.
+CACHED_LONG_ROWS_ADVICE = (
+    "shorten or remove those rows, or build the dataset with `python -m "
+    "experiments.make_dataset --drop_long` (or higher --max_prompt_len / --max_answer_len) "
+    "and set env.kwargs.path to its directory")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +76,24 @@ def read_jsonl(path) -> list[TextTask]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no JSONL file {path!r}")
     tasks, errors = [], []
-    with open(path, encoding="utf-8") as f:
-        for number, raw in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, data in enumerate(f, start=1):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as error:
+                errors.append(f"{path}:{number}: not UTF-8 text (byte "
+                              f"0x{data[error.start]:02x} at column {error.start + 1})")
+                continue
             if not raw.strip():
                 continue
             try:
                 tasks.append(_parse_line(raw, number))
             except ValueError as error:
                 errors.append(f"{path}:{number}: {error}")
-    _raise_listed(errors, f"{path!r} has bad lines")
+    _raise_listed(errors, "bad lines")
     if not tasks:
-        raise ValueError(f"{path!r} holds no tasks")
+        raise ValueError(f"{path}:1: the file holds no tasks (expected one JSON object "
+                         "{\"prompt\": ..., \"answer\": ...} per line)")
     return tasks
 
 
@@ -108,12 +124,24 @@ def _parse_line(raw: str, number: int) -> TextTask:
     return TextTask(line=number, prompt=fields["prompt"], answer=fields["answer"])
 
 
-def _raise_listed(errors: list[str], what: str) -> None:
+def _raise_listed(errors: list[str], what: str, advice: str = "") -> None:
+    """One line: the first of `errors` ("<file>:<line>: ..."), then where the others are
+    (up to _MAX_LISTED line numbers), then `advice`."""
     if not errors:
         return
-    shown = errors[:_MAX_LISTED]
-    more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-    raise ValueError(f"{what} ({len(errors)}):\n" + "\n".join(shown) + more)
+    more = ""
+    if len(errors) > 1:
+        lines = [_line_of(e) for e in errors[1:_MAX_LISTED + 1]]
+        rest = f", ... ({len(errors) - 1 - len(lines)} more)" if len(errors) - 1 > len(
+            lines) else ""
+        more = f" (also {what} at lines {', '.join(lines)}{rest})"
+    raise ValueError(errors[0] + more + (f"; {advice}" if advice else ""))
+
+
+def _line_of(error: str) -> str:
+    """The line number of a "<file>:<line>: message" error."""
+    head = error.split(": ", 1)[0]
+    return head.rsplit(":", 1)[-1]
 
 
 # ---------------------------------------------------------------------------- tokenizers
@@ -170,10 +198,14 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
                      eval_fraction: float = 0.1, seed: int = 0,
                      max_prompt_len: int = MAX_PROMPT_LEN,
                      max_answer_len: int = MAX_ANSWER_LEN, drop_long: bool = False,
-                     log: Callable[[str], None] | None = None) -> str:
+                     log: Callable[[str], None] | None = None,
+                     long_rows_advice: str = "") -> str:
     """Writes the tasks of `jsonl_path` as a dataset under `data_dir`; returns its
     directory. `codec` (default `CharCodec()`) tokenizes prompts and answers;
-    `max_prompt_len` / `max_answer_len` are the limits in tokens (module docstring)."""
+    `max_prompt_len` / `max_answer_len` are the limits in tokens (module docstring).
+    Bad input is one ValueError line naming the file and the (first) line, raised
+    before anything is written; `long_rows_advice` replaces the advice of the error for
+    rows over the limits (the options the caller offers)."""
     codec = CharCodec() if codec is None else codec
     spec = tokenizer_spec(codec)
     if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or \
@@ -204,11 +236,11 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
                          prompt_text=task.prompt, answer_text=task.answer,
                          exact=verifiers.strip_text(task.answer),
                          normalized=verifiers.normalize_text(task.answer), number=number))
-    _raise_listed(errors, f"{jsonl_path!r} has text the codec {codec!r} cannot encode")
+    _raise_listed(errors, f"text the codec {codec!r} cannot encode")
     if too_long and not drop_long:
-        _raise_listed([message for _, message in too_long],
-                      f"{jsonl_path!r} has rows over the length limits (raise the limits, "
-                      "or pass drop_long=True / --drop_long to drop them)")
+        _raise_listed([message for _, message in too_long], "rows over the limits",
+                      long_rows_advice or "raise max_prompt_len / max_answer_len or pass "
+                      "drop_long=True to drop them")
     for _, message in too_long:
         log(f"dropped {message}")
 
@@ -366,7 +398,8 @@ def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: 
         try:
             build_text_tasks(scratch, jsonl_path, codec=codec, eval_fraction=eval_fraction,
                              seed=seed, max_prompt_len=max_prompt_len,
-                             max_answer_len=max_answer_len)
+                             max_answer_len=max_answer_len,
+                             long_rows_advice=CACHED_LONG_ROWS_ADVICE)
             try:
                 os.rename(scratch, final)
             except OSError:  # another process finished first: use its copy

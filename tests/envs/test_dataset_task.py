@@ -125,12 +125,19 @@ def test_bad_lines_are_listed_with_line_and_field(tmp_path):
     with pytest.raises(ValueError) as error:
         text_tasks.read_jsonl(path)
     message = str(error.value)
-    assert "bad lines (6)" in message
-    for expected in [":2: field 'prompt' must be a string, got int 3",
-                     ":3: not valid JSON", ":5: missing field 'answer'",
-                     ":6: field 'answer' must be a string or an integer, got float 1.5",
-                     ":7: expected a JSON object", ":8: field 'answer' is empty"]:
-        assert expected in message
+    # One line: the first bad line in full, then where the other five are.
+    assert "\n" not in message
+    assert message.startswith(f"{path}:2: field 'prompt' must be a string, got int 3")
+    assert message.endswith("(also bad lines at lines 3, 5, 6, 7, 8)")
+    for number, expected in [(3, "not valid JSON"), (5, "missing field 'answer'"),
+                             (6, "field 'answer' must be a string or an integer, got float"),
+                             (7, "expected a JSON object"), (8, "field 'answer' is empty")]:
+        bad = write_jsonl(tmp_path / f"bad{number}.jsonl",
+                          [{"prompt": "ok", "answer": "1"}] * (number - 1)
+                          + [json.loads(l) if l.startswith(("{", "[")) else l
+                             for l in [open(path).read().splitlines()[number - 1]]])
+        with pytest.raises(ValueError, match=f"^{bad}:{number}: {expected}"):
+            text_tasks.read_jsonl(bad)
     assert text_tasks.read_jsonl(write_jsonl(tmp_path / "int.jsonl",
                                              [{"prompt": "p", "answer": 12}]))[0].answer == "12"
 
@@ -139,10 +146,11 @@ def test_long_rows_are_reported_not_cut(tmp_path):
     rows = [{"prompt": "a" * 9, "answer": "1"}, {"prompt": "b", "answer": "2"},
             {"prompt": "c", "answer": "3"}, {"prompt": "d", "answer": "4" * 7}]
     path = write_jsonl(tmp_path / "long.jsonl", rows)
-    with pytest.raises(ValueError, match=r"(?s)over the length limits.*\(2\):\n.*long.jsonl:1: "
-                                         r"field 'prompt' has 9 tokens, more than "
-                                         r"max_prompt_len=5.*:4: field 'answer' has 7"):
+    with pytest.raises(ValueError, match=r"^[^\n]*long.jsonl:1: field 'prompt' has 9 tokens, "
+                                         r"more than max_prompt_len=5 \(also rows over the "
+                                         r"limits at lines 4\); raise max_prompt_len"):
         text_tasks.build_text_tasks(tmp_path / "a", path, max_prompt_len=5, max_answer_len=5)
+    assert not (tmp_path / "a").exists()  # nothing written
     with pytest.raises(ValueError, match=r"long.jsonl:2: field 'prompt'.*'é'"):
         text_tasks.build_text_tasks(tmp_path / "b", write_jsonl(
             tmp_path / "long.jsonl", rows[:1] + [{"prompt": "é", "answer": "1"}]))
@@ -386,3 +394,59 @@ def test_word_problems_are_deterministic_correct_and_shipped():
         for key in kinds:
             kinds[key] += key in problem["prompt"]
     assert all(count > 20 for count in kinds.values()), kinds
+
+
+@pytest.mark.parametrize("content,line,message", [
+    (b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', 2,
+     "not UTF-8 text (byte 0xe9 at column 16)"),
+    (b"", 1, "the file holds no tasks"),
+    (b"\n  \n", 1, "the file holds no tasks"),
+    (b'{"prompt": "ok", "answer": "1"}\n{"answer": "2"}\n', 2, "missing field 'prompt'"),
+    (b'{"prompt": "a long prompt", "answer": "1"}\n', 1,
+     "field 'prompt' has 13 tokens, more than max_prompt_len=5"),
+])
+def test_make_dataset_one_line_exit_2_nothing_written(tmp_path, content, line, message):
+    """Every kind of bad JSONL input through the command line: one stderr line naming
+    the file and line, exit status 2, nothing on stdout, no output directory."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.make_dataset", f"--input={path}",
+         f"--output={out}", "--max_prompt_len=5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"{path}:{line}: {message}" in lines[0]
+    assert not out.exists()
+    if "max_prompt_len" in message:
+        assert "--drop_long" in lines[0]
+
+
+def test_dataset_task_long_rows_advise_only_what_it_accepts(tmp_path):
+    path = write_jsonl(tmp_path / "long.jsonl", [{"prompt": "p" * 600, "answer": "1"},
+                                                 {"prompt": "q", "answer": "2"}])
+    with pytest.raises(ValueError) as error:
+        DatasetTask(path)
+    message = str(error.value)
+    assert f"{path}:1: field 'prompt' has 600 tokens" in message and "\n" not in message
+    assert "drop_long=True" not in message and "make_dataset --drop_long" in message
+
+
+def test_train_reports_a_bad_jsonl_in_one_line(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config=configs/grpo_word_problems.py",
+         f"--config.env.kwargs.path={path}", f"--workdir={workdir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"{path}:2: not UTF-8 text (byte 0xe9 at column 16)" in lines[0]
+    assert not workdir.exists()
