@@ -139,8 +139,8 @@ def _cli(program, *args):
 @pytest.mark.slow
 def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(source, tmp_path):
     """The README recipe through the CLI at stand-in sizes: GRPO for 2 steps from the
-    directory and a JSONL file, evaluate the held-out split, export, load with
-    transformers."""
+    directory and a JSONL file, evaluate the held-out split (every row once), export,
+    load with transformers."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"What is {a} plus {b}?",
                                          "answer": str(a + b)}) + "\n"
@@ -156,6 +156,13 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(source
     assert train.returncode == 0, train.stderr[-3000:]
     sample = (workdir / "samples" / "step_000002.txt").read_text()
     assert "<|im_start|>user\nWhat is" in sample and "<bos>" not in sample
+    evaluate = _cli("experiments.evaluate", f"--workdir={workdir}", "--split=eval",
+                    "--num_transcripts=1")
+    assert evaluate.returncode == 0, evaluate.stderr[-3000:]
+    # 16 rows, 10% held out: both eval rows, each once, per policy.
+    assert "every row of the 'eval' split once (2 rows)" in evaluate.stdout
+    assert [line.split()[2] for line in evaluate.stdout.splitlines()
+            if line.startswith(("greedy", "sampled", "oracle"))] == ["2", "2", "2"]
     export = _cli("experiments.export", f"--workdir={workdir}", f"--out={out}")
     assert export.returncode == 0, export.stderr[-3000:]
     assert hf_export.changed_fields(source, str(out)) == {}
