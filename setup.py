@@ -34,6 +34,7 @@ setuptools.setup(
         "tqdm>=4.66",
         "safetensors>=0.4.3",  # Hugging Face checkpoint import/export (numpy API, no torch)
         "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
+        "jinja2>=3.1.6",  # checkpoints' chat templates, rendered as transformers does
     ],
     extras_require={
         "test": [
