@@ -140,3 +140,39 @@ def test_codec_of_a_directory_without_bos_or_pad(standins, tmp_path):
     assert codec.chat.prompt_prefix[0] == codec.bos_id
     qwen = HFCodec.from_pretrained(standins("qwen2"))
     assert qwen.bos_id is None and qwen.chat.prompt_prefix[0] != qwen.pad_id
+
+
+def test_padded_vocabulary_ids_are_never_sampled_nor_scored():
+    """A model vocabulary padded past the tokenizer's (token_vocab_size): the padded ids'
+    logits are masked even when the head prefers them, sampling never returns them, and
+    the chunked log-probs (cut matrix) equal the masked logits' log-softmax."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from arl.models import sampling
+    from arl.models.logprobs import chunked_token_logprobs
+    from arl.models.transformer import Transformer, TransformerConfig, output_matrix
+
+    config = TransformerConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2,
+                               num_kv_heads=2, mlp_dim=32, max_len=16, token_vocab_size=40)
+    model = Transformer(config)
+    tokens = jnp.asarray([[1, 5, 9, 3, 7, 2]])
+    params = dict(nn.unbox(model.init(jax.random.key(0), tokens)["params"]))
+    hidden = model.apply({"params": params}, tokens, return_hidden=True,
+                         compute_logits=False).hidden
+    # Make the head prefer the padded ids at the last position (unmasked argmax >= 40).
+    params["lm_head"] = params["lm_head"].at[:, 40:].set(5.0 * hidden[0, -1][:, None])
+    assert int(jnp.argmax(hidden[0, -1] @ params["lm_head"])) >= 40
+    logits = model.apply({"params": params}, tokens).logits
+    assert float(jnp.max(logits[..., 40:])) < -1e29
+    samples, _ = sampling.sample_from_logits(
+        jax.random.key(1), jnp.broadcast_to(logits[0, -1], (2000, 64)))
+    assert int(jnp.max(samples)) < 40 and len(set(np.asarray(samples).tolist())) > 20
+    matrix, vocab_major = output_matrix(params, config)
+    assert matrix.shape == (16, 40)
+    logp, entropy = chunked_token_logprobs(hidden[:, :-1], matrix, tokens[:, 1:], 2, 1.0,
+                                           vocab_major=vocab_major)
+    reference = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    np.testing.assert_allclose(
+        logp, jnp.take_along_axis(reference, tokens[:, 1:, None], -1)[..., 0], atol=1e-5)
+    assert np.all(np.isfinite(entropy))
