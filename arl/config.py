@@ -136,9 +136,9 @@ def default_config() -> ml_collections.ConfigDict:
     # tokenizer.json, tokenizer_config.json with its chat template,
     # generation_config.json) to start from, as one unit: its config.json replaces the
     # architecture fields above (d_model, num_layers, num_heads, num_kv_heads, mlp_dim,
-    # rope_theta, tie_embeddings), its tokenizer and chat template become the token envs'
-    # codec (arl.envs.checkpoint_codec), ids past the tokenizer's vocabulary are never
-    # sampled. "" = a randomly initialised model.
+    # rope_theta, tie_embeddings), its tokenizer and chat template (when it has a
+    # tokenizer.json) become the token envs' codec (arl.envs.checkpoint_codec), ids past
+    # the tokenizer's vocabulary are never sampled. "" = a randomly initialised model.
     c.model.hf_checkpoint = ""
     # With hf_checkpoint: the system message every episode's conversation starts with,
     # rendered by the checkpoint's chat template ("" = none, i.e. the template's own

@@ -39,10 +39,12 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
 def checkpoint_codec(config) -> Any:
     """The codec of `config.model.hf_checkpoint` (its tokenizer, special tokens and chat
     template, with `config.model.system_prompt`: `HFCodec.from_pretrained`), or None
-    without a checkpoint. What it refuses is a `ConfigError` naming the field."""
+    without a checkpoint or when the directory holds no tokenizer.json (weights only: the
+    envs keep their own codecs, whose ids the model's vocabulary must cover). What it
+    refuses is a `ConfigError` naming the field."""
     model = _get(config, "model")
     directory = _get(model, "hf_checkpoint", "")
-    if not directory:
+    if not directory or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
         return None
     system_prompt = _get(model, "system_prompt", "") or None
     return _cached_checkpoint_codec(os.path.abspath(directory), system_prompt)

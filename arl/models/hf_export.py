@@ -51,7 +51,7 @@ def exported_config(source: dict, config: TransformerConfig, dtype) -> dict:
     trained = dataclasses.replace(config, value_head=False, token_vocab_size=0)
     fields = ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
               "resolved_head_dim", "mlp_dim", "rope_theta", "norm_eps", "qkv_bias",
-              "o_bias", "mlp_bias", "tie_embeddings")
+              "o_bias", "mlp_bias", "tie_embeddings", "qk_norm", "rope_scaling")
     differ = [f for f in fields if getattr(read_back, f) != getattr(trained, f)]
     if differ:
         raise ValueError(f"the trained model differs from the source config.json in "

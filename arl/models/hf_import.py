@@ -22,6 +22,7 @@ the head axes split out; layer i of HF is row i of arl's stacked "layers" axis):
     model.layers.i.mlp.{gate,up,down}_proj.bias           -> layers/mlp/{...}/bias[i]
     model.norm.weight                        [D]          -> norm/scale
     lm_head.weight                           [V, D]       -> lm_head [D, V] = W.T (untied only)
+    model.layers.i.self_attn.{q,k}_norm.weight [Dh]       -> .../{q,k}_norm/scale[i] (qwen3)
 
 Which biases exist follows the architecture, as in transformers' modeling code:
 
@@ -29,6 +30,7 @@ Which biases exist follows the architecture, as in transformers' modeling code:
     qwen2       (always)                  yes          no            no
     llama       attention_bias=True       yes          yes           -
     llama       mlp_bias=True             -            -             yes
+    qwen3       attention_bias=True       yes          yes           no (+ q/k norms)
 
 i.e. `TransformerConfig(qkv_bias, o_bias, mlp_bias)`.
 
@@ -40,9 +42,10 @@ Strictness. Import is all-or-nothing:
     `lm_head.weight` next to tied embeddings must equal the embedding bit for bit;
   * every tensor's shape is checked against the config before anything is read;
   * config.json fields that change the function and are not implemented raise
-    ValueError naming the field and its value: model_type other than llama/qwen2,
-    hidden_act other than silu, RoPE scaling of any type but "default" (and unknown
-    RoPE parameters), a Qwen2 sliding window that some layer actually uses, and
+    ValueError naming the field and its value: model_type other than llama / qwen2 /
+    qwen3 (dense), hidden_act other than silu, RoPE scaling of any type but "default"
+    and "llama3" (and parameters the type does not take), a Qwen2 / Qwen3 sliding
+    window that some layer actually uses, and
     quantization_config. Fields that leave the function unchanged are ignored:
     attention_dropout (dropout is off in evaluation; arl never applies it),
     pretraining_tp (a different summation order of the same products), token ids,
@@ -66,10 +69,16 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from arl.models.rope import Llama3RopeScaling, scaled_inverse_frequencies
 from arl.models.transformer import (LOGICAL_AXIS_RULES, Transformer, TransformerConfig,
                                     abstract_params, param_shardings)
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+# The parameters of the "llama3" RoPE scaling (Llama 3.1+), as config.json names them.
+LLAMA3_ROPE_FIELDS = ("factor", "low_freq_factor", "high_freq_factor",
+                      "original_max_position_embeddings")
 CONFIG_NAME = "config.json"
 SINGLE_FILE_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -96,27 +105,9 @@ def _required(hf: dict, field: str):
 
 def _rope_theta(hf: dict) -> float:
     """rope_theta from either the classic top-level field or transformers>=5's
-    `rope_parameters` dict. Only the default (unscaled) RoPE is implemented: any other
-    rope_type, and any RoPE parameter besides rope_type / rope_theta, is refused."""
+    `rope_parameters` dict (the RoPE type is checked by `_rope_scaling`)."""
     params = hf.get("rope_parameters")
-    for field in ("rope_scaling", "rope_parameters"):
-        value = hf.get(field)
-        if not value:
-            continue
-        if not isinstance(value, dict):
-            raise ValueError(f"config.json: {field}={value!r} is not supported (allowed: a "
-                             f"dict with rope_type 'default')")
-        kind = value.get("rope_type", value.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"config.json: {field}.rope_type={kind!r} is not supported "
-                             f"(allowed: 'default')")
-        for key, item in value.items():
-            if key in ("rope_type", "type", "rope_theta") or item is None:
-                continue
-            if key == "partial_rotary_factor" and item == 1.0:
-                continue
-            raise ValueError(f"config.json: {field}.{key}={item!r} is not supported (the "
-                             f"default RoPE takes only rope_type and rope_theta)")
+    _rope_scaling(hf)
     top = hf.get("rope_theta")
     nested = params.get("rope_theta") if params else None
     if top is not None and nested is not None and float(top) != float(nested):
@@ -125,6 +116,46 @@ def _rope_theta(hf: dict) -> float:
     if nested is not None:
         return float(nested)
     return float(10000.0 if top is None else top)
+
+
+def _rope_scaling(hf: dict) -> Llama3RopeScaling | None:
+    """The RoPE frequency scaling of `rope_scaling` / transformers>=5's `rope_parameters`:
+    None for rope_type "default", a `Llama3RopeScaling` for "llama3" (Llama 3.1+). Any
+    other rope_type, and any parameter the type does not take, is refused."""
+    found = None
+    for field in ("rope_scaling", "rope_parameters"):
+        value = hf.get(field)
+        if not value:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"config.json: {field}={value!r} is not supported (allowed: a "
+                             f"dict with rope_type 'default' or 'llama3')")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"config.json: {field}.rope_type={kind!r} is not supported "
+                             f"(allowed: 'default', 'llama3')")
+        takes = ("rope_type", "type", "rope_theta") + (
+            LLAMA3_ROPE_FIELDS if kind == "llama3" else ())
+        for key, item in value.items():
+            if key in takes or item is None:
+                continue
+            if key == "partial_rotary_factor" and item == 1.0:
+                continue
+            raise ValueError(f"config.json: {field}.{key}={item!r} is not supported (RoPE "
+                             f"type {kind!r} takes {', '.join(takes[2:])})")
+        if kind == "llama3":
+            missing = [k for k in LLAMA3_ROPE_FIELDS if value.get(k) is None]
+            if missing:
+                raise ValueError(f"config.json: {field} of rope_type 'llama3' lacks {missing}")
+            scaling = Llama3RopeScaling(
+                factor=float(value["factor"]), low_freq_factor=float(value["low_freq_factor"]),
+                high_freq_factor=float(value["high_freq_factor"]),
+                original_max_position_embeddings=int(
+                    value["original_max_position_embeddings"]))
+            if found is not None and found != scaling:
+                raise ValueError("config.json: rope_scaling and rope_parameters disagree")
+            found = scaling
+    return found
 
 
 def _qwen2_sliding_layers(hf: dict, num_layers: int) -> list[int]:
@@ -144,7 +175,7 @@ def _qwen2_sliding_layers(hf: dict, num_layers: int) -> list[int]:
 
 def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
                    max_len: int | None = None, **overrides) -> TransformerConfig:
-    """`TransformerConfig` of a Hugging Face `config.json` dict (llama or qwen2).
+    """`TransformerConfig` of a Hugging Face `config.json` dict (llama, qwen2 or qwen3).
 
     dtype/param_dtype: activation and parameter dtypes (param_dtype defaults to dtype).
     max_len: KV-cache capacity (default: max_position_embeddings, capped at 4096 so a
@@ -167,7 +198,7 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
     num_heads = int(_required(hf, "num_attention_heads"))
     d_model = int(_required(hf, "hidden_size"))
     head_dim = hf.get("head_dim") or d_model // num_heads
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "qwen3"):
         sliding = _qwen2_sliding_layers(hf, num_layers)
         if sliding:
             raise ValueError(
@@ -176,9 +207,15 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
                 f"layers {sliding} (from "
                 f"{'layer_types' if hf.get('layer_types') is not None else 'max_window_layers'}"
                 f"); sliding-window attention is not supported")
+    if model_type == "qwen2":
         # transformers' Qwen2Attention: q/k/v always biased, o_proj and the MLP never
         # (Qwen2 has no attention_bias / mlp_bias fields).
         qkv_bias, o_bias, mlp_bias = True, False, False
+    elif model_type == "qwen3":
+        # Qwen3Attention: one attention_bias flag (q/k/v and o_proj), an unbiased MLP, and
+        # RMSNorm over every query / key head (q_norm, k_norm).
+        qkv_bias = o_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = False
     else:
         # LlamaAttention: one attention_bias flag for q, k, v and o_proj.
         qkv_bias = o_bias = bool(hf.get("attention_bias", False))
@@ -195,6 +232,8 @@ def config_from_hf(hf: dict, *, dtype=jnp.float32, param_dtype=None,
         mlp_dim=int(_required(hf, "intermediate_size")),
         max_len=int(max_len),
         rope_theta=_rope_theta(hf),
+        rope_scaling=_rope_scaling(hf),
+        qk_norm=model_type == "qwen3",
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
@@ -226,17 +265,22 @@ def config_to_hf(config: TransformerConfig, model_type: str = "llama") -> dict:
         raise ValueError(f"model_type='qwen2' requires config.qkv_bias=True, o_bias=False, "
                          f"mlp_bias=False (Qwen2's fixed layout), got {flags}; use "
                          f"model_type='llama' when qkv_bias == o_bias")
-    if model_type == "llama" and config.qkv_bias != config.o_bias:
-        raise ValueError(f"model_type='llama' has one attention_bias flag for q/k/v and "
+    if model_type in ("llama", "qwen3") and config.qkv_bias != config.o_bias:
+        raise ValueError(f"model_type={model_type!r} has one attention_bias flag for q/k/v and "
                          f"o_proj, so it requires config.qkv_bias == config.o_bias, got "
                          f"{flags}" + ("; use model_type='qwen2'" if config.qkv_bias
                                       and not config.mlp_bias else ""))
+    if model_type == "qwen3" and config.mlp_bias:
+        raise ValueError(f"model_type='qwen3' has no MLP biases, got {flags}")
+    if config.qk_norm != (model_type == "qwen3"):
+        raise ValueError(f"config.qk_norm={config.qk_norm} needs model_type='qwen3' (the only "
+                         f"family with q/k norms), got model_type={model_type!r}")
     if config.value_head:
         raise ValueError("config.value_head=True has no Hugging Face equivalent; export the "
                          "policy without the value head")
     dtype_name = jnp.dtype(config.param_dtype).name
     hf = {
-        "architectures": ["LlamaForCausalLM" if model_type == "llama" else "Qwen2ForCausalLM"],
+        "architectures": [_ARCHITECTURES[model_type]],
         "model_type": model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
@@ -258,6 +302,11 @@ def config_to_hf(config: TransformerConfig, model_type: str = "llama") -> dict:
         hf["mlp_bias"] = config.mlp_bias
     else:
         hf["use_sliding_window"] = False
+    if model_type == "qwen3":
+        hf["attention_bias"] = config.qkv_bias
+    if config.rope_scaling is not None:
+        hf["rope_scaling"] = {"rope_type": "llama3",
+                              **{k: getattr(config.rope_scaling, k) for k in LLAMA3_ROPE_FIELDS}}
     return hf
 
 
@@ -304,6 +353,9 @@ def _hf_layout(config: TransformerConfig):
         ]
     if config.o_bias:
         per_layer.append((("self_attn", "o_proj", "bias"), "self_attn.o_proj.bias", *same))
+    if config.qk_norm:
+        per_layer += [(("self_attn", "q_norm", "scale"), "self_attn.q_norm.weight", *same),
+                      (("self_attn", "k_norm", "scale"), "self_attn.k_norm.weight", *same)]
     if config.mlp_bias:
         per_layer += [(("mlp", proj, "bias"), f"mlp.{proj}.bias", *same)
                       for proj in ("gate_proj", "up_proj", "down_proj")]
@@ -402,6 +454,9 @@ def _checked_extras(reader: _TensorReader, extra: set, config: TransformerConfig
     extra = set(extra)
     dh = config.resolved_head_dim
     inv_freq = 1.0 / config.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh)
+    if config.rope_scaling is not None:
+        inv_freq = scaled_inverse_frequencies(dh, config.rope_theta,
+                                              config.rope_scaling).astype(np.float64)
     for name in sorted(extra, key=_natural_key):
         match = _INV_FREQ.fullmatch(name)
         if match and (match.group(2) is None or int(match.group(2)) < config.num_layers):

@@ -18,6 +18,9 @@ on the three MLP projections):
 * RoPE (Su et al. 2021, arXiv 2104.09864) in the "rotate-half" layout used by Hugging Face
   Llama/Qwen2: for frequencies f_i = theta^(-2i/head_dim), i < head_dim/2,
   x' = x * cos(p f) + rotate_half(x) * sin(p f), rotate_half([x1, x2]) = [-x2, x1].
+  Llama 3.1+ scale the frequencies (`config.rope_scaling`, `arl.models.rope`); Qwen3
+  RMS-normalises every query and key head before RoPE (`config.qk_norm`: parameters
+  layers/self_attn/{q,k}_norm/scale [L, head_dim]).
 * Attention scores and softmax are float32; softmax(q k^T / sqrt(head_dim) + mask).
 * Grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): num_heads query heads
   share num_kv_heads key/value heads in groups of num_heads // num_kv_heads.
@@ -140,10 +143,12 @@ class RMSNorm(nn.Module):
     eps: float
     dtype: Any
     param_dtype: Any
+    axis: str = "embed"  # logical name of the normalised axis ("head_dim": Qwen3's q/k norms)
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones,
+                                                                 (self.axis,)),
                            (x.shape[-1],), self.param_dtype)
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
@@ -238,6 +243,9 @@ class Attention(nn.Module):
         q = project(num_heads, ("heads", "head_dim"), "q_proj", HEADS)
         k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", KV_HEADS)
         v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", KV_HEADS)
+        if cfg.qk_norm:  # Qwen3: every head normalised before RoPE
+            q = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, "head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, "head_dim", name="k_norm")(k)
         q = rotate(q, *rope)
         k = rotate(k, *rope)
         out, new_kv = self._attend(q, k, v, positions, cache_kv, layer_index,
@@ -796,9 +804,10 @@ class Transformer(nn.Module):
         rope = None
         if cache is None and prefix_kv is None and not explicit_positions and real is None:
             rope = constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
-                                        cfg.dtype)
+                                        cfg.dtype, cfg.rope_scaling)
         if rope is None:
-            rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
+            rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype,
+                               cfg.rope_scaling)
         layer_args = (positions, rope, layout.write_positions, layout.key_positions,
                       layout.attend, layout.key_mask, layout.slots)
         recording = cache is not None and cache.projections is not None

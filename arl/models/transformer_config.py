@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from arl.models import attention as attention_lib
+from arl.models.rope import Llama3RopeScaling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +18,9 @@ class TransformerConfig:
 
     Attributes:
       vocab_size: number of token ids.
+      qk_norm: RMSNorm over head_dim of every query and key head after the projection,
+        before RoPE (Qwen3's q_norm / k_norm; params self_attn/{q,k}_norm/scale).
+      rope_scaling: None, or an `arl.models.rope.Llama3RopeScaling` (Llama 3.1+).
       token_vocab_size: 0, or the number of ids that are tokens when the embedding is
         padded past the tokenizer (Qwen pads 151665 tokens to 151936 rows): the logits of
         ids >= token_vocab_size are masked (`mask_padded_vocab`) and the log-prob matrices
@@ -84,6 +88,8 @@ class TransformerConfig:
     attention: str = "auto"
     attention_block: int = 512
     token_vocab_size: int = 0
+    qk_norm: bool = False
+    rope_scaling: Any = None
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
@@ -100,6 +106,12 @@ class TransformerConfig:
                 0 <= self.token_vocab_size <= self.vocab_size):
             raise ValueError(f"TransformerConfig.token_vocab_size must be an int in [0, "
                              f"vocab_size={self.vocab_size}], got {self.token_vocab_size!r}")
+        if not isinstance(self.qk_norm, (bool, np.bool_)):
+            raise ValueError(f"TransformerConfig.qk_norm must be a bool, got {self.qk_norm!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling,
+                                                            Llama3RopeScaling):
+            raise ValueError(f"TransformerConfig.rope_scaling must be None or a "
+                             f"Llama3RopeScaling, got {self.rope_scaling!r}")
         if self.head_dim is None:
             if self.d_model % self.num_heads:
                 raise ValueError(
