@@ -164,7 +164,7 @@ def main(argv=None):
             f"model FLOPs of the static program (see the script's docstring).\n\n{table}\n")
     print(text)
     if not args.no_write:
-        common.append_section("Agentic LM step (token env, small transformer)", text)
+        common.record_section("Agentic LM step (token env, small transformer)", text)
     return rows
 
 

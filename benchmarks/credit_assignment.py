@@ -186,7 +186,7 @@ def main(argv):
     print("RESULT " + json.dumps({m: r["finals"] for m, r in results.items()}))
     if FLAGS.record:
         plot(results, FLAGS.env_steps, f"{common.output_dir()}/credit_assignment.png")
-        common.append_section("Credit assignment", text)
+        common.record_section("Credit assignment", text)
 
 
 if __name__ == "__main__":

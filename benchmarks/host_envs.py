@@ -216,7 +216,7 @@ def main(argv=None):
     ]))
     print(text)
     if not args.no_write:
-        print("appended to", common.append_section("Host environments", text))
+        print("recorded in", common.record_section("Host environments", text))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the 
 work, as in MFU, not what each side executes: arl's update reads each group's prompt
 once (`updates.share_group_prompt`) and skips the LM head at the prompt, and its forward
 pass takes the layers' projection outputs from the rollout instead of recomputing them
-(`updates.reuse_rollout_activations`; `--arl_recompute` turns that off). So arl's
+(`updates.reuse_rollout_activations`; `--arl_set
+updates.reuse_rollout_activations=False` turns that off). So arl's
 FLOP/s is its speed on the counted work, not the hardware's utilisation; the column
 "executed of peak" gives the latter for arl: the FLOPs of the matrix products its update
 program contains (`common.matmul_flops` over the step's jaxpr: its update branch, with
@@ -54,6 +55,7 @@ start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import json
@@ -213,10 +215,10 @@ def rollout_flops(setting: protocol.Setting, context: int) -> float:
 
 
 # ------------------------------------------------------------------------- arl runner
-def arl_config(setting: protocol.Setting, checkpoint: str, reuse_activations: bool = True):
+def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
     """arl's config of `setting`: GRPO without KL, one epoch of one minibatch, the update
-    reusing the rollout's activations (`updates.reuse_rollout_activations`) unless
-    `reuse_activations` is False."""
+    reusing the rollout's activations (`updates.reuse_rollout_activations`); then
+    `overrides` ({"section.key": value}, as on the training CLI's command line)."""
     c = config_lib.default_config()
     c.algorithm = "grpo"
     if setting.turns:
@@ -237,9 +239,29 @@ def arl_config(setting: protocol.Setting, checkpoint: str, reuse_activations: bo
     c.loss.kl_coef = 0.0
     c.updates.epochs = 1
     c.updates.minibatches = 1
-    c.updates.reuse_rollout_activations = reuse_activations
+    c.updates.reuse_rollout_activations = True
     c.filters.skip_zero_advantage = False  # always time a real update
+    for key in overrides or {}:
+        node = c
+        for part in key.split("."):
+            if not hasattr(node, "keys") or part not in node:
+                raise SystemExit(f"override {key}: arl's config has no such key")
+            node = node[part]
+    c.update_from_flattened_dict(dict(overrides or {}))
     return c
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """"section.key=value" -> ("section.key", value): the value a Python literal (1e-5,
+    False, "dense"), else the text itself."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"override {text!r}: expected KEY=VALUE, e.g. "
+                         "updates.reuse_rollout_activations=False")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
 
 
 class ArlRunner:
@@ -248,10 +270,10 @@ class ArlRunner:
     name = "arl"
 
     def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int,
-                 reuse_activations: bool = True):
+                 overrides=None):
         start = time.perf_counter()
         self.setting = setting
-        self.trainer = TokenTrainer(arl_config(setting, checkpoint, reuse_activations))
+        self.trainer = TokenTrainer(arl_config(setting, checkpoint, overrides))
         state = self.trainer.init_state()
         self.params = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
         # The step's update-or-skip cond: its update branch is the costliest cond branch
@@ -305,40 +327,6 @@ class ArlRunner:
 
     def close(self):
         pass
-
-
-def alternating_medians(sides, rounds: int) -> dict[str, dict[str, float]]:
-    """{name: median step_s and rollout_s} of `rounds` rounds of `step()` of each
-    (name, ArlRunner) in `sides`, in reversed order every other round (an A/B of two
-    builds of arl's programs in one process)."""
-    runs = {name: [] for name, _ in sides}
-    for index in range(rounds):
-        for name, runner in sides if index % 2 == 0 else sides[::-1]:
-            runs[name].append(runner.step())
-    return {name: {k: float(np.median([r[k] for r in records]))
-                   for k in ("step_s", "rollout_s")} for name, records in runs.items()}
-
-
-def ab_arguments(description: str, argv=None) -> tuple[argparse.Namespace, list[str]]:
-    """(arguments, setting names) of an A/B script over the peers' settings (arl alone,
-    `alternating_medians`): --settings, --rounds, --cache_dir, --append, checked."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--settings", default="toy,modest,multiturn",
-                        help=f"comma-separated, from {sorted(protocol.SETTINGS)}")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--cache_dir", "--cache-dir",
-                        default=os.path.join(os.path.expanduser("~"), ".cache",
-                                             "arl-bench-peers"),
-                        help="where the settings' checkpoints are written once")
-    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
-    args = parser.parse_args(argv)
-    names = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in names if s not in protocol.SETTINGS]
-    if unknown or not names:
-        parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    return args, names
 
 
 # ------------------------------------------------------------------- peer environments
@@ -460,8 +448,8 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
         start = time.perf_counter()
         try:
             if peer == "arl":
-                runner = ArlRunner(setting, checkpoint, args.warmup,
-                                   reuse_activations=not args.arl_recompute)
+                runner = ArlRunner(setting, checkpoint, args.warmup, dict(
+                    [parse_override(text) for text in args.arl_set]))
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
@@ -611,10 +599,9 @@ def main(argv=None):
                              "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
                              "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
                              "and tunix's jax config), 'none'")
-    parser.add_argument("--arl_recompute", "--arl-recompute", action="store_true",
-                        help="arl's update recomputes its forward pass instead of reusing "
-                             "the rollout's activations (updates.reuse_rollout_activations "
-                             "False)")
+    parser.add_argument("--arl_set", "--arl-set", action="append", default=[],
+                        metavar="KEY=VALUE", help="a config override of arl's side, e.g. "
+                        "updates.reuse_rollout_activations=False (repeatable)")
     parser.add_argument("--record", action="store_true",
                         help="append the tables to benchmarks/RESULTS.md and write "
                              "benchmarks/peers_results.json")
@@ -723,7 +710,7 @@ def main(argv=None):
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
     print(text)
     if args.record:
-        common.append_section("Peers: arl vs TRL vs tunix, equal-work GRPO step", text)
+        common.record_section("Peers: arl vs TRL vs tunix, equal-work GRPO step", text)
         out = os.path.join(common.output_dir(), "peers_results.json")
         with open(out, "w", encoding="utf-8") as f:
             json.dump(dict(date=common.utc_now(), machine=common.machine_line(),

@@ -365,7 +365,7 @@ def main(argv=None):
             f"only\" logs what the baseline logs.\n\n{table}\n{curve_text}")
     print(text)
     if not args.no_write:
-        common.append_section("PPO on CartPole-v1 (arl vs PureJaxRL-style rlax)", text)
+        common.record_section("PPO on CartPole-v1 (arl vs PureJaxRL-style rlax)", text)
     return rows
 
 

@@ -564,7 +564,7 @@ def main(argv=None):
             sys.path.insert(0, BENCH_DIR)
             import common  # pylint: disable=g-import-not-at-top
 
-            common.append_section("Real sizes", text)
+            common.record_section("Real sizes", text)
         return results
     if args.from_json:
         results = load_results(args.from_json)
@@ -577,7 +577,7 @@ def main(argv=None):
         sys.path.insert(0, BENCH_DIR)
         import common  # pylint: disable=g-import-not-at-top
 
-        common.append_section("Real sizes", text)
+        common.record_section("Real sizes", text)
     return results
 
 
@@ -611,7 +611,7 @@ def write_step(result: dict) -> None:
             "update_skipped")
     metrics = ", ".join(f"{k} {result['metrics'][k]:.4g}" for k in keys
                         if k in result["metrics"])
-    common.append_section("Real sizes", (
+    common.record_section("Real sizes", (
         f"### `benchmarks/real_sizes.py --step` — {common.utc_now()}\n\n"
         f"Machine: {common.machine_line()}.\n\n"
         f"One real train step of {result['shape']} ({result['parameters']:,} parameters) "

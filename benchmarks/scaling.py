@@ -193,7 +193,7 @@ def main(argv=None):
             f"points interleaved. Plot: `{os.path.basename(png)}`.\n\n{table}\n{compile_line}")
     print(text)
     if not args.no_write:
-        common.append_section("Scaling of the token train step", text)
+        common.record_section("Scaling of the token train step", text)
     return axes_rows
 
 

@@ -106,7 +106,7 @@ def main(argv=None):
             f".\n\n{table}\n")
     print(text)
     if not args.no_write:
-        common.append_section("Sharding overhead", text)
+        common.record_section("Sharding overhead", text)
     return t, ratios
 
 
