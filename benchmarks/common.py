@@ -191,6 +191,21 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def parse_meshes(text: str) -> list[tuple[int, int, int]]:
+    """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]: `--meshes` of a benchmark."""
+    meshes = []
+    for item in text.split(";"):
+        try:
+            sizes = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            sizes = ()
+        if len(sizes) != 3 or min(sizes) < 1:
+            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
+                             "(data, fsdp, tensor)")
+        meshes.append(sizes)
+    return meshes
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]],
                    align_right: bool = True) -> str:
     lines = ["| " + " | ".join(header) + " |",

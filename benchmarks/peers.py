@@ -85,7 +85,6 @@ from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
 
 PEERS = ("arl", "trl", "tunix")
-ALLOCATOR_CHOICES = ("arl", "all", "none")
 WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
 # What each peer's virtual environment installs (pip arguments). torch is pinned to the
 # CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
@@ -94,6 +93,7 @@ REQUIREMENTS = {
     "trl": ["torch==2.13.0", "trl"],
     "tunix": ["google-tunix"],
 }
+PEERS_SECTION = "Peers: arl vs TRL vs tunix, equal-work GRPO step"
 LOAD_WARNING = 1.5  # 1-minute load average above which timings are flagged
 
 
@@ -362,8 +362,7 @@ class WorkerRunner:
     timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
 
     def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
-                 warmup: int, log_path: str, timeout: float, torch_threads: int = 0,
-                 script: str | None = None, keep_freed_memory: bool = False):
+                 warmup: int, log_path: str, timeout: float, script: str | None = None):
         self.name = peer
         self.timeout = timeout
         self._log = open(log_path, "w", encoding="utf-8")
@@ -372,15 +371,11 @@ class WorkerRunner:
         env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
-        if keep_freed_memory:
-            # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts,
-            # and its `run_computations_inline()` for a JAX peer (torch runs every op on
-            # the calling thread anyway).
-            env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
-            env["ARL_PEERS_INLINE_DISPATCH"] = "1"
-        if torch_threads > 0:
-            env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
-            env["OMP_NUM_THREADS"] = str(torch_threads)
+        # arl's host settings (`arl.host.allocator`) for every side: freed memory kept
+        # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
+        # inline (torch runs every op on the calling thread anyway).
+        env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
+        env["ARL_PEERS_INLINE_DISPATCH"] = "1"
         self.proc = subprocess.Popen(
             [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
              setting.to_json(), "--checkpoint", checkpoint, "--warmup", str(warmup)],
@@ -453,8 +448,7 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
-                                      log_path, args.step_timeout, args.torch_threads,
-                                      keep_freed_memory=args.allocator == "all")
+                                      log_path, args.step_timeout)
             runners.append(runner)
         except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
             failures.append((setting.name, peer, f"{type(e).__name__}: {e}".splitlines()[0]))
@@ -518,10 +512,6 @@ def summarise(setting: protocol.Setting, recs, ready) -> dict:
                               if ready.get("executed_update_flops") else None),
         first_step_s=ready.get("first_step_s"), setup_s=ready.get("setup_s"),
         compile_s=ready.get("compile_s"), ready=ready, rounds=recs)
-
-
-def fmt_s(x) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
 
 
 def table(result: dict, peak: float) -> str:
@@ -589,22 +579,11 @@ def main(argv=None):
                         help="seconds a worker may take to build and warm up")
     parser.add_argument("--step_timeout", "--step-timeout", type=float, default=600.0,
                         help="seconds one timed step may take")
-    parser.add_argument("--torch_threads", "--torch-threads", type=int, default=0,
-                        help="intra-op threads of the TRL worker's torch (0: torch's default, "
-                             "one per core). On a loaded 2-core machine torch's 2 OpenMP "
-                             "threads stall each other; 1 shows TRL without that penalty")
-    parser.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="arl",
-                        help="which sides keep freed memory mapped (glibc: no mmap'd "
-                             "blocks, no heap trimming) and run JAX computations inline "
-                             "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
-                             "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
-                             "and tunix's jax config), 'none'")
     parser.add_argument("--arl_set", "--arl-set", action="append", default=[],
                         metavar="KEY=VALUE", help="a config override of arl's side, e.g. "
                         "updates.reuse_rollout_activations=False (repeatable)")
     parser.add_argument("--record", action="store_true",
-                        help="append the tables to benchmarks/RESULTS.md and write "
-                             "benchmarks/peers_results.json")
+                        help="write the tables as the Peers section of benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
     settings = [s for s in args.settings.split(",") if s]
     unknown = [s for s in settings if s not in protocol.SETTINGS]
@@ -616,8 +595,6 @@ def main(argv=None):
         parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
     if args.rounds < 1 or args.warmup < 1:
         parser.error("--rounds and --warmup must be >= 1")
-    if args.torch_threads < 0:
-        parser.error(f"--torch_threads={args.torch_threads}: must be >= 0 (0: torch's default)")
     args.cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir))
     os.makedirs(args.cache_dir, exist_ok=True)
 
@@ -625,21 +602,14 @@ def main(argv=None):
         print(text, flush=True)
 
     # As the training CLI: computations inline from the start (before anything starts
-    # JAX's backend), freed memory kept mapped.
-    arl_runs_inline = args.allocator in ("arl", "all") and allocator.run_computations_inline()
-    arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
-    allocator_line = {
-        "arl": "arl runs its steps inline and keeps freed memory mapped as its training CLI "
-               "does (`arl.host.allocator`), the peers run with glibc's and their "
-               "libraries' defaults",
-        "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
-               f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX computations "
-               "inline (arl, tunix; torch does)",
-        "none": "every side runs with glibc's malloc defaults and JAX's async dispatch"
-    }[args.allocator]
-    if args.allocator != "none" and not arl_keeps_freed_memory:
+    # JAX's backend), freed memory kept mapped; the peers get the same (WorkerRunner).
+    runs_inline = allocator.run_computations_inline()
+    allocator_line = (f"every side keeps freed memory mapped (arl: `arl.host.allocator`; the "
+                      f"peers: GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX "
+                      f"computations inline (arl, tunix; torch does)")
+    if not allocator.keep_freed_memory():
         allocator_line += " (not applied: the C library is not glibc)"
-    if args.allocator != "none" and not arl_runs_inline:
+    if not runs_inline:
         allocator_line += " (arl's steps dispatched asynchronously: JAX had already started)"
     log(f"allocator: {allocator_line}")
     load_start = common.load_average()
@@ -688,7 +658,6 @@ def main(argv=None):
     failure_lines = "".join(f"- {setting} / {peer}: {without_log(reason)}\n"
                             for setting, peer, reason in failures)
     loaded = max(load_start, load_end) > LOAD_WARNING
-    threads = args.torch_threads or "default (one per core)"
     environments = ", ".join(f"{k} {v}" for k, v in install_notes.items()) or "none"
     text = (f"### `benchmarks/peers.py` — {common.utc_now()}\n\n"
             f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "
@@ -696,7 +665,7 @@ def main(argv=None):
             f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
             f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
-            f"side; TRL's torch threads: {threads}; host allocator: {allocator_line}; "
+            f"side; TRL's torch threads: one per core; host allocator: {allocator_line}; "
             f"rollout = generation alone (arl: its "
             f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
@@ -710,16 +679,7 @@ def main(argv=None):
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
     print(text)
     if args.record:
-        common.record_section("Peers: arl vs TRL vs tunix, equal-work GRPO step", text)
-        out = os.path.join(common.output_dir(), "peers_results.json")
-        with open(out, "w", encoding="utf-8") as f:
-            json.dump(dict(date=common.utc_now(), machine=common.machine_line(),
-                           load_start=load_start, load_end=load_end, peak_flops=peak,
-                           peak_measurements=peaks,
-                           allocator=args.allocator,
-                           install=install_notes, failures=failures, results=results),
-                      f, indent=1, default=str)
-        log(f"recorded: RESULTS.md section and {out}")
+        log(f"recorded in {common.record_section(PEERS_SECTION, text)}")
     return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
 
 

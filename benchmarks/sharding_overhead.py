@@ -76,7 +76,7 @@ def main(argv=None):
         raise SystemExit(f"--devices={args.devices} but only {jax.device_count()} devices "
                          "exist (set XLA_FLAGS before JAX is imported)")
 
-    meshes = [(1, 1, 1)] + parse_meshes(args.meshes or f"{args.devices},1,1")
+    meshes = [(1, 1, 1)] + common.parse_meshes(args.meshes or f"{args.devices},1,1")
     for mesh in meshes:
         if math.prod(mesh) > jax.device_count():
             raise SystemExit(f"--meshes: {mesh} needs {math.prod(mesh)} devices, only "
@@ -108,21 +108,6 @@ def main(argv=None):
     if not args.no_write:
         common.record_section("Sharding overhead", text)
     return t, ratios
-
-
-def parse_meshes(text: str) -> list:
-    """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]."""
-    meshes = []
-    for item in text.split(";"):
-        try:
-            sizes = tuple(int(x) for x in item.split(","))
-        except ValueError:
-            sizes = ()
-        if len(sizes) != 3 or min(sizes) < 1:
-            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
-                             "(data, fsdp, tensor)")
-        meshes.append(sizes)
-    return meshes
 
 
 if __name__ == "__main__":

@@ -94,8 +94,8 @@ def test_scaling_plot_keeps_flat_series_flat(bench):
     plt.close(fig)
 
 
-def test_sharding_overhead_parses_mesh_layouts(bench):
-    parse = bench["sharding_overhead"].parse_meshes
+def test_mesh_layouts_parse_or_exit_with_one_line(bench):
+    parse = bench["common"].parse_meshes
     assert parse("8,1,1;2,4,1") == [(8, 1, 1), (2, 4, 1)]
     for bad in ("8,1", "2,0,4", "8,x,1"):
         with pytest.raises(SystemExit, match="three positive sizes"):

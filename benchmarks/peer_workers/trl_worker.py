@@ -118,9 +118,6 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(seed)
-    threads = int(os.environ.get("ARL_PEERS_TORCH_THREADS", "0"))
-    if threads > 0:  # 0: torch's default, one intra-op thread per core
-        torch.set_num_threads(threads)
     multiturn = setting.turns > 0
     prefix = "c" if multiturn else "t"
     tokenizer = word_tokenizer(setting.vocab, prefix)

@@ -288,7 +288,7 @@ def main():
     args = parser.parse_args()
     if os.environ.get("ARL_PEERS_INLINE_DISPATCH") == "1":
         # What arl's training CLI does (`arl.host.allocator.run_computations_inline`),
-        # before JAX's backend starts: the driver's `--allocator=all`.
+        # before JAX's backend starts, as the driver asks for every side.
         import jax
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     channel = protocol.Channel()
