@@ -163,7 +163,7 @@ def ms(t):
 
 def table(gae_rows, group_rows, policy):
     methods = gae_methods()
-    lines = ["### GAE (gamma=0.99, lambda=0.95; ours with a 70% agent mask, rlax unmasked)",
+    lines = ["#### GAE (gamma=0.99, lambda=0.95; ours with a 70% agent mask, rlax unmasked)",
              "",
              "| shape | " + " | ".join(f"ours {m} (ms)" for m in methods)
              + " | rlax vmapped (ms) | NumPy loop (ms) | rlax / ours-auto | "
@@ -177,14 +177,14 @@ def table(gae_rows, group_rows, policy):
                      f"{t_numpy / best:.1f}x |")
     lines += ["", f"`method='auto'` resolves to `{auto}` on this backend "
               f"({jax.default_backend()}).", "",
-              "### Group advantages (GRPO, groups of 16, shuffled ids)", "",
+              "#### Group advantages (GRPO, groups of 16, shuffled ids)", "",
               "| N | ours jit (ms) | per-group Python loop (ms) | NumPy reshape (ms) | "
               "loop / ours | reshape / ours |", "|---|---|---|---|---|---|"]
     for n, t_ours, t_loop, t_reshape in group_rows:
         lines.append(f"| {n} | {ms(t_ours)} | {ms(t_loop)} | {ms(t_reshape)} | "
                      f"{t_loop / t_ours:.0f}x | {t_reshape / t_ours:.2f}x |")
     t_ours, t_bare = policy
-    lines += ["", "### Policy loss forward + backward (B=1024, T=1024, [B] advantages)", "",
+    lines += ["", "#### Policy loss forward + backward (B=1024, T=1024, [B] advantages)", "",
               "| ours: policy_loss + metrics, dual clip (ms) | bare clipped formula (ms) | "
               "ours / bare |", "|---|---|---|",
               f"| {ms(t_ours)} | {ms(t_bare)} | {t_ours / t_bare:.2f}x |"]
