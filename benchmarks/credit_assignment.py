@@ -38,7 +38,7 @@ flags.DEFINE_integer("sft_steps", 300, "Behaviour-cloning steps of the shared wa
 flags.DEFINE_list("methods", ["grpo", "ppo", "vineppo", "grpo_process"], "Methods to run.")
 flags.DEFINE_integer("max_n", 64, "guess_number N.")
 flags.DEFINE_integer("max_turns", 7, "Turn budget (7 = bisection's optimum for N=64).")
-flags.DEFINE_boolean("record", True, "Append the table to RESULTS.md and write the PNG.")
+flags.DEFINE_boolean("record", True, "Write the table to RESULTS.md and write the PNG.")
 
 METHOD_NOTES = {
     "grpo": "GRPO, outcome reward only",
