@@ -10,7 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
+import shlex
 import statistics
+import sys
 import time
 from importlib import metadata
 from typing import Callable, Mapping, Sequence
@@ -32,6 +35,24 @@ def results_path() -> str:
 def output_dir() -> str:
     """Where figures go: $OUT when set, else benchmarks/."""
     return os.environ.get("OUT") or BENCH_DIR
+
+
+def force_host_devices(argv: Sequence[str], default: int = 0) -> int:
+    """Makes the CPU backend offer the `--devices N` of `argv` (else `default`) fake devices,
+    replacing any device count already in XLA_FLAGS; returns N (0: nothing set). Must run
+    before JAX starts its backend (importing JAX does not start it)."""
+    count = default
+    for i, arg in enumerate(argv):
+        if arg == "--devices" and i + 1 < len(argv):
+            count = int(argv[i + 1])
+        elif arg.startswith("--devices="):
+            count = int(arg.split("=", 1)[1])
+    if count:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                       os.environ.get("XLA_FLAGS", ""))
+        os.environ["XLA_FLAGS"] = (f"{flags.strip()} "
+                                   f"--xla_force_host_platform_device_count={count}").strip()
+    return count
 
 
 def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: int
@@ -242,6 +263,21 @@ def record_section(section: str, text: str, path: str | None = None) -> str:
     with open(path, "w", encoding="utf-8") as f:
         f.write(updated)
     return path
+
+
+def heading(script: str) -> str:
+    """A record's first lines: the script, the date, the machine (with its load average)
+    and the command that ran it."""
+    command = shlex.join(["python", f"benchmarks/{script}", *sys.argv[1:]])
+    return (f"### `benchmarks/{script}` — {utc_now()}\n\nMachine: {machine_line()}. "
+            f"Command: `{command}`.\n\n")
+
+
+def publish(section: str, text: str, write: bool) -> None:
+    """Prints a benchmark's record and, when `write`, makes it `section` of RESULTS.md."""
+    print(text)
+    if write:
+        print(f"recorded in {record_section(section, text)}")
 
 
 def fmt_rate(x: float) -> str:

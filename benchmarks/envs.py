@@ -107,7 +107,6 @@ def main():
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
-    machine = common.machine_line()
     rows = []
     for name in E.registered_names():
         env = E.make(name)
@@ -124,18 +123,12 @@ def main():
     rows.append(("gymnax CartPole-v1 (raw step)", "random", rate, compile_s))
     print(f"CartPole-v1    random  {rate:14,.0f} steps/s  (compile {compile_s:.1f}s)")
 
-    lines = ["| environment | actions | env steps / s | compile + first call (s) |",
-             "|---|---|---:|---:|"]
-    lines += [f"| {n} | {p} | {r:,.0f} | {c:.1f} |" for n, p, r, c in rows]
-    table = "\n".join(lines)
-    header = (f"### `benchmarks/envs.py` — {common.utc_now()}\n\nbatch {args.batch}, {args.steps} turns per "
-              f"jitted `lax.scan`, best of {args.repeats}; token envs under `AutoReset`.\n"
-              f"Machine: {machine}.")
-    print()
-    print(header)
-    print(table)
-    if not args.no_write:
-        common.record_section("Environments", f"{header}\n\n{table}")
+    table = common.markdown_table(
+        ["environment", "actions", "env steps / s", "compile + first call (s)"],
+        [(n, p, f"{r:,.0f}", f"{c:.1f}") for n, p, r, c in rows])
+    common.publish("Environments", common.heading("envs.py") + (
+        f"Batch {args.batch}, {args.steps} turns per jitted `lax.scan`, best of "
+        f"{args.repeats}; token envs under `AutoReset`.\n\n{table}\n"), not args.no_write)
 
 
 if __name__ == "__main__":

@@ -50,13 +50,9 @@ def _median(fn, repeats):
     return statistics.median(times)
 
 
-def _env(name, **kwargs):
-    return envs_lib.make(name, cache_size=0, **kwargs)
-
-
 def scripted_rollout(name: str, rows: int, repeats: int):
     """(turns/s, host share, seconds) of a jitted oracle rollout of `rows` episodes."""
-    env = _env(name)
+    env = envs_lib.make(name, cache_size=0)  # every tool call runs
     run = jax.jit(lambda key: rollout_lib.rollout(env, key, num_tasks=rows, group_size=1,
                                                   action_source="oracle"))
     keys = iter(jax.random.split(jax.random.key(0), repeats + 1))
@@ -139,8 +135,7 @@ def main(argv=None):
 
     load_after = common.load_average()
     text = "\n\n".join(filter(None, [
-        f"### `benchmarks/host_envs.py` — {common.utc_now()}",
-        f"{common.machine_line()}; load average {load_before:.1f} before, "
+        common.heading("host_envs.py") + f"Load average {load_before:.1f} before, "
         f"{load_after:.1f} after; {args.repeats} repeats (median / mean).",
         "Oracle rollouts (one real tool call + one answer per episode, result cache off):",
         common.markdown_table(["env", "rows", "turns / s", "host share", "s / rollout"],
@@ -150,9 +145,7 @@ def main(argv=None):
         common.markdown_table(["env", "rows", "policy turns / s", "host share",
                                "s / step"], train_rows) if train_rows else "",
     ]))
-    print(text)
-    if not args.no_write:
-        print("recorded in", common.record_section("Host environments", text))
+    common.publish("Host environments", text, not args.no_write)
 
 
 if __name__ == "__main__":

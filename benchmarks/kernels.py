@@ -203,15 +203,12 @@ def main():
     gae_rows = bench_gae(args.repeats, rng)
     group_rows = bench_groups(args.repeats, rng)
     policy = bench_policy_loss(args.repeats, rng)
-    header = (f"### `benchmarks/kernels.py` — {common.utc_now()}\n\n"
-              f"Machine: {common.machine_line()} (at the end). Versions: arl "
+    header = (common.heading("kernels.py") + f"Versions: arl "
               f"{arl.__version__}, rlax {rlax.__version__}, numpy {np.__version__}. Median of "
               f"{args.repeats} runs after compilation; host allocator "
               f"{'inline + kept heap' if inline and kept else 'default'}.")
-    text = header + "\n\n" + table(gae_rows, group_rows, policy)
-    print(text)
-    if args.record:
-        common.record_section("Kernels", text)
+    common.publish("Kernels", header + "\n\n" + table(gae_rows, group_rows, policy),
+                   args.record)
 
 
 if __name__ == "__main__":

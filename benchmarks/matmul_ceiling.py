@@ -41,7 +41,6 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
 _DOT = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), "
                   r"%([\w.\-]+)\)(.*)$")
 _CALLEE = re.compile(r"(calls|body|to_apply|condition)=%([\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _NAME = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
 
 
@@ -50,15 +49,13 @@ def _dims(text: str, field: str) -> tuple[int, ...]:
     return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
 
 
-def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list[dict]:
-    """Every `dot` of an optimized HLO module: dtype, operand shapes, dimension numbers and
-    how many times it runs. Without `executed`, runs is the product of the known trip
-    counts of the loops around it (computations reached from several places count once
-    per caller; both branches of a conditional count once). With `executed` (the thunk
-    runs of one call, `executed_thunks`), runs is how often the thunk holding the dot (the
-    dot itself, or the fusion that calls its computation) ran: exact, branches not taken
-    and dead code dropped."""
-    shapes, lines_of, callers = {}, collections.defaultdict(list), collections.defaultdict(list)
+def hlo_dots(hlo_text: str, executed: collections.Counter) -> list[dict]:
+    """Every `dot` of an optimized HLO module that ran: dtype, operand shapes, dimension
+    numbers and how many times it ran, that is how often `executed` (the thunk runs of
+    one call, `executed_thunks`) saw the thunk holding it (the dot itself, or the fusion
+    that calls its computation) run: loop trips counted, branches not taken and dead code
+    dropped."""
+    shapes, lines_of = {}, collections.defaultdict(list)
     fused_by = {}  # fused computation -> the fusion instruction (the thunk) that calls it
     computation = None
     for line in hlo_text.splitlines():
@@ -71,17 +68,10 @@ def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list
         if match:  # (tuple-shaped instructions, e.g. loops, have no array shape)
             shapes[match.group(1)] = tuple(int(d) for d in match.group(3).split(",") if d)
         lines_of[computation].append(line)
-        trips, name = _TRIP_COUNT.search(line), _NAME.match(line)
+        name = _NAME.match(line)
         for kind, callee in _CALLEE.findall(line):
-            count = int(trips.group(1)) if trips and kind == "body" else 1
-            callers[callee].append((computation, count))
             if kind == "calls" and name:
                 fused_by[callee] = name.group(1)
-
-    def runs(name: str) -> int:
-        if not callers.get(name):
-            return 1
-        return sum(count * runs(caller) for caller, count in callers[name])
 
     dots = []
     for computation, lines in lines_of.items():
@@ -90,8 +80,7 @@ def hlo_dots(hlo_text: str, executed: collections.Counter | None = None) -> list
             if not match:
                 continue
             name, dtype, lhs, rhs, rest = match.groups()
-            thunk = fused_by.get(computation, name)
-            count = runs(computation) if executed is None else executed.get(thunk, 0)
+            count = executed.get(fused_by.get(computation, name), 0)
             if not count:
                 continue
             dots.append(dict(
@@ -146,12 +135,11 @@ def dot_seconds(dot: dict, repeats: int) -> float:
         {"dot": lambda: jax.block_until_ready(program(lhs, rhs))}, repeats)["dot"]
 
 
-def dots_alone(hlo_text: str, repeats: int, log, top: int = 6,
-               executed: collections.Counter | None = None):
+def dots_alone(hlo_text: str, executed: collections.Counter, repeats: int, log,
+               top: int = 6):
     """(seconds, FLOPs, dots, distinct shapes) of every dot of an optimized HLO module
-    (`hlo_dots`: as often as `executed` says the program ran it, else loop trip counts
-    included) timed alone at its shapes, less the cost of calling a jitted program; logs
-    the `top` costliest shapes."""
+    (`hlo_dots`: as often as `executed` says the program ran it) timed alone at its
+    shapes, less the cost of calling a jitted program; logs the `top` costliest shapes."""
     dots = hlo_dots(hlo_text, executed)
     signatures = collections.Counter()
     for dot in dots:
@@ -185,12 +173,11 @@ def step_part(names, repeats, peak, log, peak_size, cache_dir):
         runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, cache_dir),
                                  warmup=2)
         step_dots, step_flops, _, _ = dots_alone(
-            runner.step_program.as_text(), repeats, lambda line: log(f"  {name} step {line}"),
-            executed=executed_thunks(runner._run_step))  # pylint: disable=protected-access
+            runner.step_program.as_text(), executed_thunks(runner._run_step),  # pylint: disable=protected-access
+            repeats, lambda line: log(f"  {name} step {line}"))
         rollout_dots, rollout_flops, _, _ = dots_alone(
-            runner.rollout_program.as_text(), repeats,
-            lambda line: log(f"  {name} rollout {line}"),
-            executed=executed_thunks(runner._run_rollout))  # pylint: disable=protected-access
+            runner.rollout_program.as_text(), executed_thunks(runner._run_rollout),  # pylint: disable=protected-access
+            repeats, lambda line: log(f"  {name} rollout {line}"))
         times = common.interleaved_median_times(
             {"step": runner._run_step, "rollout": runner._run_rollout}, repeats)  # pylint: disable=protected-access
         update, update_dots = times["step"] - times["rollout"], step_dots - rollout_dots
@@ -242,13 +229,9 @@ def main(argv=None):
     peak = common.matmul_peak_flops(args.peak_size)
     log(f"float32 matmul peak ({args.peak_size}^2): {peak / 1e9:.1f} GFLOP/s")
     table = step_part(names, args.repeats, peak, log, args.peak_size, args.cache_dir)
-    text = (f"### `benchmarks/matmul_ceiling.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}; load average {load_start:.1f} at the start. "
-            f"Median of {args.repeats} interleaved rounds. Command: `python "
-            f"benchmarks/matmul_ceiling.py --settings {args.settings}`.\n\n{table}\n")
-    print(text)
-    if args.record:
-        common.record_section("Matmul ceiling", text)
+    common.publish("Matmul ceiling", common.heading("matmul_ceiling.py") + (
+        f"Load average {load_start:.1f} at the start. Median of {args.repeats} interleaved "
+        f"rounds.\n\n{table}\n"), args.record)
 
 
 if __name__ == "__main__":

@@ -659,8 +659,8 @@ def main(argv=None):
                             for setting, peer, reason in failures)
     loaded = max(load_start, load_end) > LOAD_WARNING
     environments = ", ".join(f"{k} {v}" for k, v in install_notes.items()) or "none"
-    text = (f"### `benchmarks/peers.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "
+    text = (common.heading("peers.py")
+            + f"1-minute load average {load_start:.2f} at the "
             f"start, {load_end:.2f} at the end"
             f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
             f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
@@ -677,9 +677,7 @@ def main(argv=None):
             f"compile seconds; the peers' trainer construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
-    print(text)
-    if args.record:
-        log(f"recorded in {common.record_section(PEERS_SECTION, text)}")
+    common.publish(PEERS_SECTION, text, args.record)
     return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
 
 

@@ -47,23 +47,12 @@ TINY_SHAPE = dict(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim
                   norm_eps=1e-6)
 
 
-def _devices_flag(argv) -> int:
-    for i, arg in enumerate(argv):
-        if arg == "--devices" and i + 1 < len(argv):
-            return int(argv[i + 1])
-        if arg.startswith("--devices="):
-            return int(arg.split("=", 1)[1])
-    return 0
-
-
-if __name__ == "__main__" and _devices_flag(sys.argv[1:]) and "jax" not in sys.modules:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
-                               f"_device_count={_devices_flag(sys.argv[1:])}").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 sys.path.insert(0, REPO_DIR)  # configs/ (a script's own directory is benchmarks/)
 sys.path.insert(0, BENCH_DIR)
-import common  # noqa: E402  pylint: disable=wrong-import-position  (after XLA_FLAGS)
+import common  # noqa: E402  pylint: disable=wrong-import-position
+
+if __name__ == "__main__" and common.force_host_devices(sys.argv[1:]):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 # ---------------------------------------------------------------------------- configs
@@ -284,12 +273,9 @@ def compile_in_subprocesses(args) -> list[dict]:
 
 
 def load_results(path: str) -> list[dict]:
-    """Results stored by `--json` (JSON lines, or one JSON list)."""
+    """Results stored by `--json` (JSON lines)."""
     with open(path, encoding="utf-8") as f:
-        text = f.read().strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 # ---------------------------------------------------------------------------- report
@@ -409,9 +395,8 @@ def accelerator_report(results: list[dict], args) -> str:
         ["shape", "temps", "compiler total", "estimate", "error",
          f"fits this device ({gib(limit) if limit else '?'} GiB)", "lower + compile (s)",
          "step (s)"], rows)
-    return (f"### `benchmarks/real_sizes.py --accelerator` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
+    return (common.heading("real_sizes.py")
+            + f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
             f"{args.num_tasks} tasks x group {args.group_size}, context "
             f"{results[0]['context']}, compiled for {results[0]['device']}; GiB. Shapes "
             f"that fit ran {args.steps} real steps.\n\n{table_text}\n")
@@ -462,17 +447,12 @@ def main(argv=None):
         return run_worker(args)
     if args.accelerator:
         results = run_accelerator(args)
-        text = accelerator_report(results, args)
-        print(text)
-        if not args.no_write:
-            common.record_section("Real sizes on one accelerator", text)
+        common.publish("Real sizes on one accelerator", accelerator_report(results, args),
+                       not args.no_write)
         return results
     results = compile_in_subprocesses(args)
-    text = report(results, args)
-    print(text)
-    if not args.no_write:
-        common.record_section("Real sizes: memory against context" if args.context_turns
-                              else "Real sizes", text)
+    common.publish("Real sizes: memory against context" if args.context_turns
+                   else "Real sizes", report(results, args), not args.no_write)
     return results
 
 
@@ -483,9 +463,8 @@ def report(results: list[dict], args) -> str:
     contexts = ", ".join(str(c) for c in sorted({r["context"] for r in results}))
     slopes = context_slopes(results)
     slopes = f"\n\nMemory against context (log-log):\n\n{slopes}" if slopes else ""
-    return (f"### `benchmarks/real_sizes.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
+    return (common.heading("real_sizes.py")
+            + f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
             f"{args.group_size} = {first['batch']} episodes, context {contexts}; "
             f"fake CPU devices, lowered and compiled from the abstract state (nothing "
             f"allocated). GiB per device; compiler total = arguments + outputs - aliased + "

@@ -102,6 +102,19 @@ def test_mesh_layouts_parse_or_exit_with_one_line(bench):
             parse(bad)
 
 
+def test_force_host_devices_replaces_the_device_count_only_when_asked(bench, monkeypatch):
+    force = bench["common"].force_host_devices
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8")
+    assert force(["--shapes", "tiny", "--devices", "64"]) == 64
+    assert os.environ["XLA_FLAGS"] == ("--xla_cpu_foo=1 "
+                                       "--xla_force_host_platform_device_count=64")
+    assert force(["--devices=2"], default=8) == 2
+    assert os.environ["XLA_FLAGS"].endswith("count=2") and "count=64" not in os.environ[
+        "XLA_FLAGS"]
+    assert force(["--rows", "3"]) == 0 and os.environ["XLA_FLAGS"].endswith("count=2")
+    assert force([], default=8) == 8
+
+
 def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
     step = jax.jit(lambda s: (s + 1.0, {"value": s}), donate_argnums=(0,))
     seen = []
@@ -125,7 +138,9 @@ def test_matmul_ceiling_finds_every_dot_of_a_compiled_program_and_its_runs():
         return y.sum() + scores.sum() + h.sum()
 
     args = (jnp.ones((32, 24)), jnp.ones((24, 40)), jnp.ones((3, 5, 8)), jnp.ones((3, 6, 8)))
-    dots = matmul_ceiling.hlo_dots(jax.jit(program).lower(*args).compile().as_text())
+    compiled = jax.jit(program).lower(*args).compile()
+    executed = matmul_ceiling.executed_thunks(lambda: jax.block_until_ready(compiled(*args)))
+    dots = matmul_ceiling.hlo_dots(compiled.as_text(), executed)
     runs = {}
     for dot in dots:
         key = (tuple(sorted(dot["lhs"] + dot["rhs"])), len(dot["numbers"][1][0]))
@@ -141,7 +156,7 @@ def test_matmul_ceiling_finds_every_dot_of_a_compiled_program_and_its_runs():
     # The same program's dots timed alone: every run counted once, the costliest logged.
     logged = []
     seconds, work, timed_dots, distinct = matmul_ceiling.dots_alone(
-        jax.jit(program).lower(*args).compile().as_text(), 1, logged.append, top=2)
+        compiled.as_text(), executed, 1, logged.append, top=2)
     assert work == 2 * 32 * 24 * 40 + 2 * 3 * 5 * 6 * 8 + 7 * 2 * 32 * 24 * 24
     assert (len(timed_dots), distinct, len(logged)) == (3, 3, 2)
     assert seconds > 0 and all(line.startswith("dot f32") for line in logged)
@@ -149,7 +164,7 @@ def test_matmul_ceiling_finds_every_dot_of_a_compiled_program_and_its_runs():
 
 def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
     """Counted from the trace of one call, a conditional's untaken branch contributes no
-    dot and a loop's dot runs its trip count; the static count takes both branches."""
+    dot and a loop's dot runs its trip count (mean over calls)."""
     matmul_ceiling = import_benchmark("matmul_ceiling")
 
     def program(x, w, v, take_w):
@@ -168,5 +183,7 @@ def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
         lambda: jax.block_until_ready(compiled(*args)), calls=2)
     counted = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text, executed)}
     assert counted == {((24, 24), 7), ((24, 40), 1)}, counted
-    static = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text)}
-    assert static == {((24, 24), 7), ((24, 40), 1), ((24, 3), 1)}, static
+    executed = matmul_ceiling.executed_thunks(
+        lambda: jax.block_until_ready(compiled(args[0], args[1], args[2], jnp.asarray(False))))
+    counted = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text, executed)}
+    assert counted == {((24, 24), 7), ((24, 3), 1)}, counted
