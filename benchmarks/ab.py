@@ -72,10 +72,7 @@ def main(argv=None) -> list:
                         default=os.path.expanduser("~/.cache/arl-bench-peers"),
                         help="where the settings' checkpoints are written once")
     args = parser.parse_args(argv)
-    names = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in names if s not in protocol.SETTINGS]
-    if unknown or not names:
-        parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
+    names = protocol.setting_names(parser, args.settings)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     overrides = dict(peers.parse_override(text) for text in args.overrides)

@@ -220,9 +220,7 @@ def main(argv=None):
     parser.add_argument("--record", action="store_true",
                         help="write the table as the Matmul ceiling section of RESULTS.md")
     args = parser.parse_args(argv)
-    names = [s for s in args.settings.split(",") if s]
-    if not names or any(s not in protocol.SETTINGS for s in names):
-        parser.error(f"--settings: {args.settings!r}; choose from {sorted(protocol.SETTINGS)}")
+    names = protocol.setting_names(parser, args.settings)
     common.host_settings_as_the_cli()
     log = lambda line: print(line, flush=True)
     load_start = common.load_average()

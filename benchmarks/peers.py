@@ -93,7 +93,6 @@ REQUIREMENTS = {
     "trl": ["torch==2.13.0", "trl"],
     "tunix": ["google-tunix"],
 }
-PEERS_SECTION = "Peers: arl vs TRL vs tunix, equal-work GRPO step"
 LOAD_WARNING = 1.5  # 1-minute load average above which timings are flagged
 
 
@@ -241,13 +240,16 @@ def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
     c.updates.minibatches = 1
     c.updates.reuse_rollout_activations = True
     c.filters.skip_zero_advantage = False  # always time a real update
-    for key in overrides or {}:
+    for key, value in (overrides or {}).items():
         node = c
         for part in key.split("."):
             if not hasattr(node, "keys") or part not in node:
                 raise SystemExit(f"override {key}: arl's config has no such key")
             node = node[part]
-    c.update_from_flattened_dict(dict(overrides or {}))
+        try:
+            c.update_from_flattened_dict({key: value})
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"override {key}={value!r}: {e}") from None
     return c
 
 
@@ -585,11 +587,7 @@ def main(argv=None):
     parser.add_argument("--record", action="store_true",
                         help="write the tables as the Peers section of benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
-    settings = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in settings if s not in protocol.SETTINGS]
-    if unknown or not settings:
-        parser.error(f"--settings: unknown {unknown}; allowed values are "
-                     f"{sorted(protocol.SETTINGS)}")
+    settings = protocol.setting_names(parser, args.settings)
     peers = [p for p in args.peers.split(",") if p]
     if not peers or any(p not in PEERS for p in peers):
         parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
@@ -677,7 +675,7 @@ def main(argv=None):
             f"compile seconds; the peers' trainer construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
-    common.publish(PEERS_SECTION, text, args.record)
+    common.publish("Peers: arl vs TRL vs tunix, equal-work GRPO step", text, args.record)
     return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
 
 

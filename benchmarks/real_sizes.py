@@ -336,14 +336,6 @@ def context_slopes(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def terms_table(results: list[dict]) -> str:
-    names = ("state", "gradients", "vocabulary", "residuals", "layer", "logits", "rollout")
-    rows = [[r["shape"], str(tuple(r["mesh"])), r["context"]]
-            + [gib(r["estimate"][n]) for n in names] for r in results]
-    return common.markdown_table(["shape", "mesh", "context"]
-                                 + [f"{n} (GiB)" for n in names], rows)
-
-
 # ---------------------------------------------------------------------------- one chip
 def run_accelerator(args) -> list[dict]:
     """Every shape compiled for the default backend's first device (layout (1, 1, 1),
@@ -470,8 +462,7 @@ def report(results: list[dict], args) -> str:
             f"allocated). GiB per device; compiler total = arguments + outputs - aliased + "
             f"temps; error = (estimate - compiler) / compiler. {within} of {len(results)} "
             f"within {100 * TOLERANCE:.0f}%; XLA \"involuntary full rematerialization\" "
-            f"warnings: {warnings}.\n\n{table(results)}{slopes}\n\nEstimate by term "
-            f"(GiB per device):\n\n{terms_table(results)}\n")
+            f"warnings: {warnings}.\n\n{table(results)}{slopes}\n")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ def test_arl_config_takes_overrides_and_refuses_unknown_keys(peers):
     assert peers.arl_config(setting, "checkpoint").updates.reuse_rollout_activations is True
     with pytest.raises(SystemExit, match="updates.no_such_key"):
         peers.arl_config(setting, "checkpoint", {"updates.no_such_key": 1})
+    with pytest.raises(SystemExit, match="updates.epochs='two'"):
+        peers.arl_config(setting, "checkpoint", dict([peers.parse_override("updates.epochs=two")]))
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         peers.parse_override("updates.epochs")
 

@@ -22,7 +22,6 @@ with `env_mask` so the loss skips them.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -176,12 +175,7 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--setting", required=True)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = protocol.worker_arguments()
     channel = protocol.Channel()
     try:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
