@@ -24,6 +24,9 @@ hook's frame through a traceback, cannot change what it allows.
 import os
 import sys
 
+if __name__ != "__main__":  # imported (tests); run, this file's source follows the kernel's
+    from arl.tools._sandbox_kernel import _libc, build_minimal_root, install_seccomp
+
 # Imports the worker refuses (the module or any submodule), with why:
 BLOCKED_MODULES = frozenset({
     "ctypes", "_ctypes", "_ctypes_test",               # native calls bypass every hook
@@ -93,7 +96,9 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
     its `__fspath__` here would run the program's code and could answer differently
     from the call the kernel sees.
 
-    Imports of `blocked_modules` and loading a native extension from outside the
+    Imports of `blocked_modules` (by the module's name, and for an extension by the file
+    loaded: its resolved file name, so `_posixsubprocess.cpython-311-....so` loaded under
+    another name is refused too) and loading a native extension from outside the
     `dynload_roots` are refused, as are `denied_events` and events starting with
     `denied_prefixes`. Refusals raise `PermissionError("sandbox: ...")`.
     """
@@ -135,7 +140,10 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
             name, filename = args[0], args[1]
             if get_type(name) is not str_type:
                 raise permission_error("sandbox: import of a non-str name is not allowed")
-            if name in blocked_modules or name.split(".")[0] in blocked_modules:
+            # By the name asked for, its first component, its last one (an extension's
+            # PyInit_ function is named after it), and below by the file loaded.
+            if (name in blocked_modules or name.split(".")[0] in blocked_modules
+                    or name.split(".")[-1] in blocked_modules):
                 raise permission_error("sandbox: module '" + name + "' is not available")
             if filename is not None:
                 checks.append((filename, dynload_roots, "loading native code from"))
@@ -199,6 +207,8 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
                     allowed = False
             if not allowed:
                 raise permission_error("sandbox: " + what + " '" + path + "' is not allowed")
+            if event == "import" and real.split("/")[-1].split(".")[0] in blocked_modules:
+                raise permission_error("sandbox: module file '" + path + "' is not available")
 
     return hook
 
@@ -237,23 +247,23 @@ def _wait(pid, timeout):
 
 
 def _supervise(config):
+    """Returns (source, library, roots, workdir, kernel) in the worker; never returns in
+    the supervisor. `kernel`: (ctypes, libc) when the worker installs a seccomp filter."""
     workdir = config["workdir"]
     with open(os.path.join(workdir, "main.py"), "rb") as f:
         source = f.read()
     uid = config["uid"]
-    if config["fstab"] is not None:
-        fstab_path = os.path.join(workdir, ".fstab")
-        with open(fstab_path, "w", encoding="utf-8") as f:
-            f.write(config["fstab"])
-        pid = os.posix_spawn(config["mount"], [config["mount"], "-a", "-T", fstab_path], {})
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise OSError("mounting the private file systems failed")
-        os.chdir(workdir)  # the cwd still points at the directory under the new mount
+    kernel = None
+    if config["root"] is not None:
+        build_minimal_root(workdir, config["root"], config["work_options"],
+                           config["pivot_root"])
+        workdir = "/tmp"
         with open("main.py", "wb") as f:
             f.write(source)
+    if config["seccomp"] is not None:
+        kernel = _libc()
     if uid is not None:
-        if config["fstab"] is None:
+        if config["root"] is None:
             os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
         os.chown(os.path.join(workdir, "main.py"), uid, uid)
@@ -274,7 +284,7 @@ def _supervise(config):
             pass
     pid = os.fork()
     if pid == 0:
-        return source, library, roots
+        return source, library, roots, workdir, kernel
     ended = _wait(pid, config["wall_time_s"])
     if ended is None:
         try:
@@ -335,7 +345,7 @@ def _remove_unaudited_escapes():
             delattr(module, name)
 
 
-def _work(config, source, library, roots):
+def _work(config, source, library, roots, workdir, kernel):
     import builtins
     import resource
     os.close(config["status_fd"])
@@ -348,7 +358,7 @@ def _work(config, source, library, roots):
         os.setresuid(uid, uid, uid)
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("dropping privileges failed")
-    workdir = os.path.realpath(config["workdir"])
+    workdir = os.path.realpath(workdir)
     if uid is not None:
         _import_through_descriptors(library)
     else:
@@ -357,6 +367,10 @@ def _work(config, source, library, roots):
     code = compile(source, "main.py", "exec", dont_inherit=True)
     if config["audit"]:
         _remove_unaudited_escapes()
+    if kernel is not None:
+        install_seccomp(kernel, bytes.fromhex(config["seccomp"]))
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]
     main = type(sys)("__main__")
     main.__dict__.update(__builtins__=builtins, __file__="main.py")
     sys.modules["__main__"] = main
@@ -376,19 +390,19 @@ def main():
     import json
     config = json.loads(sys.argv[1])
     try:
-        source, library, roots = _supervise(config)
+        source, library, roots, workdir, kernel = _supervise(config)
     except BaseException as exc:  # report the setup failure, never a traceback
         _report(config["status_fd"], "error %s: %s" % (type(exc).__name__, exc))
         os._exit(0)
     try:
-        code, module = _work(config, source, library, roots)
+        code, module = _work(config, source, library, roots, workdir, kernel)
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc, None)
         raise SystemExit(1)
     except BaseException as exc:
         sys.stderr.write("sandbox setup failed: %s: %s\n" % (type(exc).__name__, exc))
         os._exit(125)
-    del source, library, roots, config
+    del source, library, roots, config, workdir, kernel
     try:
         exec(code, module.__dict__)
     except SystemExit:

@@ -87,9 +87,14 @@ import tempfile
 import threading
 import time
 
+from arl.tools import rootfs, seccomp
+from arl.tools._sandbox_child import BLOCKED_MODULES
+
 _log = logging.getLogger(__name__)
 _CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   "_sandbox_child.py")
+_KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "_sandbox_kernel.py")
 _BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
 _MiB = 2 ** 20
 
@@ -246,16 +251,33 @@ def compose_observation(body: str, status_line: str | None, max_chars: int) -> t
 
 @dataclasses.dataclass(frozen=True)
 class SandboxCapabilities:
-    """Which kernel layers `run_python` uses on this machine (probed once per
-    interpreter path; see the module docstring)."""
+    """Which layers `run_python` uses on this machine (probed once per interpreter path;
+    see the module docstring). The audit hooks are always on."""
 
     user_namespace: bool = False      # non-root: unshare --user --map-root-user
     network_namespace: bool = False
     pid_namespace: bool = False
-    mount_namespace: bool = False     # private /proc, tmpfs working dir, shadowed /tmp
+    mount_namespace: bool = False     # the minimal root (`arl.tools.rootfs`), pivot_root
     uid_drop: bool = False            # root: runs as an ephemeral unprivileged uid
+    seccomp: bool = False             # the system-call filter (`arl.tools.seccomp`)
     unshare_path: str | None = None
-    mount_path: str | None = None
+
+    @property
+    def kernel_boundary(self) -> bool:
+        """Whether the kernel, not the audit hooks, bounds what the program can reach:
+        the minimal root, the seccomp filter, no network and a private PID namespace."""
+        return (self.mount_namespace and self.seccomp and self.network_namespace
+                and self.pid_namespace)
+
+    def describe(self) -> str:
+        """One line: the layers that are on, and those that are off."""
+        layers = {"minimal root": self.mount_namespace, "seccomp": self.seccomp,
+                  "network namespace": self.network_namespace,
+                  "PID namespace": self.pid_namespace,
+                  "unprivileged uid": self.uid_drop or self.user_namespace}
+        on = [name for name, active in layers.items() if active] + ["audit hooks"]
+        off = [name for name, active in layers.items() if not active]
+        return "on: " + ", ".join(on) + ("; off: " + ", ".join(off) if off else "")
 
     @property
     def unshare_args(self) -> tuple[str, ...]:
@@ -269,7 +291,7 @@ class SandboxCapabilities:
         if self.pid_namespace:
             args += ["--pid", "--fork", "--kill-child"]
         if self.mount_namespace:
-            args += ["--mount", "--mount-proc", "--ipc"]
+            args += ["--mount", "--ipc", "--uts"]
         return tuple(args) + ("--",) if len(args) > 1 else ()
 
 
@@ -286,23 +308,26 @@ def _find_executable(name: str) -> str | None:
 
 def _candidate_capabilities() -> list[SandboxCapabilities]:
     """From strongest to weakest; the first that runs a probe program is used."""
-    unshare = _find_executable("unshare") if sys.platform.startswith("linux") else None
-    mount = _find_executable("mount") if unshare else None
+    linux = sys.platform.startswith("linux")
+    unshare = _find_executable("unshare") if linux else None
     root = os.geteuid() == 0
+    filtered = linux and seccomp.seccomp_filter() is not None
     candidates = []
     if unshare:
         full = SandboxCapabilities(
             user_namespace=not root, network_namespace=True, pid_namespace=True,
-            mount_namespace=mount is not None, uid_drop=root, unshare_path=unshare,
-            mount_path=mount)
+            mount_namespace=seccomp.pivot_root_number() is not None, uid_drop=root,
+            seccomp=filtered, unshare_path=unshare)
         candidates.append(full)
-        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None))
-        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None,
+        candidates.append(dataclasses.replace(full, mount_namespace=False))
+        candidates.append(dataclasses.replace(full, mount_namespace=False,
                                               pid_namespace=False))
+    if filtered:
+        candidates.append(SandboxCapabilities(uid_drop=root, seccomp=True))
     candidates.append(SandboxCapabilities(uid_drop=root))
     if root:
         candidates.append(SandboxCapabilities())
-    return candidates
+    return list(dict.fromkeys(candidates))
 
 
 _capabilities_lock = threading.Lock()
@@ -344,35 +369,26 @@ def _resolve_python(python: str | None) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _child_source() -> str:
-    with open(_CHILD_SOURCE_PATH, encoding="utf-8") as f:
-        return f.read()
+    """The kernel helpers' source, then the supervisor/worker's (one `-c` program)."""
+    sources = []
+    for path in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH):
+        with open(path, encoding="utf-8") as f:
+            sources.append(f.read())
+    return "\n".join(sources)
 
 
-def _fstab_escape(path: str) -> str:
-    return (path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
-            .replace("\n", "\\012"))
+@functools.lru_cache(maxsize=1)
+def _seccomp_hex() -> str:
+    return seccomp.seccomp_filter().hex()
 
 
-def _fstab(workdir: str, limits: SandboxLimits, uid: int | None) -> str:
-    """The private file systems: an empty, unwritable tmpfs over each world-writable
-    directory (an inode budget that fits only the path to the working directory when it
-    lies below one of them), and a size-limited tmpfs as the working directory."""
-    options = "nosuid,nodev,noexec"
-    lines = []
-    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
-        if not os.path.isdir(shared) or os.path.islink(shared):
-            continue
-        relative = os.path.relpath(workdir, shared)
-        if relative.startswith(".."):
-            lines.append(f"arl-sandbox {shared} tmpfs ro,{options},size=4k,mode=0755 0 0")
-        else:
-            inodes = 1 + len(relative.split(os.sep))
-            lines.append(f"arl-sandbox {_fstab_escape(shared)} tmpfs rw,{options},size=64k,"
-                         f"nr_inodes={inodes},mode=0755 0 0")
+_WORK_INODES = 4096  # files and directories the program may create
+
+
+def _work_options(limits: SandboxLimits, uid: int | None) -> str:
+    """The tmpfs options of the working directory: its size is `max_disk_bytes`."""
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    lines.append(f"arl-sandbox {_fstab_escape(workdir)} tmpfs rw,{options},"
-                 f"size={limits.max_disk_bytes},mode=0700{owner},X-mount.mkdir 0 0")
-    return "\n".join(lines) + "\n"
+    return f"size={limits.max_disk_bytes},nr_inodes={_WORK_INODES},mode=0700{owner}"
 
 
 _UID_RANGE = (1_500_000_000, 2_000_000_000)
@@ -457,8 +473,11 @@ def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, 
         "wall_time_s": float(limits.wall_time_s),
         "rlimits": _rlimits(limits),
         "uid": uid,
-        "fstab": _fstab(workdir, limits, uid) if capabilities.mount_namespace else None,
-        "mount": capabilities.mount_path,
+        "root": (rootfs.root_plan(python, BLOCKED_MODULES).to_json()
+                 if capabilities.mount_namespace else None),
+        "work_options": _work_options(limits, uid),
+        "pivot_root": seccomp.pivot_root_number(),
+        "seccomp": _seccomp_hex() if capabilities.seccomp else None,
         "audit": audit_hooks,
         "preload": list(PRELOADED_MODULES),
     }
