@@ -408,6 +408,11 @@ def test_audit_hook_rules_directly(tmp_path):
                ("open", (type("P", (), {"__fspath__": lambda s: "a"})(), "r", 0)),
                ("import", ("ctypes.util", None, [], [], [])),
                ("import", ("evil", workdir + "/evil.so", None, None, None)),
+               # a blocked extension's file under an innocent name: refused by the file
+               ("import", ("alias.x", "/usr/lib/python3/lib-dynload/"
+                           "_posixsubprocess.cpython-311-x86_64-linux-gnu.so", None, None, None)),
+               ("import", ("alias._socket", "/usr/lib/python3/lib-dynload/x.so", None, None,
+                           None)),  # PyInit__socket: refused by the name's last component
                ("os.remove", ("a.txt", 5)), ("os.rename", ("a", "/tmp/b", -1, -1)),
                ("os.chdir", ("/",)), ("socket.connect", (None, None)),
                ("ctypes.dlopen", ("libc.so.6",)), ("gc.get_referrers", ()),
