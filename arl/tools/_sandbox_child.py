@@ -1,18 +1,22 @@
 """The program that runs inside the sandbox process (see `arl.tools.sandbox`).
 
-It is executed as `python -I -S -B -u -X utf8 -c <this file's source> <config json>` by
-`arl.tools.sandbox.run_python`, never imported there (tests import it to inspect the audit
+It is executed as `python -I -S -B -u -X utf8 -c <source> <config json>` by
+`arl.tools.sandbox.run_python`, where <source> is `arl.tools._sandbox_kernel`'s source
+followed by this file's; never imported there (tests import it to inspect the audit
 hook). It uses the standard library only and runs in two roles:
 
 * the *supervisor* (first process; PID 1 of a fresh PID namespace when one is available)
-  reads the untrusted program, mounts the private file systems, opens the standard
-  library directories, imports a few common modules, forks the worker, waits for it with
+  reads the untrusted program, builds the minimal root and `pivot_root`s into it (with
+  a mount namespace), opens the standard library directories, imports a few common
+  modules (and `ctypes`, when the worker will install a seccomp filter), forks the
+  worker, waits for it with
   the wall-time limit, kills it on expiry and reports how it ended as one line on the
   status pipe (``exit N CPU_SECONDS``, ``signal N CPU_SECONDS``, ``timeout`` or
   ``error MESSAGE``);
 * the *worker* (the forked child) closes the status pipe, sets the resource limits,
-  drops to an unprivileged user id when the supervisor is root, installs the audit hook
-  and executes the untrusted program as ``__main__``. Its traceback is printed without
+  drops to an unprivileged user id when the supervisor is root, installs the seccomp
+  filter (then forgets `ctypes`) and the audit hook and executes the untrusted program
+  as ``__main__``. Its traceback is printed without
   the bootstrap's own frames.
 
 The audit hook (`make_audit_hook`) keeps all its state in immutable closure values
