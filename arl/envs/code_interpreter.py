@@ -43,6 +43,7 @@ from arl.tools.sandbox import ExecutionResult, SandboxLimits
 
 _MiB = 2 ** 20
 _log = logging.getLogger(__name__)
+_reported: set[str] = set()  # the executor line is logged once per process, not per env
 
 # A notebook cell: run the statements, print the repr of a final expression (not None).
 _CELL = '''import ast as _ast
@@ -197,12 +198,19 @@ def _choose_executor(executor, executor_url, allow_weak_sandbox) -> PythonExecut
                     f"({executor.describe()}); set env.kwargs.allow_weak_sandbox=True to run "
                     f"with this weaker isolation, or env.kwargs.executor_url to use a "
                     f"sandbox service")
-            _log.warning("code_interpreter: WEAKER SANDBOX (allowed): %s", executor.describe())
+            _report(logging.WARNING, "code_interpreter: WEAKER SANDBOX (allowed): "
+                    + executor.describe())
             return executor
     if not callable(executor):
         raise ValueError(f"executor must be callable (code, limits) -> ExecutionResult, got "
                          f"{type(executor).__name__}")
     describe = getattr(executor, "describe", None)
-    _log.info("code_interpreter: cells run in %s",
-              describe() if callable(describe) else type(executor).__name__)
+    _report(logging.INFO, "code_interpreter: cells run in "
+            + (describe() if callable(describe) else type(executor).__name__))
     return executor
+
+
+def _report(level: int, line: str) -> None:
+    if line not in _reported:
+        _reported.add(line)
+        _log.log(level, "%s", line)

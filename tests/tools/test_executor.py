@@ -138,8 +138,10 @@ def test_code_interpreter_refuses_a_weak_sandbox_unless_accepted(monkeypatch, ca
                               "here (local sandbox, on: unprivileged uid, audit hooks; off: "
                               "minimal root, seccomp, network namespace, PID namespace)")
     assert "env.kwargs.allow_weak_sandbox=True" in message
+    monkeypatch.setattr(code_interpreter, "_reported", set())
     with caplog.at_level(logging.WARNING, logger="arl.envs.code_interpreter"):
         env = CodeInterpreter(allow_weak_sandbox=True)
+        CodeInterpreter(allow_weak_sandbox=True)  # said once per process
     assert isinstance(env.executor, LocalSandbox)
     assert [r.getMessage() for r in caplog.records] == [
         "code_interpreter: WEAKER SANDBOX (allowed): local sandbox, on: unprivileged uid, "
