@@ -9,15 +9,13 @@ hook). It uses the standard library only and runs in two roles:
   reads the untrusted program, builds the minimal root and `pivot_root`s into it (with
   a mount namespace), opens the standard library directories, imports a few common
   modules (and `ctypes`, when the worker will install a seccomp filter), forks the
-  worker, waits for it with
-  the wall-time limit, kills it on expiry and reports how it ended as one line on the
-  status pipe (``exit N CPU_SECONDS``, ``signal N CPU_SECONDS``, ``timeout`` or
-  ``error MESSAGE``);
+  worker, waits for it with the wall-time limit, kills it on expiry and reports how it
+  ended as one line on the status pipe (``exit N CPU_SECONDS``, ``signal N
+  CPU_SECONDS``, ``timeout`` or ``error MESSAGE``);
 * the *worker* (the forked child) closes the status pipe, sets the resource limits,
   drops to an unprivileged user id when the supervisor is root, installs the seccomp
-  filter (then forgets `ctypes`) and the audit hook and executes the untrusted program
-  as ``__main__``. Its traceback is printed without
-  the bootstrap's own frames.
+  filter (then forgets `ctypes`) and the audit hook, and executes the untrusted program
+  as ``__main__``. Its traceback is printed without the bootstrap's own frames.
 
 The audit hook (`make_audit_hook`) keeps all its state in immutable closure values
 (frozensets, tuples, strings, builtin functions) and reads no global or builtin name, so
