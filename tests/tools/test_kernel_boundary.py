@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import glob
 import os
+import shutil
 import stat
 import sys
 import uuid
@@ -385,3 +386,32 @@ def test_world_readable_files_are_not_there(results, hooks):
         assert out["outside"] == [], out
         assert out["count"] > 100, out
         assert "etc" not in out["visible"] and "home" not in out["visible"], out
+
+
+def _other_python():
+    """The machine's own python3 when it is another interpreter than this one (the
+    sub-interpreter escape was first seen with Debian's), else None."""
+    found = shutil.which("python3", path="/usr/bin:/bin")
+    if found and os.path.realpath(found) != PYTHON:
+        return os.path.realpath(found)
+    return None
+
+
+@pytest.mark.skipif(_other_python() is None, reason="no other python3 on this machine")
+def test_the_machines_own_python_is_contained_too():
+    python = _other_python()
+    assert sandbox.sandbox_capabilities(python).kernel_boundary
+    code, limits = CASES["subinterpreter"]
+    result = sandbox._execute(code, limits, python, sandbox.sandbox_capabilities(python),
+                              audit_hooks=False)
+    if result.status is not Status.KILLED:
+        out = attempts(result)
+        assert out["import"].startswith("ok"), out  # past the hooks it loads...
+        assert not out["run"].startswith("ok"), out  # ...and reaches nothing of the machine
+    code, limits = CASES["daemons"]
+    out = attempts(sandbox._execute(code, limits, python,
+                                    sandbox.sandbox_capabilities(python), audit_hooks=False))
+    assert out["fork"].startswith("PermissionError [Errno 1]"), out
+    for directory in WORLD_WRITABLE:
+        assert [name for name in os.listdir(directory) if MARK in name] == [], directory
+    assert _sandbox_processes() == []
