@@ -88,6 +88,7 @@ def _candidate_capabilities() -> list[SandboxCapabilities]:
             mount_namespace=seccomp.pivot_root_number() is not None, uid_drop=root,
             seccomp=filtered, unshare_path=unshare)
         candidates.append(full)
+        candidates.append(dataclasses.replace(full, seccomp=False))
         candidates.append(dataclasses.replace(full, mount_namespace=False))
         candidates.append(dataclasses.replace(full, mount_namespace=False,
                                               pid_namespace=False))
