@@ -514,7 +514,8 @@ def test_kernel_runs_the_program_unprivileged(results):
 @pytest.mark.parametrize("capabilities", [
     sandbox.SandboxCapabilities(),
     sandbox.SandboxCapabilities(uid_drop=os.geteuid() == 0),
-], ids=["no_namespaces", "no_namespaces_uid_drop"])
+    sandbox.SandboxCapabilities(uid_drop=os.geteuid() == 0, seccomp=CAPABILITIES.seccomp),
+], ids=["no_namespaces", "no_namespaces_uid_drop", "no_namespaces_seccomp"])
 def test_fallback_without_namespaces(capabilities):
     run = lambda code, limits=QUICK: sandbox._execute(code, limits, PYTHON, capabilities, True)
     assert run("print(6 * 7)").observation == "42\n"
