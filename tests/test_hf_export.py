@@ -137,10 +137,14 @@ def _cli(program, *args):
 
 
 @pytest.mark.slow
-def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(source, tmp_path):
-    """The README recipe through the CLI at stand-in sizes: GRPO for 2 steps from the
-    directory and a JSONL file, evaluate the held-out split (every row once), export,
-    load with transformers."""
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "llama3"])
+def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(family, tmp_path):
+    """The README recipe through the CLI at stand-in sizes (Qwen2.5-, Qwen3- and
+    Llama-3-style directories): GRPO for 2 steps from the directory and a JSONL file,
+    evaluate the held-out split (every row once), export, load with transformers."""
+    source = build_standin(str(tmp_path / "source"), family)
+    user_turn = {"llama3": "<|start_header_id|>user<|end_header_id|>\n\nWhat is"}.get(
+        family, "<|im_start|>user\nWhat is")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"What is {a} plus {b}?",
                                          "answer": str(a + b)}) + "\n"
@@ -155,7 +159,7 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(source
                  "--config.model.logprob_chunk=0", "--config.sample_every=2")
     assert train.returncode == 0, train.stderr[-3000:]
     sample = (workdir / "samples" / "step_000002.txt").read_text()
-    assert "<|im_start|>user\nWhat is" in sample and "<bos>" not in sample
+    assert user_turn in sample and "<bos>" not in sample
     evaluate = _cli("experiments.evaluate", f"--workdir={workdir}", "--split=eval",
                     "--num_transcripts=1")
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
@@ -167,6 +171,8 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(source
     assert export.returncode == 0, export.stderr[-3000:]
     assert hf_export.changed_fields(source, str(out)) == {}
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                    "llama3": "LlamaForCausalLM"}[family]
     _, params = hf_import.load_hf_checkpoint(str(out))
     config = hf_import.load_hf_config(str(out))
     ids = [[1, 5, 9, 40, 41, 2]]
