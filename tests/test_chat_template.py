@@ -176,3 +176,49 @@ def test_padded_vocabulary_ids_are_never_sampled_nor_scored():
     np.testing.assert_allclose(
         logp, jnp.take_along_axis(reference, tokens[:, 1:, None], -1)[..., 0], atol=1e-5)
     assert np.all(np.isfinite(entropy))
+
+
+@pytest.mark.parametrize("name,kwargs", [("guess_number", {"max_n": 16}),
+                                         ("calculator", {}), ("frozen_lake", {})])
+def test_games_and_tools_are_wrapped_in_the_template_too(standins, name, kwargs):
+    """Every token env goes through the same wrapping: the oracle's episodes of a game
+    and a tool env read, before every turn, `apply_chat_template` of the conversation
+    their decoded turns make."""
+    from transformers import AutoTokenizer
+
+    from arl import envs
+
+    directory = standins("qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    codec = HFCodec.from_pretrained(directory, system_prompt=SYSTEM)
+    env = envs.make(name, codec=codec, **kwargs)
+    traj = jax.device_get(rollout_lib.scripted_rollout(env, jax.random.key(2), num_tasks=4,
+                                                       group_size=1, action_source="oracle"))
+    checked = 0
+    for b in range(4):
+        tokens, observed = traj.tokens[b], traj.observation_mask[b] > 0
+        starts = [int(traj.turn_starts[b, t]) for t in range(int(traj.num_turns[b]))]
+        prefix = list(codec.chat.prompt_prefix)
+        first = len(prefix)
+        end_first = starts[0] - len(codec.chat.turn_suffix)
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": tokenizer.decode(tokens[first:end_first])}]
+        for t, start in enumerate(starts):
+            expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True)
+            expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+            assert tokens[:start].tolist() == expected, (name, b, t)
+            checked += 1
+            agent_end = start
+            while agent_end < len(tokens) and traj.agent_mask[b, agent_end] > 0:
+                agent_end += 1
+            assert tokens[agent_end - 1] == codec.eot_id
+            messages.append({"role": "assistant",
+                             "content": tokenizer.decode(tokens[start:agent_end - 1])})
+            reply_start = agent_end + len(codec.chat.reply_prefix)
+            reply_end = reply_start
+            while observed[reply_end] and tokens[reply_end] != codec.eot_id:
+                reply_end += 1
+            messages.append({"role": "user",
+                             "content": tokenizer.decode(tokens[reply_start:reply_end])})
+    assert checked >= 4

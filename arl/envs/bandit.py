@@ -135,8 +135,9 @@ class Bandit(TokenEnvironment):
         return new_state, observation, reward, ~valid
 
     def _arm_chunk(self, high: jax.Array) -> TokenChunk:
-        texts = [self.low_name + "<eot>", self.high_name + "<eot>"]
-        return chunks.select_text(self.codec, high.astype(jnp.int32), texts, self.action_len)
+        turns = [chunks.with_eot(self.codec, self.low_name),
+                 chunks.with_eot(self.codec, self.high_name)]
+        return chunks.select_ids(self.codec, high.astype(jnp.int32), turns, self.action_len)
 
     def oracle_action(self, key, state, params: BanditParams) -> TokenChunk:
         """The arm with the higher expected payoff (the known optimum)."""

@@ -22,11 +22,27 @@ def constant_chunk(codec: Codec, text: str, size: int) -> TokenChunk:
 
 def select_text(codec: Codec, index: jax.Array, texts: Sequence[str], size: int) -> TokenChunk:
     """The chunk of texts[index] (index traced), padded to `size`."""
-    encoded = [codec.encode_padded(t, size) for t in texts]
-    table = jnp.asarray(np.stack([e[0] for e in encoded]))
-    lengths = jnp.asarray(np.array([e[1] for e in encoded], np.int32))
-    index = jnp.clip(index, 0, len(texts) - 1)
-    return TokenChunk(tokens=table[index], length=lengths[index])
+    return select_ids(codec, index, [codec.encode(t) for t in texts], size)
+
+
+def with_eot(codec: Codec, text: str) -> list[int]:
+    """The ids of `text` then the codec's end-of-turn id: an agent turn as the scripted
+    policies write it (any codec; "<eot>" spelled in text is CharCodec's name only)."""
+    return codec.encode(text) + [codec.eot_id]
+
+
+def select_ids(codec: Codec, index: jax.Array, id_lists: Sequence[Sequence[int]],
+               size: int) -> TokenChunk:
+    """The chunk of id_lists[index] (index traced), padded to `size`."""
+    table = np.full((len(id_lists), size), codec.pad_id, np.int32)
+    for row, ids in enumerate(id_lists):
+        if len(ids) > size:
+            raise ValueError(f"{codec.decode(ids, stop_at_pad=False)!r} needs {len(ids)} "
+                             f"tokens, more than length={size}")
+        table[row, :len(ids)] = ids
+    lengths = jnp.asarray(np.array([len(ids) for ids in id_lists], np.int32))
+    index = jnp.clip(index, 0, len(id_lists) - 1)
+    return TokenChunk(tokens=jnp.asarray(table)[index], length=lengths[index])
 
 
 def pad_chunk(chunk: TokenChunk, size: int, pad_id: int) -> TokenChunk:

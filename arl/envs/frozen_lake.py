@@ -262,8 +262,8 @@ class FrozenLake(TokenEnvironment):
 
     # -- teachers
     def _direction_chunk(self, direction: jax.Array) -> TokenChunk:
-        texts = [d + "<eot>" for d in DIRECTIONS]
-        return chunks.select_text(self.codec, direction, texts, self.action_len)
+        turns = [chunks.with_eot(self.codec, d) for d in DIRECTIONS]
+        return chunks.select_ids(self.codec, direction, turns, self.action_len)
 
     def oracle_direction(self, state: FrozenLakeState) -> jax.Array:
         """A move along a shortest hole-free path to the goal (optimal when not slippery)."""

@@ -517,12 +517,13 @@ class Sokoban(TokenEnvironment):
 
     def moves_chunk(self, directions: jax.Array, count: jax.Array) -> TokenChunk:
         """"Up,Left<eot>" for the first `count` of `directions`."""
-        texts = [d + SEPARATOR for d in DIRECTIONS] + [d + "<eot>" for d in DIRECTIONS]
+        turns = ([self.codec.encode(d + SEPARATOR) for d in DIRECTIONS]
+                 + [chunks.with_eot(self.codec, d) for d in DIRECTIONS])
         width = self.action_len
         pieces = []
         for i in range(self.max_actions_per_turn):
             last = (i == count - 1).astype(jnp.int32)
-            piece = chunks.select_text(self.codec, directions[i] + 4 * last, texts, width)
+            piece = chunks.select_ids(self.codec, directions[i] + 4 * last, turns, width)
             pieces.append(piece.replace(length=jnp.where(i < count, piece.length, 0)))
         return chunks.concat_all(pieces, width, self.codec.pad_id)
 
