@@ -222,3 +222,39 @@ def test_games_and_tools_are_wrapped_in_the_template_too(standins, name, kwargs)
             messages.append({"role": "user",
                              "content": tokenizer.decode(tokens[reply_start:reply_end])})
     assert checked >= 4
+
+
+def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, jsonl):
+    from arl import config as config_lib
+    from arl import envs
+    from arl.errors import ConfigError
+
+    directory = standins("qwen2")
+    c = config_lib.default_config()
+    c.model.hf_checkpoint = directory
+    c.model.system_prompt = SYSTEM
+    c.env.name, c.env.kwargs = "dataset_task", {"path": jsonl}
+    env = envs.make_env(c.env, codec=envs.checkpoint_codec(c))
+    assert env.codec.directory == directory and env.codec.chat.system_prompt == SYSTEM
+    assert rollout_lib.first_observation_length(env) == (
+        len(env.codec.chat.prompt_prefix) + env.prompt_len + len(env.codec.chat.turn_suffix))
+    mixture = envs.make_env({"name": "mixture", "members": [
+        {"name": "guess_number"}, {"name": "calculator"}]}, codec=envs.checkpoint_codec(c))
+    assert all(m.codec is env.codec for m in mixture.envs)
+    # An explicit codec wins: a bare tokenizer.json keeps arl's plain turns.
+    from arl.envs.hf_codec import train_bpe_tokenizer, env_corpus
+    own = str(standins("qwen2")) + "-own-tokenizer.json"
+    train_bpe_tokenizer(env_corpus(), vocab_size=300).save(own)
+    c.env.name, c.env.kwargs = "guess_number", {"codec": own}
+    explicit = envs.make_env(c.env, codec=envs.checkpoint_codec(c))
+    assert explicit.codec.chat is None and explicit.codec.bos_id is not None
+    # A directory the template cannot be read from is a one-line ConfigError.
+    broken = str(standins("qwen2")) + "-broken"
+    import shutil
+    shutil.copytree(directory, broken)
+    with open(f"{broken}/tokenizer_config.json", "w") as f:
+        f.write('{"eos_token": "<|nope|>"}')
+    c.model.hf_checkpoint = broken
+    with pytest.raises(ConfigError, match=r"model.hf_checkpoint=.*eos_token='<\|nope\|>' is "
+                                          r"not a token"):
+        envs.checkpoint_codec(c)
