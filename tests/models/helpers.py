@@ -33,3 +33,21 @@ def log_softmax_at(logits, tokens, temperature=1.0):
     """Trainer-side recomputation of behaviour log-probs: arl.algorithms.token_logprobs on
     the temperature-scaled logits (float32)."""
     return token_logprobs(logits.astype(jnp.float32) / temperature, tokens)
+
+
+def hf_greedy(hf_model, tokens, mask, new_tokens: int, pad_id: int):
+    """(tokens int [B, new_tokens], their log-probs) of transformers' greedy `generate`
+    from left-padded `tokens` with attention `mask` (numpy; torch imported here, the
+    tests that call this skip without it)."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        out = hf_model.generate(
+            torch.as_tensor(tokens), attention_mask=torch.as_tensor(mask),
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+            pad_token_id=pad_id, eos_token_id=None, output_scores=True,
+            return_dict_in_generate=True)
+    generated = out.sequences[:, tokens.shape[1]:].numpy()
+    logp = np.stack([torch.log_softmax(s, -1).numpy() for s in out.scores], 1)
+    return generated, np.take_along_axis(logp, generated[..., None], -1)[..., 0]

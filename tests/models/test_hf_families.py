@@ -12,6 +12,7 @@ import pytest
 from arl.models import Transformer, generate, init_cache
 from arl.models import hf_import
 from arl.models.rope import Llama3RopeScaling, scaled_inverse_frequencies
+from tests.models.helpers import hf_greedy
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -98,15 +99,7 @@ def test_left_padded_logits_match_transformers(family):
 def test_cached_greedy_generation_from_left_padded_prompts_matches_transformers(family):
     _, hf_model, _, config, params = family
     tokens = _padded_tokens()
-    with torch.no_grad():
-        hf = hf_model.generate(
-            torch.as_tensor(tokens), attention_mask=torch.as_tensor(MASK),
-            max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-            pad_token_id=PAD, eos_token_id=None, output_scores=True,
-            return_dict_in_generate=True)
-    hf_tokens = hf.sequences[:, tokens.shape[1]:].numpy()
-    hf_logp = np.stack([torch.log_softmax(s, -1).numpy() for s in hf.scores], 1)
-    hf_logp = np.take_along_axis(hf_logp, hf_tokens[..., None], -1)[..., 0]
+    hf_tokens, hf_logp = hf_greedy(hf_model, tokens, MASK, NEW_TOKENS, PAD)
     model = Transformer(config)
     cache = init_cache(config, tokens.shape[0], 16)
     out = model.apply({"params": params}, jnp.asarray(tokens, jnp.int32), cache=cache,
