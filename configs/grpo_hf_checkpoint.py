@@ -1,9 +1,8 @@
 r"""GRPO on your own prompts from your own Hugging Face checkpoint, exported back.
 
     python -m experiments.train --config=configs/grpo_hf_checkpoint.py:/models/Qwen2.5-0.5B-Instruct \
-        --config.env.kwargs.path=tasks.jsonl --workdir=/tmp/run
+        --config.env.kwargs.path=tasks.jsonl --workdir=/tmp/run --export_to=/tmp/run/hf
     python -m experiments.evaluate --workdir=/tmp/run --split=eval
-    python -m experiments.export --workdir=/tmp/run --out=/tmp/run/hf
 
 The argument after the colon is the model directory (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json with its chat template, generation_config.json);

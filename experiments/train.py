@@ -5,6 +5,8 @@ r"""Trains an agent from a config file; resumes automatically from --workdir.
 
 Writes to the workdir: metrics.jsonl, TensorBoard event files, rendered sample
 trajectories (samples/), orbax checkpoints (checkpoints/), and curves.png at the end.
+`--export_to=DIR` then writes the trained policy as a Hugging Face directory (runs that
+start from `config.model.hf_checkpoint`; `experiments.export`).
 Multi-host: pass --coordinator_address, --num_processes and --process_id on every host.
 
 A bad flag or config value ends the program before anything is compiled with one line
@@ -31,6 +33,9 @@ _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "host:port of process 0 for jax.distributed.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_EXPORT_TO = flags.DEFINE_string(
+    "export_to", None, "After training, export the policy as a Hugging Face directory here "
+    "(runs from config.model.hf_checkpoint; as `python -m experiments.export`).")
 _KILL_AFTER = flags.DEFINE_integer(
     "debug_kill_after_step", None,
     "Testing aid: SIGKILL this process right after the checkpoint of this step.")
@@ -58,9 +63,21 @@ def main(argv):
 
     # Before the host loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
+    if _EXPORT_TO.value is not None:
+        from absl import app  # pylint: disable=g-import-not-at-top
+
+        from experiments import exporting  # pylint: disable=g-import-not-at-top
+        if not config.model.get("hf_checkpoint", ""):
+            raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
+                                 "config.model.hf_checkpoint, which this config does not set")
+        exporting.check_target(_EXPORT_TO.value, "--export_to")
     from arl.host import experiment
 
     experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    if _EXPORT_TO.value is not None and jax.process_index() == 0:
+        step, path, changed = exporting.export_run(_WORKDIR.value, _EXPORT_TO.value)
+        print(f"Exported step {step} of {_WORKDIR.value} to {path}"
+              + (f" (config.json changed: {sorted(changed)})" if changed else ""))
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(family
                  "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
                  "--config.env.kwargs.action_len=6", "--config.model.dtype=float32",
                  "--config.model.param_dtype=float32", "--config.model.remat=False",
-                 "--config.model.logprob_chunk=0", "--config.sample_every=2")
+                 "--config.model.logprob_chunk=0", "--config.sample_every=2",
+                 f"--export_to={tmp_path / 'hf_final'}")
     assert train.returncode == 0, train.stderr[-3000:]
     sample = (workdir / "samples" / "step_000002.txt").read_text()
     assert user_turn in sample and "<bos>" not in sample
@@ -167,8 +168,11 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(family
     assert "every row of the 'eval' split once (2 rows)" in evaluate.stdout
     assert [line.split()[2] for line in evaluate.stdout.splitlines()
             if line.startswith(("greedy", "sampled", "oracle"))] == ["2", "2", "2"]
-    export = _cli("experiments.export", f"--workdir={workdir}", f"--out={out}")
+    export = _cli("experiments.export", f"--workdir={workdir}", f"--out={out}", "--step=2")
     assert export.returncode == 0, export.stderr[-3000:]
+    # train --export_to wrote the same directory (the newest step is 2).
+    for name in os.listdir(out):
+        assert (tmp_path / "hf_final" / name).read_bytes() == (out / name).read_bytes(), name
     assert hf_export.changed_fields(source, str(out)) == {}
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     assert type(model).__name__ == {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
@@ -180,3 +184,12 @@ def test_one_command_from_a_checkpoint_and_jsonl_to_an_exported_directory(family
         theirs = model(torch.tensor(ids)).logits[0].numpy()
     ours = np.asarray(Transformer(config).apply({"params": params}, jnp.asarray(ids)).logits[0])
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+
+
+def test_train_export_to_needs_a_checkpoint_run(tmp_path):
+    result = _cli("experiments.train", "--config=configs/grpo_bandit.py",
+                  f"--workdir={tmp_path / 'run'}", f"--export_to={tmp_path / 'hf'}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "exports next to config.model.hf_checkpoint" in lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "hf").exists()

@@ -1,0 +1,64 @@
+"""The export of a run to a Hugging Face directory, shared by `experiments.export` and
+`experiments.train --export_to` (no flags defined here)."""
+
+from __future__ import annotations
+
+import os
+
+from absl import app
+
+
+def check_target(out: str, flag: str = "--out") -> None:
+    """UsageError unless `out` is absent or an empty directory."""
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise app.UsageError(f"{flag}={out!r} exists and is not an empty directory")
+
+
+def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None):
+    """(step, the written directory, {config.json field: (source, exported)} that differ)
+    of exporting `workdir`'s checkpoint `step` (default: the newest good one) to `out`.
+    Bad input is an `app.UsageError` (one line, exit 2 under experiments.cli)."""
+    import jax
+
+    from arl import algorithms, trainers
+    from arl import config as config_lib
+    from arl.host import checkpoint as checkpoint_lib
+    from arl.host import evaluation
+    from arl.host.experiment import CHECKPOINT_DIR
+    from arl.models import hf_export
+
+    check_target(out)
+    try:
+        _, config = evaluation.checkpoint_config(workdir)
+    except FileNotFoundError as error:
+        raise app.UsageError(f"--workdir={workdir!r}: {error}") from error
+    source = config.model.get("hf_checkpoint", "")
+    if not source:
+        raise app.UsageError(f"--workdir={workdir!r}: the run did not start from "
+                             "config.model.hf_checkpoint, so there is no Hugging Face "
+                             "directory to export next to (use "
+                             "arl.models.hf_import.save_hf_checkpoint)")
+    if not os.path.isfile(os.path.join(source, "config.json")):
+        raise app.UsageError(f"--workdir={workdir!r}: its source checkpoint "
+                             f"{source!r} (config.model.hf_checkpoint) is gone; the export "
+                             "copies its tokenizer and config.json")
+    config_lib.import_modules(config)
+    if algorithms.get_algorithm(config.algorithm).trainer == "vector":
+        raise app.UsageError("experiments.export exports token-environment policies")
+    if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:
+        config.mesh = (1, 1, 1)
+    trainer = trainers.build(config)
+    if step is None:
+        step, params = evaluation.restore_params(trainer, workdir)
+    else:
+        with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                                         read_only=True) as ckpt:
+            steps = ckpt.all_steps()
+            if step not in steps:
+                raise app.UsageError(f"--step={step} is not a checkpoint of "
+                                     f"{workdir!r} (steps: {steps})")
+            state, _ = ckpt.restore(step, trainer.abstract_state())
+        params = trainer.policy_params(state)
+    path = hf_export.export_checkpoint(out, jax.device_get(params), trainer.model.config,
+                                       source, dtype=dtype)
+    return step, path, hf_export.changed_fields(source, path)
