@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from arl.models import TransformerConfig  # noqa: E402
-from arl.models import attention as attention_lib  # noqa: E402
+from arl.models import attention_kernels as attention_lib  # noqa: E402
 
 # name: (rows B, cache slots S, key/value heads KV, query heads per key/value head G, d)
 ATTENTION_SHAPES = {

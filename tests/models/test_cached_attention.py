@@ -1,5 +1,5 @@
 """Cached (decoding) attention over the filled blocks of the KV cache
-(`arl.models.attention.cached_attention`): against a float64 NumPy reference, never
+(`arl.models.attention_kernels.cached_attention`): against a float64 NumPy reference, never
 reading past the last query's block, and through `Transformer` and `generate` against
 the dense cached path."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from arl.models import Transformer, generate, init_cache
-from arl.models import attention as attention_lib
-from arl.models.attention import cached_attention
+from arl.models import attention_kernels as attention_lib
+from arl.models.attention_kernels import cached_attention
 from tests.models.helpers import SMALL, make
 
 LAYERS, BATCH, CAPACITY, KV, DIM = 2, 3, 20, 2, 8
