@@ -36,7 +36,7 @@ def make_decoder(config: TransformerConfig, params, prompt, capacity: int, new_t
     model = Transformer(config)
     batch = prompt.shape[0]
     prefill = jax.jit(lambda params, prompt: model.apply(
-        {"params": params}, prompt, cache=init_cache(config, batch, capacity)))
+        {"params": params}, prompt, init_cache(config, batch, capacity), method="decode"))
     out = jax.block_until_ready(prefill(params, prompt))
 
     @jax.jit

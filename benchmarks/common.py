@@ -88,7 +88,7 @@ def compiled_generate(config, rows: int, prompt_len: int, steps: int) -> Callabl
 
     def run(params, key):
         cache = init_cache(config, rows, prompt_len + steps)
-        out = model.apply({"params": params}, prompt, cache=cache)
+        out = model.apply({"params": params}, prompt, cache, method="decode")
         return generate(model, params, out.cache, out.logits[:, -1], key,
                         max_new_tokens=steps, eot_id=-1, pad_id=0, temperature=0.9)
 

@@ -46,7 +46,7 @@ def model_programs(config: transformer_lib.TransformerConfig, batch: int, seq_le
     def decode(p, cache):
         def step(carry, _):
             cache, token = carry
-            out = model.apply({"params": p}, token, cache=cache)
+            out = model.apply({"params": p}, token, cache, method="decode")
             return (out.cache, jnp.argmax(out.logits, -1).astype(jnp.int32)), None
 
         (_, token), _ = jax.lax.scan(step, (cache, tokens[:, :1]), None, length=DECODE_STEPS)

@@ -253,8 +253,8 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
         emitting = ~done
         token = jnp.where(emitting, token, pad_id)
         logp = jnp.where(emitting, logp, 0.0)
-        out = model.apply(variables, token[:, None], cache=cache,
-                          num_valid=emitting.astype(jnp.int32))
+        out = model.apply(variables, token[:, None], cache,
+                          num_valid=emitting.astype(jnp.int32), method="decode")
         logits = jnp.where(emitting[:, None], out.logits[:, 0], logits)
         value = jnp.where(emitting, out.values[:, 0], 0.0) if has_values else None
         is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)

@@ -90,8 +90,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.models.call_layout import (after_prefix_layout, cache_free_layout, cached_layout,
-                                    checked_mask, checked_positions)
+from arl.models.call_layout import (CallLayout, after_prefix_layout, cache_free_layout,
+                                    cached_layout, checked_mask, checked_positions)
 from arl.models.decoder_layer import DecoderLayer
 from arl.models.kv_cache import KVCache, check_projections, init_cache, write_projections
 from arl.models.layers import RMSNorm
@@ -120,7 +120,8 @@ __all__ = [
 @struct.dataclass
 class ModelOutput:
     """logits f32 [B, T, V] (None with compute_logits=False); values f32 [B, T] or None;
-    cache (None without one); hidden [B, T, d_model] final-normed states when requested;
+    cache: the updated cache of `Transformer.decode`, the tokens' keys and values with
+    return_kv, else None; hidden [B, T, d_model] final-normed states when requested;
     projections {name: [num_layers, B, T, *features]}, the layers' projection outputs of
     the T tokens, with return_projections."""
 
@@ -132,56 +133,42 @@ class ModelOutput:
 
 
 class Transformer(nn.Module):
-    """Decoder-only LM; see the module docstring for the architecture and parameters."""
+    """Decoder-only LM; see the module docstring for the architecture and parameters.
+
+    Two entry points: calling the model runs the cache-free forward pass (training,
+    scoring); `decode` runs the T tokens through a KV cache and returns it updated
+    (prefill and decoding: `model.apply(variables, tokens, cache, method="decode")`).
+    """
 
     config: TransformerConfig
 
-    @nn.compact
-    def __call__(self, tokens, *, cache: KVCache | None = None, num_valid=None,
-                 positions=None, attention_mask=None, compute_logits: bool = True,
-                 return_hidden: bool = False, prefix_kv: KVCache | None = None,
-                 return_kv: bool = False, projections: dict[str, jax.Array] | None = None,
+    def __call__(self, tokens, *, positions=None, attention_mask=None,
+                 compute_logits: bool = True, return_hidden: bool = False,
+                 prefix_kv: KVCache | None = None, return_kv: bool = False,
+                 projections: dict[str, jax.Array] | None = None,
                  return_projections: bool = False) -> ModelOutput:
-        """tokens int32 [B, T].
-
-        No cache: positions 0..T-1, causal attention over the T tokens (training /
-          recomputation; sequences left-aligned, padding only at the end).
-        With cache: the T tokens are appended to row b at positions
-          cache.length[b] + arange(T); queries attend causally to every cached position <=
-          their own. Writes past the capacity are dropped (outputs for such queries are
-          meaningless). new_cache.length = length + num_valid (int32 [B], default T).
-          Tokens t >= num_valid[b] are not written at all (stronger than "written but not
-          counted": the cache of a row with num_valid 0 is bit-for-bit unchanged); their
-          outputs are meaningless and valid queries never see them. This lets one call
-          prefill a padded chunk, and lets finished rows idle during decoding.
+        """The forward pass over tokens int32 [B, T]: positions 0..T-1, causal attention
+        over the T tokens (training / recomputation; sequences left-aligned, padding
+        only at the end).
 
         attention_mask: optional int/bool [B, T], 1/True = real token, 0/False = padding
           anywhere in the row (left padding as Hugging Face tokenizers produce for
           batched generation, right padding, or both). Padding tokens are never attended
-          to and their own outputs are meaningless (finite).
-          * No cache: query t sees the real tokens s <= t. Default positions: each real
-            token's index among its row's real tokens (cumsum(mask) - 1, padding 0), so a
-            padded row scores like the same row unpadded.
-          * With cache: padding is not written at all. Real token t of row b goes to slot
-            cache.length[b] + (number of real tokens of row b before t), so the cache
-            holds only real tokens, packed from slot 0, and later calls (e.g. `generate`)
-            never see the padding; the default position of a token is its slot, i.e.
-            positions continue from each row's own count of real tokens.
-            new_cache.length = length + mask.sum(1). Exclusive with num_valid (which is
-            the special case mask[b, t] = t < num_valid[b]).
+          to and their own outputs are meaningless (finite). Query t sees the real tokens
+          s <= t. Default positions: each real token's index among its row's real tokens
+          (cumsum(mask) - 1, padding 0), so a padded row scores like the same row
+          unpadded.
         positions: optional int [B, T] RoPE positions of the T tokens, overriding the
           defaults above (e.g. Hugging Face `position_ids`). Causality is by sequence
-          order (slot order with a cache), not by position value, as in Hugging Face.
-          With a cache, positions apply to this call only: a later call without them
-          uses slot indices again.
+          order, not by position value, as in Hugging Face.
         With neither positions nor attention_mask the computation is exactly the one
         described first (the same operations).
 
         compute_logits=False skips the vocabulary projection (logits None);
         return_hidden=True also returns the final-normed hidden states.
 
-        Without a cache, two more arguments let a sequence be computed in two
-        differentiable parts (e.g. a prompt once, then several continuations of it):
+        Two more arguments let a sequence be computed in two differentiable parts (e.g. a
+        prompt once, then several continuations of it):
         return_kv=True returns the T tokens' rotated keys and values as `cache`, a
           stacked `KVCache` ([L, B, T, KV, Dh], length T).
         prefix_kv: such keys and values of P earlier positions (a stacked `KVCache` of
@@ -191,46 +178,107 @@ class Transformer(nn.Module):
 
         Projections (the reuse of a rollout's activations by its update):
         return_projections=True returns every layer's projection outputs of the T tokens
-          (`ModelOutput.projections`, {name: [L, B, T, *features]}, q/k/v before RoPE). A
-          cached call whose cache has `projections` buffers (`init_cache(...,
-          record_projections=True)`) writes them there at the slots it writes keys and
-          values to, whatever this flag.
-        projections: such outputs of these T tokens (cache-free calls): each projection
-          takes its recorded output as its forward value and differentiates as the
-          projection at that value (`arl.models.projections.stored_linear`), so the
-          layers' matmuls run in the backward pass only. Recorded at the same parameters,
-          the outputs are the ones computed here up to float summation order.
+          (`ModelOutput.projections`, {name: [L, B, T, *features]}, q/k/v before RoPE).
+        projections: such outputs of these T tokens: each projection takes its recorded
+          output as its forward value and differentiates as the projection at that value
+          (`arl.models.projections.stored_linear`), so the layers' matmuls run in the
+          backward pass only. Recorded at the same parameters, the outputs are the ones
+          computed here up to float summation order.
 
-        Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, new cache or
-        None, hidden or None, projections or None).
+        Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, the tokens'
+        keys and values with return_kv (else None), hidden or None, projections or None).
         """
         cfg = self.config
-        if tokens.ndim != 2:
-            raise ValueError(f"Transformer: tokens must be [B, T], got shape {tokens.shape}")
-        if not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"Transformer: tokens must be an integer array, got {tokens.dtype}")
-        batch, seq_len = tokens.shape
+        batch, seq_len = _checked_tokens(tokens)
         explicit_positions = positions is not None
         if explicit_positions:
             positions = checked_positions(positions, batch, seq_len)
         real = None if attention_mask is None else checked_mask(attention_mask, batch, seq_len)
-        if cache is not None and (prefix_kv is not None or return_kv
-                                  or projections is not None):
-            raise ValueError("Transformer: prefix_kv, return_kv and projections apply to "
-                             "cache-free calls")
-        if cache is None and num_valid is not None:
-            raise ValueError("Transformer: num_valid only applies together with cache")
         if projections is not None:
             check_projections(projections, cfg, (cfg.num_layers, batch, seq_len),
                               "projections")
         if prefix_kv is not None:
             layout = after_prefix_layout(cfg, batch, seq_len, prefix_kv, positions, real)
-        elif cache is None:
-            layout = cache_free_layout(cfg, batch, seq_len, positions, real)
         else:
-            layout = cached_layout(cfg, batch, seq_len, cache, positions, real, num_valid)
-        positions, num_valid = layout.positions, layout.num_valid
+            layout = cache_free_layout(cfg, batch, seq_len, positions, real)
+        hidden, logits, values, (token_kv, produced) = self._forward(
+            tokens, layout, stored=projections, return_kv=return_kv,
+            return_projections=return_projections, compute_logits=compute_logits,
+            constant_rope=prefix_kv is None and not explicit_positions and real is None)
+        cache = None
+        if return_kv:
+            cache = KVCache(keys=token_kv[0], values=token_kv[1],
+                            length=jnp.full((batch,), seq_len, jnp.int32))
+        return ModelOutput(logits=logits, values=values, cache=cache,
+                           hidden=hidden if return_hidden else None,
+                           projections=produced if return_projections else None)
 
+    def decode(self, tokens, cache: KVCache, *, num_valid=None, positions=None,
+               attention_mask=None, compute_logits: bool = True, return_hidden: bool = False,
+               return_projections: bool = False) -> ModelOutput:
+        """Tokens int32 [B, T] run through the KV `cache` (stacked, or per layer:
+        `KVCache.per_layer()`, with stacked or `per_layer_params` parameters): prefill of
+        a prompt and decoding of sampled tokens alike.
+
+        The T tokens are appended to row b at positions cache.length[b] + arange(T);
+        queries attend causally to every cached position <= their own. Writes past the
+        capacity are dropped (outputs for such queries are meaningless).
+        new_cache.length = length + num_valid (int32 [B], default T). Tokens t >=
+        num_valid[b] are not written at all (stronger than "written but not counted":
+        the cache of a row with num_valid 0 is bit-for-bit unchanged); their outputs are
+        meaningless and valid queries never see them. This lets one call prefill a
+        padded chunk, and lets finished rows idle during decoding.
+
+        attention_mask: optional int/bool [B, T], 1/True = real token (padding anywhere,
+          as in `__call__`). Padding is not written at all: real token t of row b goes
+          to slot cache.length[b] + (number of real tokens of row b before t), so the
+          cache holds only real tokens, packed from slot 0, and later calls (e.g.
+          `generate`) never see the padding; the default position of a token is its
+          slot, i.e. positions continue from each row's own count of real tokens.
+          new_cache.length = length + mask.sum(1). Exclusive with num_valid (which is
+          the special case mask[b, t] = t < num_valid[b]).
+        positions: optional int [B, T] RoPE positions of this call's tokens (later calls
+          without them use slot indices again); causality stays by slot order.
+        compute_logits, return_hidden, return_projections: as in `__call__`. A cache
+          with `projections` buffers (`init_cache(..., record_projections=True)`) gets
+          the layers' projection outputs written at the slots its keys and values are
+          written to, whatever return_projections.
+
+        Returns ModelOutput(logits f32 [B, T, V], values f32 [B, T] or None, the updated
+        cache, hidden or None, projections or None).
+        """
+        cfg = self.config
+        batch, seq_len = _checked_tokens(tokens)
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"Transformer.decode: cache must be a KVCache (`init_cache`), "
+                             f"got {type(cache).__name__}")
+        if positions is not None:
+            positions = checked_positions(positions, batch, seq_len)
+        real = None if attention_mask is None else checked_mask(attention_mask, batch, seq_len)
+        layout = cached_layout(cfg, batch, seq_len, cache, positions, real, num_valid)
+        recording = cache.projections is not None
+        if recording:
+            check_projections(cache.projections, cfg,
+                              (cfg.num_layers, batch, cache.capacity), "cache.projections")
+        hidden, logits, values, (layer_caches, produced, recorded) = self._forward(
+            tokens, layout, cache=cache, return_projections=return_projections,
+            compute_logits=compute_logits)
+        if recording and recorded is None:
+            recorded = write_projections(cache.projections, layout.write_positions, produced)
+        new_cache = KVCache(keys=layer_caches[0], values=layer_caches[1],
+                            length=cache.length + layout.num_valid, projections=recorded)
+        return ModelOutput(logits=logits, values=values, cache=new_cache,
+                           hidden=hidden if return_hidden else None,
+                           projections=produced if return_projections else None)
+
+    @nn.compact
+    def _forward(self, tokens, layout: CallLayout, *, cache: KVCache | None = None,
+                 stored=None, return_kv=False, return_projections=False,
+                 compute_logits=True, constant_rope=False):
+        """Embedding, decoder layers, final norm and heads of both entry points, on the
+        tokens placed by `layout` (and written to `cache`). Returns (hidden, logits or
+        None, values or None, the layers' outputs: `_layers`')."""
+        cfg = self.config
         embed = nn.Embed(
             cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
             embedding_init=nn.with_logical_partitioning(weight_init(cfg), ("vocab", "embed")),
@@ -240,73 +288,22 @@ class Transformer(nn.Module):
         # forward passes gather it once beforehand: `gather_embedding`.)
         table = constrain_activation(embed.embedding, ("activation_vocab", "activation_embed"))
         h = constrain_activation(jnp.take(table.astype(cfg.dtype), tokens, axis=0), RESIDUAL)
-
         # Every layer rotates by the same angles. At the default positions 0..T-1 (no
         # cache, no mask: the training forward pass) they are constants of the program:
         # computed in it, XLA fused the cos and sin into each rotation and evaluated them
         # again for every head, in every layer, forward and backward.
         rope = None
-        if cache is None and prefix_kv is None and not explicit_positions and real is None:
-            rope = constant_rope_tables(seq_len, cfg.resolved_head_dim, cfg.rope_theta,
-                                        cfg.dtype)
+        if constant_rope:
+            rope = constant_rope_tables(tokens.shape[1], cfg.resolved_head_dim,
+                                        cfg.rope_theta, cfg.dtype)
         if rope is None:
-            rope = rope_tables(positions, cfg.resolved_head_dim, cfg.rope_theta, cfg.dtype)
-        layer_args = (positions, rope, layout.write_positions, layout.key_positions,
-                      layout.attend, layout.key_mask, layout.slots)
-        recording = cache is not None and cache.projections is not None
-        if recording:
-            check_projections(cache.projections, cfg,
-                               (cfg.num_layers, batch, cache.capacity), "cache.projections")
-        recorded = None
-        if cache is not None and cache.is_per_layer:
-            h, new_layer_caches, produced, recorded = run_per_layer(
-                cfg, self.variables["params"]["layers"], h, layout.layer_caches, layer_args,
-                return_projections,
-                (cache.projections, layout.write_positions) if recording else None)
-        else:
-            if isinstance(self.variables.get("params", {}).get("layers"), (tuple, list)):
-                raise ValueError("Transformer: parameters with per-layer trees "
-                                 "(`per_layer_params`) need a per-layer cache "
-                                 "(`KVCache.per_layer()`); pass the stacked parameters")
-            layer_cls = DecoderLayer
-            if cfg.remat:
-                layer_cls = nn.remat(layer_cls, prevent_cse=False)
-            layers = nn.scan(
-                layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
-                in_axes=(0, 0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
-                         nn.broadcast, nn.broadcast, nn.broadcast),
-                length=cfg.num_layers,
-                # Cached calls keep one layer per iteration: their in-place update of the
-                # stacked cache measured slower unrolled (benchmarks/RESULTS.md, "Layer
-                # scan"); a per-layer cache runs the layers one by one instead.
-                unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
-                metadata_params={nn.PARTITION_NAME: "layers"})(
-                    cfg, return_kv=return_kv,
-                    return_projections=return_projections or recording, name="layers")
-            (h, new_layer_caches), (token_kv, produced) = layers(
-                (h, layout.layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
-                layout.prefix_layers, projections, *layer_args)
-
+            rope = rope_tables(layout.positions, cfg.resolved_head_dim, cfg.rope_theta,
+                               cfg.dtype)
+        h, layers_out = self._layers(h, layout, rope, cache, stored, return_kv,
+                                     return_projections)
         hidden = constrain_activation(
             RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, name="norm")(h), RESIDUAL)
-
-        logits = None
-        if compute_logits:
-            if cfg.tie_embeddings:
-                unembed = embed.embedding.T  # [D, V]
-            else:
-                unembed = self.param(
-                    "lm_head",
-                    nn.with_logical_partitioning(weight_init(cfg), ("embed", "vocab")),
-                    (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
-            # On the flattened tokens, like the layers' projections (no transposed copy
-            # of the logits' gradient for the weight-gradient matmul).
-            logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * seq_len, cfg.d_model),
-                                unembed.astype(cfg.dtype),
-                                preferred_element_type=jnp.float32).reshape(
-                                    batch, seq_len, cfg.vocab_size)
-            logits = constrain_activation(logits, LOGITS)
-
+        logits = self._logits(hidden, embed) if compute_logits else None
         values = None
         if cfg.value_head:
             values = nn.Dense(
@@ -314,20 +311,82 @@ class Transformer(nn.Module):
                 kernel_init=nn.with_logical_partitioning(weight_init(cfg), ("embed", None)),
                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
                 name="value_head")(hidden.astype(jnp.float32))[..., 0]
+        return hidden, logits, values, layers_out
 
-        new_cache = None
-        if cache is not None:
-            if recording and recorded is None:
-                recorded = write_projections(cache.projections, layout.write_positions,
-                                             produced)
-            new_cache = KVCache(keys=new_layer_caches[0], values=new_layer_caches[1],
-                                length=cache.length + num_valid, projections=recorded)
-        elif return_kv:
-            new_cache = KVCache(keys=token_kv[0], values=token_kv[1],
-                                length=jnp.full((batch,), seq_len, jnp.int32))
-        return ModelOutput(logits=logits, values=values, cache=new_cache,
-                           hidden=hidden if return_hidden else None,
-                           projections=produced if return_projections else None)
+    def _layers(self, h, layout: CallLayout, rope, cache, stored, return_kv,
+                return_projections):
+        """The decoder layers on the residual stream h [B, T, D]: a scan over the stacked
+        layers, or (per-layer cache) the layers one by one (`run_per_layer`).
+
+        Returns (h, layers' outputs): without a cache ((keys, values) of the T tokens
+        with return_kv, else None; their projection outputs {name: [L, B, T, ...]} or
+        None); with one (the cache's updated (keys, values); the projection outputs; the
+        updated projection buffers if the per-layer path wrote them, else None).
+        """
+        cfg = self.config
+        layer_args = (layout.positions, rope, layout.write_positions, layout.key_positions,
+                      layout.attend, layout.key_mask, layout.slots)
+        recording = cache is not None and cache.projections is not None
+        if cache is not None and cache.is_per_layer:
+            h, layer_caches, produced, recorded = run_per_layer(
+                cfg, self.variables["params"]["layers"], h, layout.layer_caches, layer_args,
+                return_projections,
+                (cache.projections, layout.write_positions) if recording else None)
+            return h, (layer_caches, produced, recorded)
+        if isinstance(self.variables.get("params", {}).get("layers"), (tuple, list)):
+            raise ValueError("Transformer: parameters with per-layer trees "
+                             "(`per_layer_params`) need a per-layer cache "
+                             "(`KVCache.per_layer()`); pass the stacked parameters")
+        layer_cls = DecoderLayer
+        if cfg.remat:
+            layer_cls = nn.remat(layer_cls, prevent_cse=False)
+        layers = nn.scan(
+            layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+            in_axes=(0, 0, 0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast,
+                     nn.broadcast, nn.broadcast, nn.broadcast),
+            length=cfg.num_layers,
+            # Cached calls keep one layer per iteration: their in-place update of the
+            # stacked cache measured slower unrolled (benchmarks/RESULTS.md, "Layer
+            # scan"); a per-layer cache runs the layers one by one instead.
+            unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
+            metadata_params={nn.PARTITION_NAME: "layers"})(
+                cfg, return_kv=return_kv, return_projections=return_projections or recording,
+                name="layers")
+        (h, layer_caches), (token_kv, produced) = layers(
+            (h, layout.layer_caches), jnp.arange(cfg.num_layers, dtype=jnp.int32),
+            layout.prefix_layers, stored, *layer_args)
+        if cache is None:
+            return h, (token_kv, produced)
+        return h, (layer_caches, produced, None)
+
+    def _logits(self, hidden, embed: nn.Embed):
+        """f32 [B, T, V] logits of the final-normed hidden states (the tied embedding
+        table transposed, or `lm_head`)."""
+        cfg = self.config
+        batch, seq_len = hidden.shape[:2]
+        if cfg.tie_embeddings:
+            unembed = embed.embedding.T  # [D, V]
+        else:
+            unembed = self.param(
+                "lm_head", nn.with_logical_partitioning(weight_init(cfg), ("embed", "vocab")),
+                (cfg.d_model, cfg.vocab_size), cfg.param_dtype)
+        # On the flattened tokens, like the layers' projections (no transposed copy of the
+        # logits' gradient for the weight-gradient matmul).
+        logits = jnp.einsum("nd,dv->nv", hidden.reshape(batch * seq_len, cfg.d_model),
+                            unembed.astype(cfg.dtype),
+                            preferred_element_type=jnp.float32).reshape(
+                                batch, seq_len, cfg.vocab_size)
+        return constrain_activation(logits, LOGITS)
+
+
+def _checked_tokens(tokens) -> tuple[int, int]:
+    """(B, T) of tokens, which must be an integer array [B, T]."""
+    if tokens.ndim != 2:
+        raise ValueError(f"Transformer: tokens must be [B, T], got shape {tokens.shape}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"Transformer: tokens must be an integer array, got {tokens.dtype}")
+    return tokens.shape
+
 
 def gather_embedding(params, config: TransformerConfig):
     """`params` with the embedding table in the activation dtype, laid out as the forward

@@ -54,7 +54,7 @@ def _inputs():
 
 def _prefilled(model, params, config, tokens, record=False):
     cache = transformer_lib.init_cache(config, BATCH, record_projections=record)
-    return model.apply({"params": params}, tokens, cache=cache).cache
+    return model.apply({"params": params}, tokens, cache, method="decode").cache
 
 
 def _loss(out):
@@ -69,6 +69,13 @@ def calls():
     per_layer_model, _ = _params(PER_LAYER)
     training_model, _ = _params(TRAINING)
     apply = lambda m=model, **kw: (lambda p, *a: m.apply({"params": p}, *a, **kw))
+
+    def decode(m=model, *names):
+        """(params, tokens, cache, *values) -> the cached call with keyword `names` set to
+        `values`."""
+        return lambda p, t, c, *values: m.apply({"params": p}, t, c, method="decode",
+                                                **dict(zip(names, values)))
+
     cache = transformer_lib.init_cache(CONFIG, BATCH)
     filled = _prefilled(model, params, CONFIG, tokens)
     recording = transformer_lib.init_cache(CONFIG, BATCH, record_projections=True)
@@ -95,32 +102,18 @@ def calls():
         "positions": (apply(positions=positions), (params, tokens)),
         "no logits, hidden": (apply(compute_logits=False, return_hidden=True),
                               (params, tokens)),
-        "cached prefill": (lambda p, t, c: model.apply({"params": p}, t, cache=c),
-                           (params, tokens, cache)),
-        "cached num_valid": (lambda p, t, c, n: model.apply({"params": p}, t, cache=c,
-                                                            num_valid=n),
-                             (params, tokens, cache, num_valid)),
-        "cached mask": (lambda p, t, c, m: model.apply({"params": p}, t, cache=c,
-                                                       attention_mask=m),
-                        (params, tokens, cache, mask)),
-        "cached positions": (lambda p, t, c, q: model.apply({"params": p}, t, cache=c,
-                                                            positions=q),
-                             (params, tokens, cache, positions)),
-        "cached decode token": (lambda p, t, c, n: model.apply({"params": p}, t, cache=c,
-                                                               num_valid=n),
-                                (params, one, filled, num_valid)),
-        "per-layer cache": (lambda p, t, c, n: model.apply({"params": p}, t, cache=c,
-                                                           num_valid=n),
+        "cached prefill": (decode(), (params, tokens, cache)),
+        "cached num_valid": (decode(model, "num_valid"), (params, tokens, cache, num_valid)),
+        "cached mask": (decode(model, "attention_mask"), (params, tokens, cache, mask)),
+        "cached positions": (decode(model, "positions"), (params, tokens, cache, positions)),
+        "cached decode token": (decode(model, "num_valid"), (params, one, filled, num_valid)),
+        "per-layer cache": (decode(model, "num_valid"),
                             (layer_params, one, filled.per_layer(), num_valid)),
-        "per-layer cache, stacked params": (
-            lambda p, t, c: model.apply({"params": p}, t, cache=c),
-            (params, tokens, cache.per_layer())),
-        "recording": (lambda p, t, c, n: model.apply({"params": p}, t, cache=c,
-                                                     num_valid=n),
-                      (params, tokens, recording, num_valid)),
-        "recording, per-layer cache": (
-            lambda p, t, c, n: model.apply({"params": p}, t, cache=c, num_valid=n),
-            (layer_params, tokens, recording.per_layer(), num_valid)),
+        "per-layer cache, stacked params": (decode(), (params, tokens, cache.per_layer())),
+        "recording": (decode(model, "num_valid"), (params, tokens, recording, num_valid)),
+        "recording, per-layer cache": (decode(model, "num_valid"),
+                                       (layer_params, tokens, recording.per_layer(),
+                                        num_valid)),
         "return_kv": (apply(return_kv=True, return_hidden=True, compute_logits=False),
                       (params, head)),
         "prefix_kv": (lambda p, t, kv: model.apply({"params": p}, t, prefix_kv=kv),
@@ -139,12 +132,10 @@ def calls():
         "blocked prefix_kv": (
             lambda p, t, kv: blocked_model.apply({"params": p}, t, prefix_kv=kv),
             (params, rest, prefix)),
-        "blocked cached decode": (
-            lambda p, t, c, n: blocked_model.apply({"params": p}, t, cache=c, num_valid=n),
-            (params, one, filled, num_valid)),
-        "blocked per-layer decode": (
-            lambda p, t, c, n: blocked_model.apply({"params": p}, t, cache=c, num_valid=n),
-            (layer_params, one, filled.per_layer(), num_valid)),
+        "blocked cached decode": (decode(blocked_model, "num_valid"),
+                                  (params, one, filled, num_valid)),
+        "blocked per-layer decode": (decode(blocked_model, "num_valid"),
+                                     (layer_params, one, filled.per_layer(), num_valid)),
         "generate": (generate(model), (params, filled, key)),
         "generate per-layer": (generate(per_layer_model), (params, filled, key)),
     }
