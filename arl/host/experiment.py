@@ -60,6 +60,10 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    try:  # keys added to the schema since the checkpoint are not changes
+        saved = config_json(config_lib.with_defaults(saved))
+    except config_lib.ConfigError:
+        pass  # a key since removed: reported below as changed
     saved_flat, current_flat = _flat(saved), _flat(current)
     changed = sorted(k for k in set(saved_flat) | set(current_flat)
                      if saved_flat.get(k) != current_flat.get(k))

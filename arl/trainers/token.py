@@ -80,10 +80,10 @@ class TokenTrainer:
         self.shared_prompt = dict(
             group_size=config.rollout.group_size,
             prompt_len=(1 + self.env.prompt_len
-                        if config.updates.get("share_group_prompt", True) else 0))
+                        if config.updates.share_group_prompt else 0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
-        self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
+        self.activation_mesh = self.mesh if config.activation_sharding else None
         self.process_models = ProcessModels.from_config(config, self.policy,
                                                         **self.shared_prompt)
         self.uses_reference = (config.loss.kl_coef > 0
@@ -102,14 +102,13 @@ class TokenTrainer:
                                context_length=self.context_length,
                                agent_token_bound=self.env.max_turns * self.env.action_len,
                                observation_token_bound=self.env.max_turns * self.env.obs_len,
-                               shuffle=config.updates.get("shuffle", "rows"),
-                               reuse_activations=config.updates.get(
-                                   "reuse_rollout_activations", False),
+                               shuffle=config.updates.shuffle,
+                               reuse_activations=config.updates.reuse_rollout_activations,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
-        if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
+        if config.loss.sft_coef > 0 and config.loss.sft_dataset:
             try:
                 self.demonstrations = datasets_lib.load_demonstrations(
                     config.loss.sft_dataset, env_config=config.env,
