@@ -8,7 +8,7 @@ The public face; the layers below it (docs/architecture.md):
     arl.rollout      multi-turn rollouts and Monte Carlo branching, inside the step
     arl.trainers     the compiled train steps (token envs, vector envs), warm start
     arl.data         task sets and demonstrations on disk
-    arl.host         the experiment loop, evaluation, checkpoints, metric writers
+    arl.runs         the experiment loop, evaluation, checkpoints, metric writers
 """
 
 from arl import algorithms, envs, rollout, trainers

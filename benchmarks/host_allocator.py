@@ -2,11 +2,11 @@
 
 XLA on the CPU mallocs each step's buffers and frees them at the end of the step; glibc
 serves large blocks as fresh mappings, so every step faults its scratch in again
-(`arl/host/allocator.py` explains it). Variants, each in its own process (the settings
+(`arl/runs/allocator.py` explains it). Variants, each in its own process (the settings
 are process-wide), alternated round by round:
 
 * default: glibc as it comes (ARL_KEEP_FREED_MEMORY=0);
-* keep: `arl.host.allocator.keep_freed_memory()` alone (steps dispatched to JAX's worker
+* keep: `arl.runs.allocator.keep_freed_memory()` alone (steps dispatched to JAX's worker
   thread, as the training CLI ran them before it ran them inline);
 * keep + inline: what the training CLI does: also `run_computations_inline()` before
   JAX starts, so the step runs (and allocates) on the main thread, whose heap keeps
@@ -49,7 +49,7 @@ VARIANTS = {
 
 def child(setting_name: str, steps: int, cache_dir: str) -> dict:
     """Runs in the variant's own process: builds the step, times `steps` steps."""
-    from arl.host import allocator  # pylint: disable=import-outside-toplevel
+    from arl.runs import allocator  # pylint: disable=import-outside-toplevel
     import peers  # pylint: disable=import-outside-toplevel
 
     inline = os.environ.get("ARL_BENCH_INLINE") == "1" and allocator.run_computations_inline()

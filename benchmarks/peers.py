@@ -77,7 +77,7 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
-from arl.host import allocator  # noqa: E402
+from arl.runs import allocator  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -608,7 +608,7 @@ def main(argv=None):
     parser.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="arl",
                         help="which sides keep freed memory mapped (glibc: no mmap'd "
                              "blocks, no heap trimming) and run JAX computations inline "
-                             "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
+                             "(arl.runs.allocator): 'arl' (as arl's CLI runs; the peers "
                              "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
                              "and tunix's jax config), 'none'")
     parser.add_argument("--arl_recompute", "--arl-recompute", action="store_true",
@@ -643,9 +643,9 @@ def main(argv=None):
     arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
     allocator_line = {
         "arl": "arl runs its steps inline and keeps freed memory mapped as its training CLI "
-               "does (`arl.host.allocator`), the peers run with glibc's and their "
+               "does (`arl.runs.allocator`), the peers run with glibc's and their "
                "libraries' defaults",
-        "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
+        "all": "every side keeps freed memory mapped (arl: `arl.runs.allocator`; the peers: "
                f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX computations "
                "inline (arl, tunix; torch does)",
         "none": "every side runs with glibc's malloc defaults and JAX's async dispatch"

@@ -30,7 +30,7 @@ def main(argv):
 
     from arl import algorithms, rollout, trainers
     from arl import config as config_lib
-    from arl.host import evaluation
+    from arl.runs import evaluation
 
     if _NUM_TASKS.value < 1 or _NUM_TRANSCRIPTS.value < 0:
         raise app.UsageError(f"--num_tasks={_NUM_TASKS.value} must be >= 1 and "

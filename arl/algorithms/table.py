@@ -1,7 +1,7 @@
 """The algorithm table: one record per algorithm, read by everything that depends on it.
 
 Validation (`arl.config`), model construction (a value head or not), the advantage
-computation (`arl.trainers.signals`), the loss (a value term or not) and the update batch
+computation (`arl.trainers.credit_assignment`), the loss (a value term or not) and the update batch
 all read the record of `config.algorithm`; none of them compares algorithm names. Adding
 an algorithm is one kernel and one row:
 

@@ -1,2 +1,3 @@
-"""The host side of an experiment: the training loop, evaluation, checkpoints, metric
-writers. Nothing here runs inside the compiled step."""
+"""A run of an experiment: the experiment loop (`experiment.run`), evaluation of a
+checkpoint, the checkpoints themselves and the metric writers. Nothing here runs inside
+the compiled step."""

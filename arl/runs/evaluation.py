@@ -22,13 +22,13 @@ import numpy as np
 
 from arl import config as config_lib
 from arl import rollout as rollout_lib
-from arl.host import checkpoint as checkpoint_lib
-from arl.host.experiment import CHECKPOINT_DIR
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs.experiment import CHECKPOINT_DIR
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     """The newest checkpoint step in ``workdir/checkpoints`` with readable metadata, and
-    the config stored in it (as written by `arl.host.experiment.run`), keys added to the
+    the config stored in it (as written by `arl.runs.experiment.run`), keys added to the
     schema since then at their defaults (`arl.config.with_defaults`)."""
     directory = os.path.join(workdir, CHECKPOINT_DIR)
     found = None

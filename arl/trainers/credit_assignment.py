@@ -1,5 +1,5 @@
-"""Signals: from a trajectory's rewards to token advantages, the filters that keep or drop
-groups, and the rollout's metrics.
+"""Credit assignment: from a trajectory's rewards to token advantages, the filters that
+keep or drop groups, and the rollout's metrics.
 
 The credit family of the algorithm's row (`arl.algorithms.table`) decides how the
 advantages are formed:

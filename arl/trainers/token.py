@@ -7,8 +7,8 @@
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
 2. signals   : rewards -> advantages by the algorithm's row of the table
-               (`arl.trainers.signals`), StarPO-S and DAPO filters, KL-in-reward,
-               process rewards (`arl.trainers.credit`).
+               (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
+               process rewards (`arl.trainers.process_reward_models`).
 3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
                `arl.trainers.update`; skipped (parameters unchanged) when no advantage in
                the batch is non-zero and no auxiliary term carries gradient.
@@ -36,9 +36,9 @@ from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
-from arl.trainers import signals as signals_lib
+from arl.trainers import credit_assignment as credit_lib
 from arl.trainers.tracing import trace_once
-from arl.trainers.credit import ProcessModels
+from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -88,12 +88,12 @@ class TokenTrainer:
                                                         **self.shared_prompt)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
-        self.branch_turns = signals_lib.branch_turns(
+        self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models)
-        self.credit = signals_lib.CreditAssignment(
+        self.credit = credit_lib.CreditAssignment(
             self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
             branch_turns=self.branch_turns)
         self.learner = Learner(self.policy, self.optimizer, config.loss,
@@ -287,7 +287,7 @@ class TokenTrainer:
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
 
-        metrics.update(signals_lib.rollout_metrics(traj, self.env_names))
+        metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
         metrics.update(signals.metrics)
         metrics.update(update_metrics)
         metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
@@ -329,7 +329,7 @@ class TokenTrainer:
                     self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
                     params=params, sampling=sampling,
                     env_params=self.task_params(num_rows, 1))
-            return signals_lib.rollout_metrics(traj, self.env_names), traj
+            return credit_lib.rollout_metrics(traj, self.env_names), traj
 
         return jax.jit(evaluate, static_argnames=("greedy",))
 

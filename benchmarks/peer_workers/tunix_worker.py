@@ -287,7 +287,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if os.environ.get("ARL_PEERS_INLINE_DISPATCH") == "1":
-        # What arl's training CLI does (`arl.host.allocator.run_computations_inline`),
+        # What arl's training CLI does (`arl.runs.allocator.run_computations_inline`),
         # before JAX's backend starts: the driver's `--allocator=all`.
         import jax
         jax.config.update("jax_cpu_enable_async_dispatch", False)

@@ -14,7 +14,7 @@ import arl
 from arl import rollout as rollout_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
-from arl.envs.code_interpreter import FAMILIES, CodeInterpreter, notebook_cell
+from arl.envs.tasks.code_interpreter import FAMILIES, CodeInterpreter, notebook_cell
 from arl.rollout import branching
 from arl.tools import SandboxLimits, run_python
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arl.envs as E
-from arl.envs import countdown
+from arl.envs.tasks import countdown
 from arl.envs.base import TokenChunk
 from tests.envs.helpers import corrupted_turns
 

@@ -21,7 +21,7 @@ import arl
 from arl import rollout as rollout_lib
 from arl.envs import CharCodec, Mixture, host
 from arl.envs.base import TokenChunk
-from arl.envs.calculator import Calculator
+from arl.envs.tasks.calculator import Calculator
 from arl.envs.host import HostEnvironment, HostTurn
 from arl.rollout import branching
 

@@ -13,7 +13,7 @@ import arl
 from arl import rollout as rollout_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
-from arl.envs.sql_query import SqlQuery, single_cell
+from arl.envs.tasks.sql_query import SqlQuery, single_cell
 from arl.tools import make_sql_task, run_sql
 from arl.tools.sql import answers_match
 
