@@ -368,10 +368,7 @@ def observation_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=No
     Returns:
         float32 scalar.
     """
-    fn = "observation_loss"
-    agg = v.choice(fn, "aggregation mode", agg, AGGREGATIONS)
-    weight = v.scalar(fn, "weight", weight)
-    return weight * aggregate(nll_per_token(logp, mask), mask, agg, norm=norm)
+    return _weighted_nll("observation_loss", logp, mask, weight, agg, norm)
 
 
 @compiled_when_eager
@@ -394,7 +391,12 @@ def sft_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=None):
     Returns:
         float32 scalar.
     """
-    fn = "sft_loss"
+    return _weighted_nll("sft_loss", logp, mask, weight, agg, norm)
+
+
+def _weighted_nll(fn: str, logp, mask, weight, agg: str, norm):
+    """weight * aggregate(NLL on `mask`): the body of `observation_loss` and `sft_loss`,
+    which differ only in what their mask marks; `fn` names the caller in errors."""
     agg = v.choice(fn, "aggregation mode", agg, AGGREGATIONS)
     weight = v.scalar(fn, "weight", weight)
     return weight * aggregate(nll_per_token(logp, mask), mask, agg, norm=norm)
