@@ -215,7 +215,7 @@ def run_case(name: str, workdir: str) -> list[dict]:
     from arl.runs import experiment
 
     config = CASES[name]()
-    if config.loss.get("sft_dataset", "") == "<demonstrations>":
+    if config.loss.sft_dataset == "<demonstrations>":
         config.loss.sft_dataset = datasets.build_demonstrations(
             os.path.join(workdir, "data"), config.env.to_dict(), num_episodes=64,
             action_source="demonstrator")

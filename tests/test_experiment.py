@@ -261,3 +261,21 @@ def test_run_rejects_an_unwritable_workdir_before_compiling(tmp_path):
     blocker.write_text("")
     with pytest.raises(config_lib.ConfigError, match="workdir"):
         experiment.run(_tiny_vector_config(), str(blocker / "run"))
+
+
+def test_resume_warns_of_changed_keys_not_of_keys_added_since(monkeypatch):
+    """A checkpoint written before a key existed: the key's default is no change."""
+    from arl import config as config_lib
+    from arl.runs import experiment
+
+    warnings = []
+    monkeypatch.setattr(experiment.logging, "warning",
+                        lambda fmt, *args: warnings.append(fmt % args))
+    current = experiment.config_json(config_lib.default_config())
+    saved = json.loads(json.dumps(current))
+    del saved["model"]["remat"]
+    experiment._warn_config_changes(saved, current)  # pylint: disable=protected-access
+    assert not warnings
+    saved["optim"]["learning_rate"] = 0.5
+    experiment._warn_config_changes(saved, current)  # pylint: disable=protected-access
+    assert len(warnings) == 1 and "optim.learning_rate (0.5 -> 0.001)" in warnings[0], warnings
