@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import envs as envs_lib
 from arl.envs.registry import GYMNAX_PREFIX
@@ -53,7 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sample_every = 25  # write rendered sample trajectories every N steps
     c.mesh = (1, 1, 1)  # (data, fsdp, tensor); product must not exceed the device count
     # Modules imported before the config is validated or used, e.g. ("my_pkg.my_envs",):
-    # one that calls `arl.envs.register` (or `arl.algorithms.register_algorithm`) makes
+    # one that calls `arl.envs.register` (or `arl.register_algorithm`) makes
     # its names valid in `env.name` / `algorithm`. Stored with the checkpoints' config, so
     # resuming and `experiments.evaluate` import them too. Must be importable (installed,
     # or on PYTHONPATH / the working directory).
@@ -388,7 +389,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     params overrides, `max_turns` and scripted policies against the config."""
     import_modules(config)
     check_known_keys(config)
-    algorithm = alg.get_algorithm(config.algorithm)
+    algorithm = algorithm_table.get_algorithm(config.algorithm)
     _check_range(config, "train_steps", 1, integer=True)
     _check_range(config, "log_every", 1, integer=True)
     _check_range(config, "checkpoint_every", 1, integer=True)
@@ -476,7 +477,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         _validate_workdir(workdir)
 
 
-def _validate_warm_start(config, algorithm: alg.Algorithm) -> None:
+def _validate_warm_start(config, algorithm: algorithm_table.Algorithm) -> None:
     ws = config.get("warm_start")
     if ws is None:
         return
@@ -492,7 +493,7 @@ def _validate_warm_start(config, algorithm: alg.Algorithm) -> None:
               f"algorithm {algorithm.name!r} has none: set 0")
 
 
-def _validate_token_rollout(config, mesh, algorithm: alg.Algorithm) -> None:
+def _validate_token_rollout(config, mesh, algorithm: algorithm_table.Algorithm) -> None:
     r = config.rollout
     _check_range(config, "rollout.num_tasks", 1, integer=True)
     _check_range(config, "rollout.group_size", 1, integer=True)

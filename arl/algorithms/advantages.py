@@ -23,9 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from arl import native
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
 GAE_METHODS = ("auto", "scan", "associative", "native")
 
@@ -40,6 +38,7 @@ _SCAN_UNROLL = 1
 
 def _resolve_method(method: str, dtype=jnp.float32) -> str:
     """The kernel `method` names; "auto" picks the fastest one measured for the backend."""
+    from arl import native  # pylint: disable=import-outside-toplevel
     method = v.choice("gae", "method", method, GAE_METHODS)
     on_cpu = jax.default_backend() == "cpu"
     if method == "auto":
@@ -240,7 +239,6 @@ def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, 
     return advantages, jnp.where(mask, advantages + values, 0.0)
 
 
-@compiled_when_eager
 def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, dones=None,
         truncated=None, next_values=None, method: str = "auto"):
     """Generalised advantage estimation with an agent mask (Schulman et al. 2016).
@@ -297,7 +295,6 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, done
     return kernel(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
 
 
-@compiled_when_eager
 def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=None,
                        truncated=None, next_values=None, method: str = "auto"):
     """Discounted reward-to-go over agent tokens (Monte-Carlo returns).
@@ -329,7 +326,6 @@ def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=
     return advantages
 
 
-@compiled_when_eager
 def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
                    turn_gamma=1.0, turn_lam=None, bootstrap_value=None,
                    method: str = "auto"):

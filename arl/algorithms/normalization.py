@@ -8,12 +8,10 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
 WHITEN_EPS = 1e-8
 
 
-@compiled_when_eager
 def whiten(x, mask, *, shift_mean: bool = True) -> jax.Array:
     """Whitens `x` over the entries where `mask` is true.
 

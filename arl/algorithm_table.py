@@ -1,6 +1,8 @@
 """The algorithm table: one record per algorithm, read by everything that depends on it.
 
-Validation (`arl.config`), model construction (a value head or not), the advantage
+It sits above the kernels (`arl.algorithms`, which know nothing of configs) and beside
+the config schema and the trainers that read it. Validation (`arl.config`), model
+construction (a value head or not), the advantage
 computation (`arl.trainers.signals`), the loss (a value term or not) and the update batch
 all read the record of `config.algorithm`; none of them compares algorithm names. Adding
 an algorithm is one kernel and one row:
@@ -9,7 +11,7 @@ an algorithm is one kernel and one row:
         return alg.rloo_advantages(batch.scores, batch.group_ids,
                                    num_groups=batch.num_groups, valid=batch.valid) / 2
 
-    alg.register_algorithm(alg.Algorithm(
+    arl.register_algorithm(arl.Algorithm(
         name="rloo_half", credit="outcome", outcome_advantages=loo_scaled,
         min_group_size=2, summary="RLOO at half scale"))
     # config.algorithm = "rloo_half" now validates, builds and trains.
