@@ -183,6 +183,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.loss.clip_low = 0.2
     c.loss.clip_high = 0.2
     c.loss.dual_clip = 0.0  # 0 disables; e.g. 3.0
+    # The clip ranges of the policy losses of the "gspo" and "cispo" rows (checked by
+    # their rows, arl/algorithm_table.py): GSPO clips the sequence-level ratio (the
+    # paper's 3e-4 / 4e-4); CISPO its importance weight (low 1.0 = no lower bound).
+    c.loss.gspo_clip_low = 3e-4
+    c.loss.gspo_clip_high = 4e-4
+    c.loss.cispo_clip_low = 1.0
+    c.loss.cispo_clip_high = 0.28
     c.loss.agg = "token-mean"
     c.loss.norm = 0.0  # constant N for seq-mean-token-sum-norm; 0 = the context length
     c.loss.value_coef = 0.5

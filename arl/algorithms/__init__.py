@@ -22,13 +22,16 @@ from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observat
                                    policy_loss, policy_loss_per_token, sft_loss, value_loss,
                                    value_loss_per_token)
 from arl.algorithms.normalization import whiten
+from arl.algorithms.policy_losses import (cispo_policy_loss, cispo_policy_loss_per_token,
+                                          gspo_policy_loss, gspo_policy_loss_per_token)
 from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
                                     turns_to_tokens, vine_advantages)
 
 __all__ = [
     "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
-    "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
-    "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
+    "cispo_policy_loss", "cispo_policy_loss_per_token", "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
+    "group_advantages", "group_statistics", "gspo_policy_loss",
+    "gspo_policy_loss_per_token", "horizon_schedule", "kl_penalty",
     "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",
     "process_advantages", "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
     "token_logprobs", "token_logprobs_and_entropy", "tokens_to_turns", "turn_ids",

@@ -152,12 +152,22 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
     per_token, mask, t = _policy_terms(fn, logp, old_logp, advantages, mask, clip_low,
                                        clip_high, dual_clip)
     loss = aggregate(per_token, mask, agg, norm=norm)
-    log_ratio = jax.lax.stop_gradient(t["log_ratio"])
-    ratio = jax.lax.stop_gradient(t["ratio"])
+    return loss, ratio_diagnostics(t, mask)
+
+
+def ratio_diagnostics(terms, mask) -> dict[str, jax.Array]:
+    """The diagnostics of a ratio-based policy loss, as masked token means.
+
+    `terms` holds `log_ratio` (the per-token log pi - log pi_old), `ratio` (the ratio the
+    loss uses: per token, or its sequence's), and the boolean `[B, T]` masks
+    `clipped_low`, `clipped_high` and `dual_active`. See `policy_loss` for the metrics.
+    """
+    log_ratio = jax.lax.stop_gradient(terms["log_ratio"])
+    ratio = jax.lax.stop_gradient(terms["ratio"])
     sums = {
-        "clip_fraction_low": t["clipped_low"].astype(jnp.float32),
-        "clip_fraction_high": t["clipped_high"].astype(jnp.float32),
-        "dual_clip_fraction": t["dual_active"].astype(jnp.float32),
+        "clip_fraction_low": terms["clipped_low"].astype(jnp.float32),
+        "clip_fraction_high": terms["clipped_high"].astype(jnp.float32),
+        "dual_clip_fraction": terms["dual_active"].astype(jnp.float32),
         "approx_kl_k1": jnp.where(mask, -log_ratio, 0.0),
         "approx_kl_k3": jnp.where(mask, jnp.expm1(log_ratio) - log_ratio, 0.0),
         "ratio_mean": jnp.where(mask, ratio, 0.0),
@@ -172,7 +182,7 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
                for i, name in enumerate(list(sums)[:-1])}
     metrics["ratio_min"] = jnp.where(count > 0, -neg_ratio_min, 0.0)
     metrics["ratio_max"] = jnp.where(count > 0, ratio_max, 0.0)
-    return loss, metrics
+    return metrics
 
 
 def _value_terms(fn, values, old_values, returns, mask, clip):

@@ -106,6 +106,7 @@ class TokenTrainer:
                                shuffle=config.updates.get("shuffle", "rows"),
                                reuse_activations=config.updates.get(
                                    "reuse_rollout_activations", False),
+                               policy_loss=self.algorithm.policy_loss,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
