@@ -30,9 +30,8 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
-    # The shipped example tasks of the dataset_task environment (arl.data.word_problems),
-    # and the C++ sources arl.native compiles on first use.
-    package_data={"arl.data": ["*.jsonl"], "arl.native": ["*.cc"]},
+    # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
+    package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",
     # `pip install arl`: the kernels (`arl.algorithms`) alone, to compose into your own
     # JAX code. The `train` extra adds what the trainers, environments, command lines and

@@ -98,7 +98,8 @@ def shared_dir(tmp_path_factory, worker_id):
 
 @pytest.mark.parametrize("algorithm,num_pulls", [
     ("grpo", 1), ("drgrpo", 1), ("rloo", 1), ("reinforce_pp", 1), ("ppo", 1),
-    ("erpo", 1), pytest.param("vineppo", 2, marks=pytest.mark.slow)])  # 60 s
+    ("erpo", 1), ("gspo", 1), ("cispo", 1),
+    pytest.param("vineppo", 2, marks=pytest.mark.slow)])  # 60 s
 def test_rl_from_a_shared_warm_start_beats_the_start_and_the_demonstrator(algorithm,
                                                                         num_pulls,
                                                                         shared_dir):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +42,6 @@ def whiten(x, mask, *, shift_mean: bool = True) -> jax.Array:
     return _whiten(x, mask, shift_mean)
 
 
-@functools.partial(jax.jit, static_argnums=2)
 def _whiten(x, mask, shift_mean):
     x = jnp.where(mask, x, 0.0)
     count = jnp.sum(mask, dtype=x.dtype)
