@@ -2,8 +2,8 @@
 
 The default path on every backend is plain JAX; a switch below replaces one operation by
 another plain-JAX form (same results) where XLA:CPU runs the usual form slowly, and each
-is kept only for an end-to-end gain measured on the CPU (`benchmarks/RESULTS.md`, the
-named sections). Accelerators keep the usual form; none of these was measured there.
+is kept only for an end-to-end gain measured on the CPU (docs/performance.md, the named
+sections). Accelerators keep the usual form; none of these was measured there.
 
 Forms chosen for XLA:CPU that are plain JAX and the same program on every backend (no
 switch, so they are not here), each measured where it is written: `VectorPPO`'s update
@@ -32,7 +32,7 @@ def argmax_as_two_reductions() -> bool:
 
     XLA:CPU runs `argmax`'s variadic (value, index) reduction as a scalar loop, ~30 us
     per decoded token at [64, 64] logits; two plain reductions vectorise. Measured
-    (`benchmarks/sampling.py`, "Sampling: argmax as two reductions"): 32 draws 1.8-3.9x
+    (docs/performance.md, "Sampling"): 32 draws 1.8-3.9x
     faster from [64, 64] to [8, 151936] logits; `generate` of 32 tokens 1.14x (8 rows,
     32k vocabulary) to 1.98x (64 rows, 32k). Same tokens and log-probs.
     """
@@ -46,8 +46,7 @@ def decode_attention_over_head_pairs(q_len: int) -> bool:
 
     XLA:CPU puts a batched product's batch dimensions first, so the grouped einsum
     copies each cache layer transposed for every decoded token. Measured
-    (`benchmarks/decode_attention.py`, "Decode attention: products over every head
-    pair"): one cached call 1.1-1.9x faster from the toy shape to Llama-3-8B's heads;
+    (docs/performance.md, "Attention and the update"): one cached call 1.1-1.9x faster from the toy shape to Llama-3-8B's heads;
     the peers' rollouts 1.11-1.19x, a train step 1.03-1.08x. Same tokens. Prefill and
     training (more than one query) keep the grouped products.
     """
