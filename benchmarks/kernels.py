@@ -21,7 +21,6 @@ import rlax
 
 import arl
 from arl import algorithms as alg
-from arl import native
 from arl.runs import allocator
 
 import common  # noqa: E402  (benchmarks/, the script's own directory)
@@ -49,11 +48,8 @@ def numpy_masked_gae(rewards, values, mask, gamma, lam):
 
 
 def gae_methods():
-    """Every GAE method that runs here: the C++ loop only on CPU, where it built."""
-    methods = ["scan", "associative"]
-    if jax.default_backend() == "cpu" and native.available("gae"):
-        methods.append("native")
-    return methods
+    """Every GAE method."""
+    return list(alg.GAE_METHODS[1:])
 
 
 def bench_gae(repeats, rng):

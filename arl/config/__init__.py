@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from arl import algorithms as alg
+from arl import algorithm_table
 from arl.config import advantage as advantage_section
 from arl.config import env as env_section
 from arl.config import filters as filters_section
@@ -61,7 +61,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     params overrides, `max_turns` and scripted policies against the config."""
     import_modules(config)
     check_known_keys(config)
-    algorithm = alg.get_algorithm(config.algorithm)
+    algorithm = algorithm_table.get_algorithm(config.algorithm)
     run_section.validate(config, num_devices)
     optim_section.validate(config)
     loss_section.validate(config)

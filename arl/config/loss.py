@@ -17,6 +17,13 @@ def defaults() -> ml_collections.ConfigDict:
     c.clip_low = 0.2
     c.clip_high = 0.2
     c.dual_clip = 0.0  # 0 disables; e.g. 3.0
+    # The clip ranges of the policy losses of the "gspo" and "cispo" rows (checked by
+    # their rows, arl/algorithm_table.py): GSPO clips the sequence-level ratio (the
+    # paper's 3e-4 / 4e-4); CISPO its importance weight (low 1.0 = no lower bound).
+    c.gspo_clip_low = 3e-4
+    c.gspo_clip_high = 4e-4
+    c.cispo_clip_low = 1.0
+    c.cispo_clip_high = 0.28
     c.agg = "token-mean"
     c.norm = 0.0  # constant N for seq-mean-token-sum-norm; 0 = the context length
     c.value_coef = 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from arl import algorithms as alg
+from arl import algorithm_table
 from arl.config.checks import check_range, fail
 
 
@@ -23,7 +23,7 @@ def defaults() -> ml_collections.ConfigDict:
     return c
 
 
-def validate(config, algorithm: alg.Algorithm) -> None:
+def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     r = config.rollout
     check_range(config, "rollout.num_tasks", 1, integer=True)
     check_range(config, "rollout.group_size", 1, integer=True)

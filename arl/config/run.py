@@ -25,7 +25,7 @@ def defaults() -> ml_collections.ConfigDict:
     c.sample_every = 25  # write rendered sample trajectories every N steps
     c.mesh = (1, 1, 1)  # (data, fsdp, tensor); product must not exceed the device count
     # Modules imported before the config is validated or used, e.g. ("my_pkg.my_envs",):
-    # one that calls `arl.envs.register` (or `arl.algorithms.register_algorithm`) makes
+    # one that calls `arl.envs.register` (or `arl.register_algorithm`) makes
     # its names valid in `env.name` / `algorithm`. Stored with the checkpoints' config, so
     # resuming and `experiments.evaluate` import them too. Must be importable (installed,
     # or on PYTHONPATH / the working directory).

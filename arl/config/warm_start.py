@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from arl import algorithms as alg
+from arl import algorithm_table
 from arl.config.checks import check_range, fail
 from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
 
@@ -25,7 +25,7 @@ def defaults() -> ml_collections.ConfigDict:
     return c
 
 
-def validate(config, algorithm: alg.Algorithm) -> None:
+def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     ws = config.warm_start
     check_range(config, "warm_start.sft_steps", 0, integer=True)
     check_range(config, "warm_start.sft_batch", 0, integer=True)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
@@ -54,7 +55,7 @@ class TokenTrainer:
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
         config_lib.validate(config, num_devices=jax.device_count())
-        self.algorithm = alg.get_algorithm(config.algorithm)
+        self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
                               f"the {self.algorithm.trainer} trainer, not TokenTrainer "
@@ -104,6 +105,7 @@ class TokenTrainer:
                                observation_token_bound=self.env.max_turns * self.env.obs_len,
                                shuffle=config.updates.shuffle,
                                reuse_activations=config.updates.reuse_rollout_activations,
+                               policy_loss=self.algorithm.policy_loss,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.

@@ -1,7 +1,7 @@
 """The update: the loss of a minibatch and a scan over epochs x minibatches of optimizer
 steps.
 
-    loss = policy (clipped, dual clip) + value_coef * value (critic algorithms)
+    loss = policy (the row's: PPO's clipped ratio by default) + value_coef * value (critic)
            + kl_coef * KL(pi || pi_ref) - entropy_coef * H + echo_coef * CE(observations)
            + alpha(step) * SFT(demonstrations)
 
@@ -39,6 +39,7 @@ import ml_collections
 import optax
 from flax import struct
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import sharding as sharding_lib
@@ -97,6 +98,8 @@ class Learner:
     # The rollout's recorded projection outputs are the forward values of the update's
     # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
     reuse_activations: bool = False
+    # The policy term: the algorithm row's `policy_loss` (`arl.algorithm_table`).
+    policy_loss: algorithm_table.PolicyLoss = algorithm_table.ppo_policy_loss
 
     def __post_init__(self):
         if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
@@ -156,9 +159,8 @@ class Learner:
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
-        pg, metrics = alg.policy_loss(
-            logp, mb.old_logp, mb.advantages, mask, clip_low=c.clip_low,
-            clip_high=c.clip_high, dual_clip=c.dual_clip or None, agg=c.agg, norm=norm)
+        pg, metrics = self.policy_loss(logp, mb.old_logp, mb.advantages, mask, c,
+                                       agg=c.agg, norm=norm)
         metrics = {f"policy/{k}": v for k, v in metrics.items()}
         total = pg
         metrics["loss/policy"] = pg

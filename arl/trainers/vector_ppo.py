@@ -26,6 +26,7 @@ import ml_collections
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
@@ -65,7 +66,7 @@ class VectorPPO:
 
     def __init__(self, config: ml_collections.ConfigDict):
         config_lib.validate(config, num_devices=jax.device_count())
-        if alg.get_algorithm(config.algorithm).trainer != "vector":
+        if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
                               "VectorPPO (use arl.trainers.build)")
         self.config = config
