@@ -173,7 +173,8 @@ class Attention(nn.Module):
         groups = num_heads // num_kv
         q = q.reshape(batch, q_len, num_kv, groups, head_dim)
         # A decoded token on the CPU reads the cache layer as stored, through products over
-        # every head pair, instead of a transposed copy of it (`attention_kernels.uses_head_pairs`).
+        # every head pair, instead of a transposed copy of it
+        # (`attention_kernels.uses_head_pairs`).
         head_pairs = cache_kv is not None and kernels.uses_head_pairs(q_len)
         scores = kernels.grouped_scores(q, keys, head_pairs=head_pairs) / math.sqrt(
             head_dim)

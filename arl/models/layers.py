@@ -37,8 +37,8 @@ class SwiGLU(nn.Module):
     The three projections run on the tokens flattened to [B*T, D] (a free reshape): on
     [B, T, D] the weight gradients contract two axes (B, T), and XLA's CPU backend then
     wrote the [B, T, mlp] gradient transposed to [mlp, B*T] before each weight-gradient
-    matmul, about a third of the modest peer step (benchmarks/RESULTS.md, "Update
-    phase"); flattened, every matmul is a plain 2-D one with no transposed copy.
+    matmul, about a third of the modest peer step (docs/performance.md, "Attention and
+    the update"); flattened, every matmul is a plain 2-D one with no transposed copy.
     """
 
     config: TransformerConfig
