@@ -17,13 +17,19 @@ from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observat
                                    policy_loss, policy_loss_per_token, sft_loss, value_loss,
                                    value_loss_per_token)
 from arl.algorithms.normalization import whiten
+from arl.algorithms.off_policy import (CORRECTIONS, WEIGHT_LEVELS,
+                                       decoupled_policy_loss_per_token,
+                                       importance_log_weights, off_policy_weights,
+                                       weighted_advantages)
 from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
                                     turns_to_tokens, vine_advantages)
 from arl.algorithms.table import (CREDIT_FAMILIES, Algorithm, OutcomeBatch, algorithm_names,
                                   get_algorithm, register_algorithm)
 
 __all__ = [
-    "AGGREGATIONS", "Algorithm", "CREDIT_FAMILIES", "OutcomeBatch", "algorithm_names",
+    "AGGREGATIONS", "Algorithm", "CORRECTIONS", "CREDIT_FAMILIES", "WEIGHT_LEVELS",
+    "decoupled_policy_loss_per_token", "importance_log_weights", "off_policy_weights",
+    "weighted_advantages", "OutcomeBatch", "algorithm_names",
     "get_algorithm", "register_algorithm", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
     "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
     "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
