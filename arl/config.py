@@ -84,6 +84,12 @@ def default_config() -> ml_collections.ConfigDict:
     # empty rounds means the environment's max_turns throughout.
     c.rollout.horizon_rounds = ()
     c.rollout.horizon_every = 100
+    # Asynchronous rollouts (docs/async.md): rollout t+1 runs while update t trains, on
+    # parameters policy_lag versions old (0 with an empty mesh: the fused one-program
+    # step). mesh: () = on config.mesh's devices; else (data, fsdp, tensor) over the next
+    # devices after the training mesh's (disaggregated).
+    c.rollout.policy_lag = 0
+    c.rollout.mesh = ()
 
     c.model = ml_collections.ConfigDict()
     c.model.d_model = 64
@@ -199,6 +205,14 @@ def default_config() -> ml_collections.ConfigDict:
     # Path of a demonstration set written by `arl.data.build_demonstrations`; empty
     # means demonstrations are generated on the fly by `sft_source` inside the step.
     c.loss.sft_dataset = ""
+    # Off-policy correction (arl.algorithms.off_policy): "none" (synchronous), "bypass",
+    # "tis", "icepop", "decoupled"; the weight's level (decoupled), cap C (tis,
+    # decoupled) and icepop's [low, high].
+    c.loss.off_policy_correction = "none"
+    c.loss.off_policy_level = "token"
+    c.loss.off_policy_cap = 2.0
+    c.loss.off_policy_low = 0.5
+    c.loss.off_policy_high = 2.0
 
     # Behaviour-cloning warm start (arl.trainers.warm_start): before RL, a fresh run trains the
     # model for sft_steps on scripted demonstrations from sft_source ("" = loss.sft_source;
@@ -465,6 +479,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
               f"at the rollout's parameters), got epochs={config.updates.epochs}, "
               f"minibatches={config.updates.minibatches}")
 
+    _validate_off_policy(config, mesh, num_devices, algorithm)
     if algorithm.trainer == "vector":
         _validate_vector(config)
     else:
@@ -707,3 +722,62 @@ def _validate_workdir(workdir: str) -> None:
                           "not a directory.")
     if not os.access(probe, os.W_OK):
         raise ConfigError(f"--workdir={workdir!r} is not writable (checked {probe!r}).")
+
+
+def uses_two_programs(config: ml_collections.ConfigDict) -> bool:
+    """Whether the token trainer runs rollout and update as two programs
+    (`arl.trainers.async_step`): a policy lag or a rollout mesh of its own."""
+    return config.rollout.get("policy_lag", 0) > 0 or bool(tuple(config.rollout.get("mesh", ())))
+
+
+def _validate_off_policy(config, mesh, num_devices, algorithm: alg.Algorithm) -> None:
+    """The off-policy correction, the policy lag and the rollout mesh."""
+    loss, r = config.loss, config.rollout
+    if loss.off_policy_correction not in alg.CORRECTIONS:
+        _fail("loss.off_policy_correction", loss.off_policy_correction,
+              f"allowed values are {alg.CORRECTIONS}")
+    if loss.off_policy_level not in alg.WEIGHT_LEVELS:
+        _fail("loss.off_policy_level", loss.off_policy_level,
+              f"allowed values are {alg.WEIGHT_LEVELS}")
+    _check_range(config, "loss.off_policy_cap", 1.0)
+    _check_range(config, "loss.off_policy_low", 0.0, 1.0)
+    _check_range(config, "loss.off_policy_high", 1.0)
+    _check_range(config, "rollout.policy_lag", 0, integer=True)
+    rollout_mesh = tuple(r.mesh)
+    if rollout_mesh and (len(rollout_mesh) != 3 or any(
+            not isinstance(m, int) or m < 1 for m in rollout_mesh)):
+        _fail("rollout.mesh", rollout_mesh, f"expected () (the training mesh's devices) or "
+              f"three positive integers for axes {MESH_AXES}")
+    if rollout_mesh and num_devices is not None and (
+            math.prod(mesh) + math.prod(rollout_mesh) > num_devices):
+        _fail("rollout.mesh", rollout_mesh,
+              f"the training mesh {mesh} takes {math.prod(mesh)} devices and this one "
+              f"{math.prod(rollout_mesh)}: {math.prod(mesh) + math.prod(rollout_mesh)} > "
+              f"the {num_devices} that exist (use () to share the training devices)")
+    batch = r.num_tasks * r.group_size
+    if rollout_mesh and batch % (rollout_mesh[0] * rollout_mesh[1]):
+        _fail("rollout.mesh", rollout_mesh, f"batch num_tasks*group_size={batch} must be "
+              f"divisible by its data*fsdp={rollout_mesh[0] * rollout_mesh[1]}")
+    if algorithm.trainer != "token" and loss.off_policy_correction != "none":
+        _fail("loss.off_policy_correction", loss.off_policy_correction,
+              f"the {algorithm.trainer} trainer has no off-policy correction: allowed "
+              "value is 'none'")
+    if not uses_two_programs(config):
+        return
+    if algorithm.trainer != "token":
+        _fail("rollout.policy_lag" if r.policy_lag else "rollout.mesh",
+              r.policy_lag if r.policy_lag else rollout_mesh,
+              f"the {algorithm.trainer} trainer has the fused step only: allowed value is "
+              f"{0 if r.policy_lag else ()}")
+    if r.policy_lag > 0 and loss.off_policy_correction == "none":
+        _fail("loss.off_policy_correction", "none",
+              f"rollout.policy_lag={r.policy_lag} samples with parameters up to "
+              f"{r.policy_lag} updates old: choose one of {alg.CORRECTIONS[1:]}")
+    if config.updates.get("reuse_rollout_activations", False):
+        _fail("updates.reuse_rollout_activations", True, "the rollout's activations stay "
+              "on the rollout's side with rollout.policy_lag > 0 or a rollout.mesh: "
+              "allowed value is False")
+    if config.process.mc_samples > 0:
+        _fail("process.mc_samples", config.process.mc_samples, "Monte Carlo branching "
+              "needs the fused step (rollout.policy_lag=0, rollout.mesh=()): allowed "
+              "value is 0")
