@@ -187,3 +187,55 @@ def test_vector_trainer_refuses_a_lag():
     c.rollout.policy_lag = 1
     with pytest.raises(ConfigError, match="^config.rollout.policy_lag=1 is invalid: the vector"):
         config_lib.validate(c, num_devices=1)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _experiment_config():
+    from configs import grpo_bandit
+
+    c = grpo_bandit.get_config()
+    c.train_steps, c.log_every, c.checkpoint_every, c.sample_every = 6, 1, 2, 3
+    c.rollout.num_tasks, c.rollout.group_size = 4, 2
+    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
+    c.model.num_heads = c.model.num_kv_heads = 2
+    c.warm_start.sft_steps = 0
+    c.loss.echo_coef = 0.1  # keeps the parameters moving when every group is degenerate
+    c.rollout.policy_lag = 2
+    c.rollout.mesh = (1, 1, 1)
+    c.loss.off_policy_correction = "decoupled"
+    c.loss.off_policy_level = "sequence"
+    return c
+
+
+def test_interrupted_run_at_lag_two_resumes_exactly(tmp_path, monkeypatch):
+    """Checkpoints hold the behaviour parameters of the rollouts not yet trained on; the
+    resumed run recomputes those rollouts and ends bitwise where an uninterrupted run
+    does (metrics and final checkpoint)."""
+    from arl.host import experiment, writers
+
+    reference = experiment.run(_experiment_config(), str(tmp_path / "reference"))
+    update = writers.ProgressBar.update
+
+    def interrupt_after_four(self, step, *args, **kwargs):
+        update(self, step, *args, **kwargs)
+        if step == 5:  # after checkpoint 4 was committed and step 5 was logged
+            raise _Interrupted
+
+    monkeypatch.setattr(writers.ProgressBar, "update", interrupt_after_four)
+    with pytest.raises(_Interrupted):
+        experiment.run(_experiment_config(), str(tmp_path / "resumed"))
+    monkeypatch.setattr(writers.ProgressBar, "update", update)
+    resumed = experiment.run(_experiment_config(), str(tmp_path / "resumed"))
+    assert [r["step"] for r in resumed] == [5, 6]
+    assert writers.read_metrics(tmp_path / "resumed") == writers.read_metrics(
+        tmp_path / "reference")
+    assert [r["off_policy/staleness"] for r in reference] == [0, 1, 2, 2, 2, 2]
+    assert reference[-1]["eval/success_rate"] >= 0  # evaluation runs on the async path
+    import orbax.checkpoint as ocp
+    final = [ocp.PyTreeCheckpointer().restore(str(tmp_path / run / "checkpoints/6/state"))
+             for run in ("reference", "resumed")]
+    assert leaves_equal(*final)
+    assert len(final[0]["behaviour"]) == 2  # the versions of rollouts 6 and 7

@@ -31,11 +31,31 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 
+from flax import struct
+
 from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout import Trajectory
 from arl.trainers.state import TrainState
+
+
+@struct.dataclass
+class AsyncCheckpoint:
+    """What a resume at lag k needs: the state after step t, and the behaviour
+    parameters rollouts t .. t+k-1 read (versions max(s - k, 0)); their trajectories are
+    recomputed from these, bit for bit (same programs, parameters and keys)."""
+
+    state: TrainState
+    behaviour: tuple  # k parameter trees, on the rollout mesh
+
+
+def build(trainer) -> "TwoProgramTrainer | None":
+    """The two-program trainer of `trainer`'s config (`config.rollout.policy_lag` or a
+    `config.rollout.mesh`), or None for the fused step."""
+    if not config_lib.uses_two_programs(trainer.config):
+        return None
+    return TwoProgramTrainer(trainer)
 
 
 def rollout_mesh(config, training_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
@@ -123,6 +143,30 @@ class TwoProgramTrainer:
     def state_key(self, state: TrainState) -> jax.Array:
         """A copy of `state.key` on the rollout mesh."""
         return jax.device_put(state.key, self._replicated, may_alias=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, state: TrainState, history: dict[int, Any]) -> AsyncCheckpoint:
+        """`state` and the behaviour versions its next `policy_lag` rollouts read, from
+        `history` (kept up to date by `steps`)."""
+        step = int(state.step)
+        return AsyncCheckpoint(state=state, behaviour=tuple(
+            history[self.behaviour_version(s)] if self.behaviour_version(s) in history
+            else self.behaviour_params(state) for s in range(step, step + self.policy_lag)))
+
+    def abstract_checkpoint(self) -> AsyncCheckpoint:
+        """Shapes, dtypes and shardings of `checkpoint` (orbax restore target)."""
+        state = self.trainer.abstract_state()
+        params = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            jax.eval_shape(self.trainer.layout.policy_params, state), self.param_shardings)
+        return AsyncCheckpoint(state=state, behaviour=(params,) * self.policy_lag)
+
+    def restored(self, checkpoint: AsyncCheckpoint) -> tuple[TrainState, dict[int, Any]]:
+        """(state, history) to resume `steps` from."""
+        step = int(checkpoint.state.step)
+        history = {self.behaviour_version(s): params for s, params in
+                   zip(range(step, step + self.policy_lag), checkpoint.behaviour)}
+        return checkpoint.state, history
 
     # ------------------------------------------------------------------ host loop
     def behaviour_version(self, step: int) -> int:
