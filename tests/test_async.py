@@ -25,6 +25,7 @@ def async_config(**loss):
     c.rollout.mesh = (2, 1, 1)  # disaggregated: devices 2-3 sample, 0-1 train
     c.rollout.policy_lag = 1
     c.loss.off_policy_correction = "tis"
+    c.loss.echo_coef = 0.1  # the update never skips: the parameters move every step
     for key, value in loss.items():
         c.loss[key] = value
     return c
@@ -100,6 +101,9 @@ def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, mo
     if lag:  # the delay is real: rollout 2 read version 0, rollout 3 a newer one
         assert leaves_equal(calls[2][0], calls[0][0])
         assert not leaves_equal(calls[3][0], calls[0][0])
+        # ... and the update sees it: pi_prox moved away from pi_behave.
+        assert metrics[3]["off_policy/kl_behaviour_k3"] > 10 * abs(
+            metrics[0]["off_policy/kl_behaviour_k3"])
 
 
 @pytest.mark.parametrize("two", [0], indirect=True)
@@ -112,6 +116,11 @@ def test_lag_zero_matches_the_fused_step(trainer, two, monkeypatch):
         for name, value in fused_metrics.items():
             np.testing.assert_allclose(metrics[t][name], value, rtol=1e-4, atol=1e-5,
                                        err_msg=f"step {t}: {name}")
+        # On-policy: pi_prox (the trainer's forward) is the sampler's policy up to float
+        # rounding, so TIS's weights are 1 and the behaviour KL ~0.
+        assert metrics[t]["update_skipped"] == 0
+        np.testing.assert_allclose(metrics[t]["off_policy/weight_mean"], 1.0, atol=1e-4)
+        assert abs(metrics[t]["off_policy/kl_behaviour_k3"]) < 1e-6
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  jax.device_get(state.params), jax.device_get(fused.params))
 

@@ -64,6 +64,12 @@ def rollout_mesh(config, training_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     shape = tuple(config.rollout.mesh)
     if not shape:
         return training_mesh
+    if jax.process_count() > 1:
+        # Across processes JAX moves arrays only between shardings of equal device counts
+        # and shard shapes (GPU/TPU), which a split of the devices does not give.
+        raise ValueError(f"config.rollout.mesh={shape}: a rollout mesh of its own is not "
+                         f"supported across {jax.process_count()} processes yet; use () "
+                         "(the rollout on the training mesh)")
     used = {d.id for d in training_mesh.devices.flat}
     free = [d for d in jax.devices() if d.id not in used]
     if math.prod(shape) > len(free):
