@@ -106,9 +106,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.mlp_bias = False
     # Layers per iteration of the layer loop of the training forward and backward passes
     # (KV-cached decoding always loops over one layer at a time); 0 = all of them (no
-    # loop). Unrolled, the default 2-layer model's gradient ran about 1.2x faster on CPU
-    # (benchmarks/RESULTS.md, "Layer scan"); at 8 layers it gained nothing and compiled
-    # slower, so set 1 for deep checkpoints.
+    # loop). Unrolled, the default 2-layer model's gradient ran about 1.2x faster on CPU;
+    # at 8 layers it gained little and compiled slower (docs/performance.md, "Attention
+    # and the update"), so set 1 for deep checkpoints.
     c.model.layer_unroll = 0
     # Activation dtype, "float32" or "bfloat16" (attention softmax, log-probs and losses
     # stay float32).
@@ -132,10 +132,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Self-attention: "dense" ([B, H, T, T] scores), "blocked" (FlashAttention-style
     # tiling in JAX, memory linear in the context, any backend), "cudnn" (cuDNN's fused
     # kernel, NVIDIA GPUs; cached decoding stays dense), "auto" = dense up to
-    # attention_block tokens and blocked beyond (benchmarks/RESULTS.md, "Update phase").
-    # For KV-cached decoding the length is the cache's capacity: blocked decoding reads
-    # only the cache blocks up to the last query (benchmarks/RESULTS.md, "Cached
-    # decoding").
+    # attention_block tokens and blocked beyond (docs/performance.md, "Attention and the
+    # update"). For KV-cached decoding the length is the cache's capacity: blocked
+    # decoding reads only the cache blocks up to the last query (same section).
     c.model.attention = "auto"
     c.model.attention_block = 512
     # Path of a Hugging Face Llama/Qwen2 checkpoint directory (config.json + safetensors)

@@ -15,7 +15,7 @@ floor, which must learn to always run the right program:
 Every tool call is a sandboxed Python process (`arl.tools.run_python`, ~40-100 ms of
 host time; a batch of 64 runs on a pool of threads); identical cells are answered from
 the environment's result cache, which makes the warm start's demonstrations cheap.
-Measured numbers: benchmarks/RESULTS.md, "Learning: Python tool"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_tools_slow.py.
 """
 

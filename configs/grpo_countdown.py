@@ -24,8 +24,8 @@ SFT steps.
     python -m experiments.learning_stages --config=configs/grpo_countdown.py
 
 Harder tasks: `env.kwargs.max_number=99` (TinyZero's range),
-`max_numbers=4`, `env.params.num_numbers=4`. Measured numbers: benchmarks/RESULTS.md,
-"Learning: Sokoban and Countdown"; test: tests/test_learning_games_slow.py.
+`max_numbers=4`, `env.params.num_numbers=4`. Measured numbers: docs/learning.md,
+"Measured results"; test: tests/test_learning_games_slow.py.
 """
 
 from arl import config as config_lib

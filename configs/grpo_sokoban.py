@@ -22,7 +22,7 @@ greedy): the demonstrator solves 0.73, the model 0.18 / 0.43 after SFT and 0.29 
 after SFT + GRPO (untrained: 0.00); the rollouts' success rises from 0.22 over RL steps
 1-10 to ~0.30 over steps 51-100. Seeds 1 and 2 (stage 1 included) start lower and gain
 less: 0.12 / 0.21 -> 0.18 / 0.33 and 0.13 / 0.20 -> 0.20 / 0.36. With the step penalty the same recipe ended at 0.05 /
-0.07 (benchmarks/RESULTS.md, "Learning: Sokoban and Countdown").
+0.07 (docs/learning.md, "Measured results").
 
     python -m experiments.train --config=configs/grpo_sokoban.py --workdir=/tmp/sokoban
     python -m experiments.learning_stages --config=configs/grpo_sokoban.py

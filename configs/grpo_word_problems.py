@@ -31,7 +31,7 @@ Your own data: write {"prompt", "answer"} lines, run `python -m experiments.make
 (or point `env.kwargs.path` at the .jsonl itself), and set `env.kwargs.verifier`
 ("numeric", "exact" or "normalized"). Evaluate on the held-out split with
 `DatasetTask(path, split="eval").split_tasks()` (docs/environments.md, "Tasks from a
-dataset"). Measured numbers: benchmarks/RESULTS.md, "Learning".
+dataset"). Measured numbers: docs/learning.md, "Measured results".
 """
 
 from arl import config as config_lib

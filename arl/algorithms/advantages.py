@@ -29,11 +29,12 @@ from arl.algorithms._jit import compiled_when_eager
 
 GAE_METHODS = ("auto", "scan", "associative", "native")
 
-# benchmarks/kernels.py (benchmarks/RESULTS.md): on CPU the C++ loop (`arl.native`,
-# called through XLA's FFI) beats rlax's scan 2.3-3.6x and ours 2.5-4x at every
-# benchmarked shape, and the sequential scan beats the associative one 3-5x. Other
-# backends get the associative scan for its O(log T) depth on parallel hardware -- an
-# unmeasured choice (no accelerator was available); pass `method=` explicitly to override.
+# benchmarks/kernels.py (docs/performance.md, "Recurrences over time"): on CPU the C++
+# loop (`arl.native`, called through XLA's FFI) beats rlax's scan 2.3-3.6x and ours
+# 2.5-4x at every benchmarked shape, and the sequential scan beats the associative one
+# 3-5x. Other backends get the associative scan for its O(log T) depth on parallel
+# hardware -- an unmeasured choice (no accelerator was available); pass `method=`
+# explicitly to override.
 _AUTO_DEFAULT = "associative"
 _SCAN_UNROLL = 1
 

@@ -11,7 +11,8 @@ form where there is one, not by the reference program):
     product    "product 123*456*789"             123*456*789                 44253432
 
 Turns (`arl.envs.tool_use`): "<py>CODE</py>" runs CODE as a notebook cell in the sandbox
-(`arl.tools.run_python`, every layer the machine allows): statements run in order, and
+(`arl.tools.run_python` with every layer the machine allows, or the `executor` given):
+statements run in order, and
 the value of a final expression is printed as a REPL prints it, so
 "<py>sum(i*i for i in range(1,37+1))</py>" replies "17575"; an error replies the
 traceback's last line ("NameError: name 'x' is not defined"), a limit its status line
@@ -32,13 +33,17 @@ none; a reply character the codec lacks is written "?".
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 
 from arl.envs.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask
-from arl.tools.sandbox import ExecutionResult, SandboxLimits, run_python
+from arl.tools.executor import HttpExecutor, LocalSandbox, PythonExecutor
+from arl.tools.sandbox import ExecutionResult, SandboxLimits
 
 _MiB = 2 ** 20
+_log = logging.getLogger(__name__)
+_reported: set[str] = set()  # the executor line is logged once per process, not per env
 
 # A notebook cell: run the statements, print the repr of a final expression (not None).
 _CELL = '''import ast as _ast
@@ -113,6 +118,12 @@ class CodeInterpreter(ToolEnvironment):
         "timeout after 2.0 s", whatever the machine's load, so runs replay exactly).
       skip_tool, buggy_program: the demonstrator's weaknesses (module docstring).
       final_output: one turn; the cell's output is the answer.
+      executor: where cells run (`arl.tools.executor.PythonExecutor`; default the local
+        sandbox, `LocalSandbox()`); executor_url: shorthand for
+        `HttpExecutor(executor_url)` (config: `env.kwargs.executor_url`).
+      allow_weak_sandbox: with the local sandbox, run even where the kernel layers
+        (minimal root, seccomp, network and PID namespaces) are unavailable; otherwise
+        such a machine is refused with one line at construction.
     """
 
     name = "code_interpreter"
@@ -123,7 +134,9 @@ class CodeInterpreter(ToolEnvironment):
                  action_len: int = 44, wall_time_s: float = 2.0, cpu_time_s: float = 3.0,
                  memory_mb: int = 256, skip_tool: float = 0.3, buggy_program: float = 0.2,
                  final_output: bool = False, cache_size: int = 16384,
-                 max_workers: int | None = None, step_timeout_s: float | None = 30.0):
+                 max_workers: int | None = None, step_timeout_s: float | None = 30.0,
+                 executor: PythonExecutor | None = None, executor_url: str = "",
+                 allow_weak_sandbox: bool = False):
         families = tuple(families)
         unknown = [f for f in families if f not in FAMILIES]
         if not families or unknown:
@@ -141,6 +154,7 @@ class CodeInterpreter(ToolEnvironment):
                                     memory_bytes=int(memory_mb) * _MiB,
                                     max_observation_chars=max(4 * obs_len, 80),
                                     max_output_bytes=64 * 1024)
+        self.executor = _choose_executor(executor, executor_url, allow_weak_sandbox)
 
     def make_task(self, seed: int, params) -> CodeTask:
         del params
@@ -151,7 +165,7 @@ class CodeInterpreter(ToolEnvironment):
 
     def run_tool(self, task: ToolTask, source: str) -> ExecutionResult:
         del task
-        return run_python(notebook_cell(source), limits=self.limits)
+        return self.executor(notebook_cell(source), self.limits)
 
     def guess(self, task: ToolTask, rng: random.Random) -> str:
         """A mental estimate: within 30 % of the answer, rounded to two significant
@@ -165,3 +179,38 @@ class CodeInterpreter(ToolEnvironment):
     def demonstrator_input(self, task: ToolTask, rng: random.Random) -> str:
         """The reference program, or with probability `buggy_program` its buggy twin."""
         return task.buggy if rng.random() < self.buggy_program else task.solution
+
+
+def _choose_executor(executor, executor_url, allow_weak_sandbox) -> PythonExecutor:
+    """The executor, after the one-line report of where cells run (module docstring)."""
+    if not isinstance(allow_weak_sandbox, bool):
+        raise ValueError(f"allow_weak_sandbox must be True or False, got {allow_weak_sandbox!r}")
+    if executor is not None and executor_url:
+        raise ValueError("give executor or executor_url, not both")
+    if executor_url:
+        executor = HttpExecutor(executor_url)
+    if executor is None:
+        executor = LocalSandbox()
+        if not executor.kernel_boundary:
+            if not allow_weak_sandbox:
+                raise ValueError(
+                    f"code_interpreter: the kernel sandbox layers are unavailable here "
+                    f"({executor.describe()}); set env.kwargs.allow_weak_sandbox=True to run "
+                    f"with this weaker isolation, or env.kwargs.executor_url to use a "
+                    f"sandbox service")
+            _report(logging.WARNING, "code_interpreter: WEAKER SANDBOX (allowed): "
+                    + executor.describe())
+            return executor
+    if not callable(executor):
+        raise ValueError(f"executor must be callable (code, limits) -> ExecutionResult, got "
+                         f"{type(executor).__name__}")
+    describe = getattr(executor, "describe", None)
+    _report(logging.INFO, "code_interpreter: cells run in "
+            + (describe() if callable(describe) else type(executor).__name__))
+    return executor
+
+
+def _report(level: int, line: str) -> None:
+    if line not in _reported:
+        _reported.add(line)
+        _log.log(level, "%s", line)

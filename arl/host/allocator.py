@@ -7,7 +7,7 @@ threshold (128 KiB, adapting up to 32 MiB) out as fresh anonymous mappings and u
 them on `free`, so the next step touches brand-new pages: one page fault (and the
 kernel zeroing the page) per 4 KiB, every step. Measured on a 2-core VM: 10,100 faults
 per toy train step of 32-41 ms; with the settings below none, and 24-32 ms
-(benchmarks/RESULTS.md, "Host allocator").
+(docs/performance.md, "The host allocator").
 
 `keep_freed_memory()` sets, through `mallopt`:
 

@@ -287,8 +287,8 @@ def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
     product over B alone gives every (query head, key/value head) pair, [B, T KV G, S, KV],
     and the pairs whose heads match are kept. That is KV times the scores' FLOPs, which
     for a decoded token (T = 1) cost less than the copy: the decode attention measured
-    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (`benchmarks/
-    decode_attention.py`).
+    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (docs/performance.md,
+    "Attention and the update").
     """
     batch, q_len, num_kv, groups, head_dim = q.shape
     slots = keys.shape[1]

@@ -99,9 +99,9 @@ def first_argmax(x: jax.Array) -> jax.Array:
     On the CPU it is computed as two plain reductions, the row maximum and then the
     smallest index holding it. XLA:CPU runs `argmax`'s single (value, index) reduction as
     a scalar loop, while these two vectorise: a whole draw (noise and log-prob included)
-    1.8-3.9x faster from [64, 64] to [8, 151936] logits (`benchmarks/sampling.py`). The
-    indices are the same in every case, ties and NaN included. Other backends keep
-    `jnp.argmax`.
+    1.8-3.9x faster from [64, 64] to [8, 151936] logits (docs/performance.md,
+    "Sampling"). The indices are the same in every case, ties and NaN included. Other
+    backends keep `jnp.argmax`.
     """
     if jax.default_backend() != "cpu":
         return jnp.argmax(x, axis=-1).astype(jnp.int32)

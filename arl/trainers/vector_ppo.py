@@ -11,7 +11,7 @@ state, so consecutive steps continue the same episodes.
 The update runs on ONE flat parameter vector (`jax.flatten_util.ravel_pytree`): the
 gradient, the global-norm clip and Adam touch one [P] array per minibatch instead of one
 small array per layer, so a small update launches a few large kernels instead of many
-tiny ones (benchmarks/RESULTS.md, "PPO on CartPole-v1"). The loss still sees the usual
+tiny ones (docs/performance.md, "Vector PPO"). The loss still sees the usual
 parameter tree, and the train state keeps it; only the optimizer state is flat.
 """
 
