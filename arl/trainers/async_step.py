@@ -35,6 +35,7 @@ from flax import struct
 
 from arl import config as config_lib
 from arl import sharding as sharding_lib
+from arl.errors import invalid_field
 from arl.models import transformer as transformer_lib
 from arl.rollout import Trajectory
 from arl.trainers.state import TrainState
@@ -67,14 +68,14 @@ def rollout_mesh(config, training_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
     if jax.process_count() > 1:
         # Across processes JAX moves arrays only between shardings of equal device counts
         # and shard shapes (GPU/TPU), which a split of the devices does not give.
-        raise ValueError(f"config.rollout.mesh={shape}: a rollout mesh of its own is not "
-                         f"supported across {jax.process_count()} processes yet; use () "
-                         "(the rollout on the training mesh)")
+        raise invalid_field("rollout.mesh", shape, f"a rollout mesh of its own is not "
+                            f"supported across {jax.process_count()} processes yet; use () "
+                            "(the rollout on the training mesh)")
     used = {d.id for d in training_mesh.devices.flat}
     free = [d for d in jax.devices() if d.id not in used]
     if math.prod(shape) > len(free):
-        raise ValueError(f"config.rollout.mesh={shape} needs {math.prod(shape)} devices "
-                         f"besides the training mesh's {len(used)}; {len(free)} are left")
+        raise invalid_field("rollout.mesh", shape, f"needs {math.prod(shape)} devices "
+                            f"besides the training mesh's {len(used)}; {len(free)} are left")
     return sharding_lib.make_mesh(shape, free)
 
 
