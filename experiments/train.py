@@ -44,10 +44,10 @@ def main(argv):
     import jax
 
     from arl import config as config_lib
-    from arl.host import allocator
+    from arl.runs import allocator
 
     # Before JAX's backend starts: steps run on this thread, whose heap
-    # `experiment.run` then keeps mapped between steps (arl/host/allocator.py). Not with
+    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py). Not with
     # asynchronous rollouts: a one-device program run inline would block the host loop
     # that overlaps rollout and update (docs/async.md).
     if not config_lib.uses_two_programs(config):
@@ -59,9 +59,9 @@ def main(argv):
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
 
-    # Before the host loop's imports (orbax, tensorboardX): a bad config fails fast.
+    # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
-    from arl.host import experiment
+    from arl.runs import experiment
 
     experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
 

@@ -223,7 +223,7 @@ def test_interrupted_run_at_lag_two_resumes_exactly(tmp_path, monkeypatch):
     """Checkpoints hold the behaviour parameters of the rollouts not yet trained on; the
     resumed run recomputes those rollouts and ends bitwise where an uninterrupted run
     does (metrics and final checkpoint)."""
-    from arl.host import experiment, writers
+    from arl.runs import experiment, writers
 
     reference = experiment.run(_experiment_config(), str(tmp_path / "reference"))
     update = writers.ProgressBar.update

@@ -42,7 +42,6 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms.losses import LOG_RATIO_CLAMP, policy_loss_per_token
 
 __all__ = [
@@ -69,7 +68,6 @@ def _inputs(fn, prox_logp, behaviour_logp, mask):
     return prox_logp, behaviour_logp, mask
 
 
-@compiled_when_eager
 def importance_log_weights(prox_logp, behaviour_logp, mask, *, level: str = "token"):
     """log rho of the behaviour-to-proximal importance weight, per token, stop-gradient.
 
@@ -100,7 +98,6 @@ def importance_log_weights(prox_logp, behaviour_logp, mask, *, level: str = "tok
     return jnp.where(mask, total, 0.0)
 
 
-@compiled_when_eager
 def off_policy_weights(prox_logp, behaviour_logp, mask, *, correction: str,
                        level: str = "token", cap=2.0, low=0.5, high=2.0):
     """The constant weights w of `correction` (table in the module docstring) and their
@@ -176,7 +173,6 @@ def weighted_advantages(advantages, weights):
     return jax.lax.stop_gradient(advantages * weights)
 
 
-@compiled_when_eager
 def decoupled_policy_loss_per_token(logp, prox_logp, behaviour_logp, advantages, mask, *,
                                     correction: str = "decoupled", level: str = "token",
                                     cap=2.0, low=0.5, high=2.0, clip_low=0.2,

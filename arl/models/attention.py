@@ -37,6 +37,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from arl import backend
+
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "cudnn")
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -271,7 +273,7 @@ def uses_head_pairs(q_len: int) -> bool:
     """Whether cached attention of `q_len` queries per row takes the head-pair products
     (`scores_every_head_pair`, `mix_every_head_pair`): for a single decoded token on the
     CPU. Prefill, training and accelerators keep the grouped products."""
-    return q_len == 1 and jax.default_backend() == "cpu"
+    return backend.decode_attention_over_head_pairs(q_len)
 
 
 def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from arl import backend
 from arl.models.transformer import KVCache, Transformer, decodes_per_layer, per_layer_params
 
 # Most elements (max_new_tokens x rows x vocabulary) of Gumbel noise `generate` draws ahead
@@ -103,7 +104,7 @@ def first_argmax(x: jax.Array) -> jax.Array:
     "Sampling"). The indices are the same in every case, ties and NaN included. Other
     backends keep `jnp.argmax`.
     """
-    if jax.default_backend() != "cpu":
+    if not backend.argmax_as_two_reductions():
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     largest = jnp.max(x, axis=-1, keepdims=True)
     holds_largest = (x == largest) | (jnp.isnan(x) & jnp.isnan(largest))

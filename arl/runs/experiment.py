@@ -1,4 +1,4 @@
-"""The host loop of an experiment: build, resume, train, log, sample, checkpoint, plot.
+"""The experiment loop of an experiment: build, resume, train, log, sample, checkpoint, plot.
 
     records = run(config, workdir)
 
@@ -8,7 +8,7 @@
    protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
    and the jitted, donating ``train_step(state) -> (state, metrics)``.
 3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
-   reported and skipped by `arl.host.checkpoint.Checkpointer`); otherwise training starts
+   reported and skipped by `arl.runs.checkpoint.Checkpointer`); otherwise training starts
    fresh, after the behaviour-cloning warm start when ``warm_start.sft_steps > 0`` (its
    state is saved as checkpoint 0, so a resume skips it).
 4. Per step: ``train_step``; every ``log_every`` steps one `jax.device_get` of the metrics
@@ -41,9 +41,9 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
-from arl.host import allocator
-from arl.host import checkpoint as checkpoint_lib
-from arl.host import writers as writers_lib
+from arl.runs import allocator
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import writers as writers_lib
 from arl.trainers import async_step
 
 CHECKPOINT_DIR = "checkpoints"
@@ -66,6 +66,10 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    try:  # keys added to the schema since the checkpoint are not changes
+        saved = config_json(config_lib.with_defaults(saved))
+    except config_lib.ConfigError:
+        pass  # a key since removed: reported below as changed
     saved_flat, current_flat = _flat(saved), _flat(current)
     changed = sorted(k for k in set(saved_flat) | set(current_flat)
                      if saved_flat.get(k) != current_flat.get(k))
@@ -99,7 +103,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
     Returns:
       The metric records this call logged (one dict per logged step, with ``step``);
-      `arl.host.writers.read_metrics(workdir)` reads the whole history across restarts.
+      `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
     trainer = trainers_lib.build(config)  # may still refuse the config: before any output
