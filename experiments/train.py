@@ -43,18 +43,21 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
+    from arl import config as config_lib
     from arl.runs import allocator
 
     # Before JAX's backend starts: steps run on this thread, whose heap
-    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py).
-    allocator.run_computations_inline_unless_disabled()
+    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py). Not with
+    # asynchronous rollouts: a one-device program run inline would block the host loop
+    # that overlaps rollout and update (docs/async.md).
+    if not config_lib.uses_two_programs(config):
+        allocator.run_computations_inline_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
-    from arl import config as config_lib
 
     # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)

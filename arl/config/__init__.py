@@ -14,7 +14,7 @@ default lives in one place.
 One module per section holds that section's defaults (with what each key means) beside
 its checks: `run` (the top-level keys), `env`, `rollout`, `model`, `optim`, `updates`,
 `advantage`, `loss`, `warm_start`, `vector`, `process`, `filters`; `schema` assembles
-them.
+them. `off_policy` checks the asynchronous-rollout keys of `rollout` and `loss` together.
 
 `config.imports` names modules imported first (by `validate` and by everything that
 builds from a config), so environments and algorithms registered by a user's own module
@@ -32,6 +32,7 @@ from arl.config import env as env_section
 from arl.config import filters as filters_section
 from arl.config import loss as loss_section
 from arl.config import model as model_section
+from arl.config import off_policy as off_policy_section
 from arl.config import optim as optim_section
 from arl.config import process as process_section
 from arl.config import rollout as rollout_section
@@ -41,6 +42,7 @@ from arl.config import vector as vector_section
 from arl.config import warm_start as warm_start_section
 from arl.config.env import FREE_FORM_SECTIONS
 from arl.config.model import FLOAT_DTYPES
+from arl.config.off_policy import uses_two_programs
 from arl.config.run import import_modules
 from arl.config.schema import (check_key_path, check_known_keys, default_config,
                                unknown_key_error, with_defaults)
@@ -49,7 +51,7 @@ from arl.errors import ConfigError
 
 __all__ = ["ConfigError", "FLOAT_DTYPES", "FREE_FORM_SECTIONS", "MINIBATCH_SHUFFLES",
            "check_key_path", "check_known_keys", "default_config", "import_modules",
-           "unknown_key_error", "validate", "with_defaults"]
+           "unknown_key_error", "uses_two_programs", "validate", "with_defaults"]
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
@@ -69,6 +71,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     advantage_section.validate(config)
     filters_section.validate(config)
     updates_section.validate(config)
+    off_policy_section.validate(config, num_devices, algorithm)
     if algorithm.trainer == "vector":
         vector_section.validate(config)
     else:

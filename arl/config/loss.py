@@ -41,6 +41,14 @@ def defaults() -> ml_collections.ConfigDict:
     # Path of a demonstration set written by `arl.data.build_demonstrations`; empty
     # means demonstrations are generated on the fly by `sft_source` inside the step.
     c.sft_dataset = ""
+    # Off-policy correction (arl.algorithms.off_policy, checked in arl.config.off_policy):
+    # "none" (synchronous), "bypass", "tis", "icepop", "decoupled"; the weight's level
+    # (decoupled), cap C (tis, decoupled) and icepop's [low, high].
+    c.off_policy_correction = "none"
+    c.off_policy_level = "token"
+    c.off_policy_cap = 2.0
+    c.off_policy_low = 0.5
+    c.off_policy_high = 2.0
     return c
 
 

@@ -20,6 +20,12 @@ def defaults() -> ml_collections.ConfigDict:
     # empty rounds means the environment's max_turns throughout.
     c.horizon_rounds = ()
     c.horizon_every = 100
+    # Asynchronous rollouts (docs/async.md, checked in arl.config.off_policy): rollout t+1
+    # runs while update t trains, on parameters policy_lag versions old (0 with an empty
+    # mesh: the fused one-program step). mesh: () = on config.mesh's devices; else
+    # (data, fsdp, tensor) over the next devices after the training mesh's.
+    c.policy_lag = 0
+    c.mesh = ()
     return c
 
 

@@ -15,13 +15,15 @@
 
 The pieces: `Policy` (model, LoRA, scoring forward), `StateLayout` (the `TrainState`, its
 init and shardings), `CreditAssignment` (advantages), `Learner` (loss and update),
-`ProcessModels` (PRMs); this module wires them into one step.
+`ProcessModels` (PRMs); this module wires them into one step. `learn` is the step after
+its rollout, which `arl.trainers.async_step` runs as a program of its own when the
+rollout runs ahead (`config.rollout.policy_lag`, docs/async.md).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +50,16 @@ from arl.trainers.update import Learner, UpdateBatch, sft_weight
 
 
 TRANSCRIPT_ROWS = 2  # sampled episodes rendered into each evaluation's transcript
+
+
+class StepKeys(NamedTuple):
+    """The PRNG keys of one step, split from `TrainState.key` (`TokenTrainer.step_keys`)."""
+
+    next: jax.Array  # the next step's TrainState.key
+    rollout: jax.Array
+    demo: jax.Array
+    update: jax.Array
+    branch: jax.Array
 
 
 class TokenTrainer:
@@ -202,15 +214,32 @@ class TokenTrainer:
         with sharding_lib.activation_mesh(self.activation_mesh):
             return self._step(state)
 
+    @staticmethod
+    def step_keys(key: jax.Array) -> StepKeys:
+        """The keys step t draws from `state.key` (its rollout's, demonstrations',
+        update's, branching's) and the next step's `state.key`."""
+        key, rollout_key, demo_key, update_key = jax.random.split(key, 4)
+        key, branch_key = jax.random.split(key)
+        return StepKeys(next=key, rollout=rollout_key, demo=demo_key, update=update_key,
+                        branch=branch_key)
+
     def _step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+        keys = self.step_keys(state.key)
+        horizon = self.horizon(state.step)
+        policy = self.layout.policy_params(state)
+        traj = self.rollout(policy, keys.rollout, horizon)
+        return self.learn(state, traj, keys, horizon, behaviour_params=policy)
+
+    def learn(self, state: TrainState, traj: rollout_lib.Trajectory, keys: StepKeys,
+              horizon, behaviour_params=None) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The step after its rollout (traceable): signals, update, metrics and the next
+        state. `behaviour_params`: the parameters `traj` was sampled with, which Monte
+        Carlo branching continues from (None: no branching)."""
         c = self.config
         p = c.process
-        key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
-        key, branch_key = jax.random.split(key)
-        horizon = self.horizon(state.step)
+        key, demo_key, update_key, branch_key = keys.next, keys.demo, keys.update, keys.branch
         batch_axes = sharding_lib.batch_sharding(self.mesh)
-        policy = self.layout.policy_params(state)
-        traj = self.rollout(policy, rollout_key, horizon)
+        policy = behaviour_params
         projections = traj.projections
         traj = jax.lax.with_sharding_constraint(traj.replace(projections=None), batch_axes)
         if projections is not None:  # layer-major: rows on the second axis

@@ -60,6 +60,26 @@ class UpdateBatch:
     ref_logp: jax.Array | None = None  # float32: reference log-probs (KL term)
     demo_tokens: jax.Array | None = None  # int32: demonstrations (SFT term)
     demo_mask: jax.Array | None = None  # float32: the demonstrator's tokens
+    # float32: log-probs at the parameters the update starts from (pi_prox of the
+    # off-policy corrections that need it, `Learner.proximal_logp`)
+    prox_logp: jax.Array | None = None
+
+
+def off_policy_inputs(loss_config: ml_collections.ConfigDict, mb: UpdateBatch):
+    """(the reference of PPO's ratio, the advantages, metrics) under
+    `loss_config.off_policy_correction` (`arl.algorithms.off_policy`): the behaviour
+    log-probs and the advantages themselves for "none" / "bypass"; else pi_prox and the
+    advantages times the correction's constant weight w (the policy loss is positively
+    homogeneous in the advantage, so this is w times the loss)."""
+    c = loss_config
+    correction = c.get("off_policy_correction", "none")
+    if not alg.off_policy.needs_proximal(correction):
+        return mb.old_logp, mb.advantages, {}
+    weights, metrics = alg.off_policy_weights(
+        mb.prox_logp, mb.old_logp, mb.mask, correction=correction, level=c.off_policy_level,
+        cap=c.off_policy_cap, low=c.off_policy_low, high=c.off_policy_high)
+    advantages = alg.weighted_advantages(mb.advantages, weights)
+    return mb.prox_logp, advantages, {f"off_policy/{k}": v for k, v in metrics.items()}
 
 
 def sft_weight(loss_config: ml_collections.ConfigDict, step) -> jax.Array:
@@ -159,9 +179,11 @@ class Learner:
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
-        pg, metrics = self.policy_loss(logp, mb.old_logp, mb.advantages, mask, c,
+        ratio_reference, advantages, off_policy_metrics = off_policy_inputs(c, mb)
+        pg, metrics = self.policy_loss(logp, ratio_reference, advantages, mask, c,
                                        agg=c.agg, norm=norm)
         metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        metrics.update(off_policy_metrics)
         total = pg
         metrics["loss/policy"] = pg
         metrics["entropy"] = alg.aggregate(ent, mask, "token-mean")
@@ -194,6 +216,17 @@ class Learner:
         metrics["loss/total"] = total
         return total, metrics
 
+    def proximal_logp(self, params, batch: UpdateBatch, base=None) -> jax.Array:
+        """pi_prox: the log-probs of `batch.tokens` at the parameters the update starts
+        from (one forward pass, no gradient), where `batch.mask` is nonzero."""
+        group_size, prompt_len = ((self.group_size, self.prompt_len) if self.shares_prompt
+                                  else (1, 0))
+        scores = self.policy.score(self.policy.merge(params, base), batch.tokens,
+                                   scored=batch.mask, max_scored=self.agent_token_bound,
+                                   group_size=group_size, prompt_len=prompt_len,
+                                   entropy=False)
+        return jax.lax.stop_gradient(scores.logp)
+
     def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None,
                projections=None):
         """`epochs` passes over `batch` in `minibatches` shuffled minibatches
@@ -206,6 +239,9 @@ class Learner:
                              f"reuse_activations (= {self.reuse_activations}); got "
                              f"{'some' if projections is not None else 'None'}")
         batch_axes = sharding_lib.batch_sharding(self.mesh)
+        if alg.off_policy.needs_proximal(self.loss_config.get("off_policy_correction",
+                                                              "none")):
+            batch = batch.replace(prox_logp=self.proximal_logp(params, batch, base))
         grad_fn = jax.grad(self.loss, has_aux=True)
 
         def gradients(params, mb):
