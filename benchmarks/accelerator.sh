@@ -72,6 +72,7 @@ if [ "$TINY" = 1 ]; then
     --devices 2 --num-tasks 2 --group-size 2 --d-model 32 --layers 1 --repeats 1
   run real_sizes 900 "$PYTHON" benchmarks/real_sizes.py --accelerator --tiny --steps 1 \
     --num-tasks 2 --group-size 2
+  run async_rollouts 900 "$PYTHON" benchmarks/async_rollouts.py --tiny --steps 2 --rounds 1
 elif [ "$REAL_SIZES" = 1 ]; then
   # One process: compile 0.5B, 1.5B, 8B for the device (~1-2 min each), run 2 steps of
   # those that fit. The 8B step state alone (8.03e9 x 14 bytes = 112 GB) exceeds one chip.
@@ -88,6 +89,9 @@ else
   run scaling 170 "$PYTHON" benchmarks/scaling.py --base 32,8,4,0 \
     --batches 256,1024 --extras 0,64 --turns 2,4,16 --groups 8,32 \
     --d-model 256 --layers 2 --repeats 5
+  # Rollout/update overlap (asynchronous rollouts, lag 0/1/2 vs the fused step and the
+  # bound max(rollout, update)) with a host tool; colocated on one accelerator.
+  run async_rollouts 150 "$PYTHON" benchmarks/async_rollouts.py --steps 4 --rounds 3
   # One accelerator: the 1 vs 8 device comparison runs on fake CPU devices of the host.
   run sharding_overhead 50 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
     --devices 8 --num-tasks 8 --group-size 4 --repeats 3

@@ -2,7 +2,7 @@
 
 Times are medians over `--repeats` runs after compilation (`block_until_ready`), all
 measured in the same process so the ratios are comparable on a shared machine, with the
-host allocator set as arl's command line sets it (`arl.host.allocator`; every candidate
+host allocator set as arl's command line sets it (`arl.runs.allocator`; every candidate
 shares the process, so every candidate gets it; ARL_KEEP_FREED_MEMORY=0 turns it off).
 
     python benchmarks/kernels.py              # print the table
@@ -21,8 +21,7 @@ import rlax
 
 import arl
 from arl import algorithms as alg
-from arl import native
-from arl.host import allocator
+from arl.runs import allocator
 
 import common  # noqa: E402  (benchmarks/, the script's own directory)
 
@@ -49,11 +48,8 @@ def numpy_masked_gae(rewards, values, mask, gamma, lam):
 
 
 def gae_methods():
-    """Every GAE method that runs here: the C++ loop only on CPU, where it built."""
-    methods = ["scan", "associative"]
-    if jax.default_backend() == "cpu" and native.available("gae"):
-        methods.append("native")
-    return methods
+    """Every GAE method."""
+    return list(alg.GAE_METHODS[1:])
 
 
 def bench_gae(repeats, rng):

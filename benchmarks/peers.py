@@ -79,7 +79,7 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
-from arl.host import allocator  # noqa: E402
+from arl.runs import allocator  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -373,7 +373,7 @@ class WorkerRunner:
         env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
-        # arl's host settings (`arl.host.allocator`) for every side: freed memory kept
+        # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
         # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
         # inline (torch runs every op on the calling thread anyway).
         env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
@@ -602,7 +602,7 @@ def main(argv=None):
     # As the training CLI: computations inline from the start (before anything starts
     # JAX's backend), freed memory kept mapped; the peers get the same (WorkerRunner).
     runs_inline = allocator.run_computations_inline()
-    allocator_line = (f"every side keeps freed memory mapped (arl: `arl.host.allocator`; the "
+    allocator_line = (f"every side keeps freed memory mapped (arl: `arl.runs.allocator`; the "
                       f"peers: GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX "
                       f"computations inline (arl, tunix; torch does)")
     if not allocator.keep_freed_memory():

@@ -1,6 +1,6 @@
 r"""SFT then GRPO on `sokoban` (RAGEN's box pushing on a text grid), without the step penalty.
 
-The environment (`arl.envs.sokoban`) renders a 5 x 5 room (outer walls included, so a
+The environment (`arl.envs.tasks.sokoban`) renders a 5 x 5 room (outer walls included, so a
 3 x 3 interior, interior walls with probability 0.1) with one box and its target; a turn
 is 1-3 moves ("Up,Left,Left<eot>"), the reply is the grid after them, and the episode
 ends after 3 turns. Reward per move: +1 box on target, -1 box off target, +10 solved;

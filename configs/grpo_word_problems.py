@@ -1,6 +1,6 @@
 r"""SFT then GRPO on arithmetic word problems read from a dataset (`dataset_task`).
 
-The environment is `arl.envs.dataset_task.DatasetTask` on the shipped
+The environment is `arl.envs.tasks.dataset_task.DatasetTask` on the shipped
 `arl/data/arithmetic_word_problems.jsonl` (300 templated problems, e.g. "Tom has 12
 apples. He buys 7 more. How many apples does he have now?" -> "19";
 `arl.data.word_problems`). The JSONL is tokenized with the character codec and written as

@@ -20,11 +20,11 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
     Bad input is an `app.UsageError` (one line, exit 2 under experiments.cli)."""
     import jax
 
-    from arl import algorithms, trainers
+    from arl import algorithm_table, trainers
     from arl import config as config_lib
-    from arl.host import checkpoint as checkpoint_lib
-    from arl.host import evaluation
-    from arl.host.experiment import CHECKPOINT_DIR
+    from arl.runs import checkpoint as checkpoint_lib
+    from arl.runs import evaluation
+    from arl.runs.experiment import CHECKPOINT_DIR
     from arl.models import hf_export
 
     check_target(out)
@@ -43,7 +43,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
                              f"{source!r} (config.model.hf_checkpoint) is gone; the export "
                              "copies its tokenizer and config.json")
     config_lib.import_modules(config)
-    if algorithms.get_algorithm(config.algorithm).trainer == "vector":
+    if algorithm_table.get_algorithm(config.algorithm).trainer == "vector":
         raise app.UsageError("experiments.export exports token-environment policies")
     if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:
         config.mesh = (1, 1, 1)

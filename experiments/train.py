@@ -48,20 +48,23 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
-    from arl.host import allocator
+    from arl import config as config_lib
+    from arl.runs import allocator
 
     # Before JAX's backend starts: steps run on this thread, whose heap
-    # `experiment.run` then keeps mapped between steps (arl/host/allocator.py).
-    allocator.run_computations_inline_unless_disabled()
+    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py). Not with
+    # asynchronous rollouts: a one-device program run inline would block the host loop
+    # that overlaps rollout and update (docs/async.md).
+    if not config_lib.uses_two_programs(config):
+        allocator.run_computations_inline_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
-    from arl import config as config_lib
 
-    # Before the host loop's imports (orbax, tensorboardX): a bad config fails fast.
+    # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
     if _EXPORT_TO.value is not None:
         from absl import app  # pylint: disable=g-import-not-at-top
@@ -71,7 +74,7 @@ def main(argv):
             raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
                                  "config.model.hf_checkpoint, which this config does not set")
         exporting.check_target(_EXPORT_TO.value, "--export_to")
-    from arl.host import experiment
+    from arl.runs import experiment
 
     experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
     if _EXPORT_TO.value is not None and jax.process_index() == 0:

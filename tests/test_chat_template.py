@@ -16,7 +16,7 @@ pytest.importorskip("jinja2")
 
 from arl import rollout as rollout_lib  # noqa: E402
 from arl.envs import chat_template  # noqa: E402
-from arl.envs.dataset_task import DatasetTask  # noqa: E402
+from arl.envs.tasks.dataset_task import DatasetTask  # noqa: E402
 from arl.envs.hf_codec import HFCodec  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
 

@@ -21,8 +21,8 @@ import pytest
 
 import arl
 from arl import rollout as rollout_lib
-from arl.envs.code_interpreter import CodeInterpreter
-from arl.host import checkpoint
+from arl.envs.tasks.code_interpreter import CodeInterpreter
+from arl.runs import checkpoint
 from arl.trainers import TokenTrainer
 from tests.tools.conftest import child_pids
 from tests.tools.test_kernel_boundary import WORLD_WRITABLE

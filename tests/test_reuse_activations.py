@@ -134,8 +134,9 @@ def test_recording_needs_the_model_to_act():
 
 
 def test_transformer_checks_the_given_projections():
-    """Given projections: only on cache-free calls, with exactly the layer projections'
-    names and shapes [L, B, T, *features]; the right ones are accepted."""
+    """Given projections: exactly the layer projections' names and shapes [L, B, T,
+    *features]; the right ones are accepted. A recording cache's buffers are checked
+    too."""
     model, params = _model(1)
     traj = _rollout(1, True)
     tokens = jnp.asarray(traj.tokens[:2, :8])
@@ -143,8 +144,6 @@ def test_transformer_checks_the_given_projections():
     apply = functools.partial(model.apply, {"params": params})
     assert apply(tokens, projections=good).logits.shape == (2, 8, model.config.vocab_size)
     cache = transformer_lib.init_cache(model.config, 2, 16, record_projections=True)
-    with pytest.raises(ValueError, match="projections"):
-        apply(tokens, cache=cache, projections=good)
     missing = {k: v for k, v in good.items() if k != "up_proj"}
     with pytest.raises(ValueError, match="keys"):
         apply(tokens, projections=missing)
@@ -157,7 +156,7 @@ def test_transformer_checks_the_given_projections():
     with pytest.raises(ValueError, match="cache.projections"):  # a wrong recording buffer
         bad = cache.replace(projections={**cache.projections,
                                          "v_proj": cache.projections["v_proj"][:, :, :8]})
-        apply(tokens, cache=bad)
+        apply(tokens, bad, method="decode")
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ file, a row over the limits) is ONE error line naming the file and the first bad
 written.
 
 The dataset (``<data_dir>/arl_text_tasks/1.0.0``, the directory `load_text_tasks` and
-`arl.envs.dataset_task.DatasetTask` take) has a "train" and an "eval" split (a seeded
+`arl.envs.tasks.dataset_task.DatasetTask` take) has a "train" and an "eval" split (a seeded
 shuffle; `eval_fraction` of the rows, rounded, go to "eval"). Each record holds the
 prompt and the answer as token ids of the codec (padded to the longest row), their texts,
 their 1-based source line, and the answer in every verifier's canonical form as code

@@ -1,456 +1,284 @@
-"""Causal self-attention with memory linear in the context length: the cache-free
-(training / scoring) forward pass, and KV-cached decoding over the filled part of the
-cache (`cached_attention`).
+"""The decoder's self-attention layer: q/k/v projections, RoPE, grouped-query attention
+over the call's tokens or a KV cache, and the output projection.
 
-    out_t = sum_{s <= t, real_s} softmax_s(q_t . k_s / sqrt(d)) v_s        (per head, GQA)
+    out = o_proj(softmax(RoPE(q_proj x) RoPE(k_proj x)^T / sqrt(head_dim) + mask) v_proj x)
 
-`Transformer` computes it densely (a [B, H, T, T] score tensor) for short contexts; for
-long ones it calls `causal_self_attention` here:
+Scores and softmax are float32; num_heads query heads share num_kv_heads key/value heads
+in groups (GQA, Ainslie et al. 2023, arXiv 2305.13245). One layer, five ways to attend:
 
-* "blocked": FlashAttention's tiling (Dao et al. 2022, arXiv 2205.14135; the loop order of
-  FlashAttention-2, Dao 2023, arXiv 2307.08691) in plain JAX, so it runs on CPU, GPU and
-  TPU. Queries and keys are cut into equal blocks of at most `block_size` positions
-  (`block_layout`); each query block walks the key blocks up to the diagonal (blocks
-  above it are skipped, not masked) with the online softmax of Milakov & Gimelshein 2018
-  (arXiv 1805.02867):
+* dense over the T tokens (training, scoring; a [B, H, T, T] score tensor);
+* tiled over the T tokens (`config.attention` "blocked" or "cudnn" for T tokens:
+  `attention_kernels.causal_self_attention`, memory linear in T);
+* after a prefix: T tokens continuing P given positions' keys and values, differentiable;
+* on a stacked KV cache ([L, B, S, KV, Dh], updated in place at this layer's index);
+* on one layer's buffers of a per-layer cache (read and written as stored).
 
-      m' = max(m, max_s z_s),  l' = e^(m - m') l + sum_s e^(z_s - m'),
-      acc' = e^(m - m') acc + sum_s e^(z_s - m') v_s,  out = acc / l,  lse = m + log l.
-
-  The backward pass is a `jax.custom_vjp` that keeps only q, k, v, out and lse (O(T)) and
-  recomputes each block's probabilities P = exp(z - lse):
-  dV_j += P^T dO_i, dS = P * (dO_i V_j^T - rowsum(dO * O)_i), dQ_i += dS K_j / sqrt(d),
-  dK_j += dS^T Q_i / sqrt(d), in one pass over (key block j, query block i >= j). Peak
-  memory is O(B H T d + B H block^2) instead of O(B H T^2).
-* "cudnn": `jax.nn.dot_product_attention(..., implementation="cudnn")`, the fused
-  flash-attention kernel of cuDNN (NVIDIA GPUs only; it raises elsewhere).
-
-Padding: `key_mask` [B, T] (True = real token) removes padding keys. A query that sees no
-real key at all (a padding query in a left-padded row) gets a finite meaningless output,
-as in the dense path.
+The kernels (the tiled and cached attention, the products in each cache layout) are in
+`arl.models.attention_kernels`; their names are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-IMPLEMENTATIONS = ("auto", "dense", "blocked", "cudnn")
+from arl.models import attention_kernels as kernels
+from arl.models.attention_kernels import (IMPLEMENTATIONS, block_layout, cached_attention,
+                                          causal_self_attention, grouped_mix, grouped_scores,
+                                          layer_mix, layer_scores, mix_every_head_pair,
+                                          resolve_implementation, scores_every_head_pair,
+                                          uses_head_pairs)
+from arl.models.kv_cache import write_cache, write_layer_cache
+from arl.models.layers import RMSNorm
+from arl.models.partitioning import HEADS, KV_HEADS, constrain_activation
+from arl.models.projections import stored_projection, weight_init
+from arl.models.rope import rotate
+from arl.models.transformer_config import TransformerConfig
 
-_MASKED = float(jnp.finfo(jnp.float32).min)
-
-
-def resolve_implementation(implementation: str, seq_len: int, block_size: int) -> str:
-    """The implementation a cache-free call of `seq_len` tokens runs: "auto" is "dense" up
-    to one block (one block of the blocked algorithm is the dense computation with a
-    custom backward, which only costs time) and "blocked" beyond."""
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got "
-                         f"{implementation!r}")
-    if implementation == "auto":
-        return "dense" if seq_len <= block_size else "blocked"
-    return implementation
-
-
-def block_layout(seq_len: int, block_size: int) -> tuple[int, int]:
-    """(block c, number of blocks n) of the blocked attention over `seq_len` tokens with
-    blocks of at most `block_size`:
-
-        n = ceil(T / block_size),  c = min(block_size, 8 ceil(ceil(T / n) / 8))
-
-    i.e. the fewest blocks, of equal size rounded up to a multiple of 8 (an aligned matmul
-    dimension); c = T when one block holds the context. The n c - T padded positions are
-    then fewer than 8 n (block_size a multiple of 8), not up to block_size - 1: T = 1047
-    with block_size 512 runs 3 blocks of 352 (1056 positions), not of 512 (1536
-    positions, 2.1x the attention work of the blocks on and below the diagonal).
-    """
-    ceil_div = lambda a, b: -(-a // b)
-    num_blocks = ceil_div(seq_len, block_size)
-    if num_blocks == 1:
-        return seq_len, 1  # one block: the context itself, nothing to pad
-    block = min(block_size, 8 * ceil_div(ceil_div(seq_len, num_blocks), 8))
-    return block, ceil_div(seq_len, block)
+__all__ = [
+    "Attention", "IMPLEMENTATIONS", "block_layout", "cached_attention",
+    "causal_self_attention", "grouped_mix", "grouped_scores", "layer_mix", "layer_scores",
+    "mix_every_head_pair", "resolve_implementation", "scores_every_head_pair",
+    "uses_head_pairs",
+]
 
 
-def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array,
-                          key_mask: jax.Array | None = None, *, implementation: str,
-                          block_size: int = 512) -> jax.Array:
-    """Causal attention by sequence order. q [B, T, H, d], k and v [B, T, KV, d] (KV
-    divides H: query head h uses key/value head h // (H // KV)), key_mask bool [B, T] or
-    None. Returns [B, T, H, d] in q's dtype. Scores and softmax are float32; the
-    probabilities are cast to v's dtype before mixing the values, as the dense path does.
-
-    implementation: "blocked" or "cudnn" (module docstring); "cudnn_reference" runs the
-    same `jax.nn.dot_product_attention` call with its XLA implementation (what the tests
-    compare on machines without cuDNN).
-    """
-    batch, seq_len, num_heads, head_dim = q.shape
-    num_kv = k.shape[2]
-    if k.shape != (batch, seq_len, num_kv, head_dim) or v.shape != k.shape:
-        raise ValueError(f"causal_self_attention: k and v must be [B, T, KV, d]="
-                         f"({batch}, {seq_len}, KV, {head_dim}), got {k.shape}, {v.shape}")
-    if num_heads % num_kv:
-        raise ValueError(f"causal_self_attention: {num_kv} key/value heads must divide "
-                         f"{num_heads} query heads")
-    if key_mask is not None and key_mask.shape != (batch, seq_len):
-        raise ValueError(f"causal_self_attention: key_mask must be [B, T]=({batch}, "
-                         f"{seq_len}), got {key_mask.shape}")
-    if implementation in ("cudnn", "cudnn_reference"):
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        return jax.nn.dot_product_attention(
-            q, k, v, mask=mask, is_causal=True,
-            implementation="cudnn" if implementation == "cudnn" else "xla")
-    if implementation != "blocked":
-        raise ValueError(f"causal_self_attention: implementation must be 'blocked', "
-                         f"'cudnn' or 'cudnn_reference', got {implementation!r}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"causal_self_attention: block_size must be a positive int, got "
-                         f"{block_size!r}")
-    block, num_blocks = block_layout(seq_len, block_size)
-    padded = num_blocks * block
-    if padded != seq_len:
-        # Padded keys lie after every real query, so causality already hides them.
-        pad = ((0, 0), (0, padded - seq_len), (0, 0), (0, 0))
-        q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
-        if key_mask is not None:
-            key_mask = jnp.pad(key_mask, ((0, 0), (0, padded - seq_len)))
-    groups = num_heads // num_kv
-    # Blocked layouts, block index leading, the G query heads of a key/value head and the
-    # c queries of a block flattened into M = c * G rows (query-major): q [n, B, KV, M, d],
-    # k/v [n, B, KV, c, d], mask [n, B, c] or None. Head h = kv * G + g, as in the dense
-    # path.
-    # With one row axis and one key axis every block product is a plain batched matmul
-    # (no transposed copies of the [M, c] blocks for the backward's products).
-    qb = q.reshape(batch, num_blocks, block, num_kv, groups, head_dim).transpose(
-        1, 0, 3, 2, 4, 5).reshape(num_blocks, batch, num_kv, block * groups, head_dim)
-    kb = k.reshape(batch, num_blocks, block, num_kv, head_dim).transpose(1, 0, 3, 2, 4)
-    vb = v.reshape(batch, num_blocks, block, num_kv, head_dim).transpose(1, 0, 3, 2, 4)
-    mb = None
-    if key_mask is not None:
-        mb = key_mask.astype(bool).reshape(batch, num_blocks, block).transpose(1, 0, 2)
-    out = _blocked_attention(qb, kb, vb, mb)
-    out = out.reshape(num_blocks, batch, num_kv, block, groups, head_dim).transpose(
-        1, 0, 3, 2, 4, 5).reshape(batch, padded, num_heads, head_dim)
-    return out[:, :seq_len]
+def _qkv_projection(config, features, names, use_bias, name):
+    return nn.DenseGeneral(
+        features=features, axis=-1, use_bias=use_bias, dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(weight_init(config), ("embed",) + names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, names), name=name)
 
 
-def cached_attention(q: jax.Array, all_keys: jax.Array, all_values: jax.Array,
-                     layer_index, query_slots: jax.Array, *, block_size: int) -> jax.Array:
-    """Attention of T new queries over one layer of a KV cache, reading only the filled
-    part of the cache.
+class Attention(nn.Module):
+    config: TransformerConfig
 
-        out_t = sum_{s <= slot_t} softmax_s(q_t . k_s / sqrt(d)) v_s
+    @nn.compact
+    def __call__(self, x, positions, rope, cache_kv, layer_index, write_positions,
+                 key_positions, attend, key_mask=None, query_slots=None, prefix_kv=None,
+                 stored=None):
+        """x [B, T, D]; positions int [B, T] (query positions); rope: their `rope_tables`
+        (computed once per forward pass, not in every layer).
 
-    The cache's S slots are cut into blocks of min(block_size, S) and a `fori_loop`
-    visits blocks 0 .. ceil((max_b,t slot[b, t] + 1) / block) - 1 with the online
-    softmax of the module docstring, so a decoding step costs O(filled) instead of
-    O(S): a multi-turn rollout whose static buffer is sized for its longest context no
-    longer attends over the empty tail at every token. Each block is sliced from the
-    stacked cache directly (no copy of the whole layer); the last block is clamped
-    into the buffer and its slots already counted are masked.
+        Without a cache (cache_kv None) keys are the T tokens themselves. With a cache
+        (every layer's keys, values [L, B, S, KV, Dh]; or this layer's buffers of a
+        per-layer cache, keys [B, KV, Dh, S] and values [B, KV, S, Dh], with layer_index
+        None) this layer's new keys are scattered
+        to `[layer_index, b, write_positions]` (out-of-range entries dropped) and queries
+        attend to all S slots of the layer whose position is <= their own
+        (`key_positions` [S]). The whole cache is updated in place (a scatter of the T new
+        tokens); slicing one layer out and stacking the layers back would copy the cache
+        at every decoded token.
 
-    Forward only (a cached call is inference: the loop's trip count is data
-    dependent). The dense cached path of `Transformer` computes the same function. A
-    single query per row on the CPU reads each block of the stacked cache through the
-    head-pair products (`uses_head_pairs`); a per-layer cache's blocks are read as stored
-    (`layer_scores`, `layer_mix`).
+        attend: None (the rule above: key position <= query position), or bool
+        [B or 1, T, S] saying which keys each query may see (explicit positions or a
+        padding mask; built once by `Transformer`).
 
-    Args:
-      q: [B, T, H, d] queries (rotary embedding applied).
-      all_keys, all_values: [L, B, S, KV, d] the cache of every layer, this call's new
-        keys and values already written; read in q's dtype. Or, with `layer_index`
-        None, one layer's buffers of a per-layer cache: keys [B, KV, d, S], values
-        [B, KV, S, d] (`transformer.KVCache.per_layer`).
-      layer_index: int scalar (may be traced), the layer to read; None for a per-layer
-        cache.
-      query_slots: int [B, T] the cache slot of each query; a query sees slots <= its
-        own (its row's real tokens before it, and itself).
-      block_size: slots per block (static).
+        Cache-free calls whose `config.attention` resolves to "blocked" or "cudnn" for T
+        tokens use `arl.models.attention_kernels.causal_self_attention` instead (causal by
+        sequence order, padding keys removed by `key_mask` bool [B, T] or None; `attend`
+        is then None). Cached calls whose `config.attention` resolves to "blocked" for
+        the S slots (auto: S > attention_block) use
+        `arl.models.attention_kernels.cached_attention`, which reads only the blocks up to the
+        last query's slot (`query_slots` int [B, T]; the same rule as `attend`).
 
-    Returns:
-      [B, T, H, d] in q's dtype. Scores, softmax statistics and the accumulation are
-      float32; the probabilities are cast to q's dtype before mixing the values, as in
-      the dense path.
-    """
-    batch, q_len, num_heads, head_dim = q.shape
-    one_layer = layer_index is None
-    if one_layer:
-        cache_batch, num_kv, cache_dim, capacity = all_keys.shape
-        layout_ok = all_values.shape == (cache_batch, num_kv, capacity, cache_dim)
-        expected = f"keys [B={batch}, KV, d={head_dim}, S] and values [B, KV, S, d]"
+        prefix_kv: (keys, values) [B, P, KV, Dh] of P positions before the T tokens (a
+        cache-free call continuing from them, `_after_prefix`); None otherwise.
+
+        stored: None, or this layer's recorded outputs {name: [B, T, *features]} of
+        q/k/v_proj (before RoPE) and o_proj, taken as the projections' forward values
+        (`arl.models.projections.StoredProjection`: gradients as the projections').
+
+        Returns (output [B, T, D], the updated cache, the projections' outputs {name:
+        [B, T, *features]}) with a cache, (output, (k, v), outputs) with (k, v) the T
+        tokens' rotated keys and values ([B, T, KV, Dh]) without one.
+
+        The projections run on the tokens flattened to [B*T, D], like `SwiGLU`.
+        """
+        cfg = self.config
+        num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        batch, q_len = x.shape[:2]
+        tokens = x.reshape(batch * q_len, x.shape[-1])
+
+        produced = {}
+
+        def project(heads, names, name, activation_names):
+            if stored is None:
+                out = _qkv_projection(cfg, (heads, head_dim), names, cfg.qkv_bias, name)(tokens)
+            else:
+                out = stored_projection(cfg, (heads, head_dim), 1, ("embed",) + names, names,
+                                        cfg.qkv_bias, name)(
+                    tokens, stored[name].reshape(batch * q_len, heads, head_dim))
+            out = constrain_activation(out.reshape(batch, q_len, heads, head_dim),
+                                       activation_names)
+            produced[name] = out
+            return out
+
+        q = project(num_heads, ("heads", "head_dim"), "q_proj", HEADS)
+        k = project(num_kv, ("kv_heads", "head_dim"), "k_proj", KV_HEADS)
+        v = project(num_kv, ("kv_heads", "head_dim"), "v_proj", KV_HEADS)
+        if cfg.qk_norm:  # Qwen3: every head normalised before RoPE
+            q = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, "head_dim", name="q_norm")(q)
+            k = RMSNorm(cfg.norm_eps, cfg.dtype, cfg.param_dtype, "head_dim", name="k_norm")(k)
+        q = rotate(q, *rope)
+        k = rotate(k, *rope)
+        out, new_kv = self._attend(q, k, v, positions, cache_kv, layer_index,
+                                   write_positions, key_positions, attend, key_mask,
+                                   query_slots, prefix_kv)
+        out = _output_projection(cfg, constrain_activation(out, HEADS),
+                                 None if stored is None else stored["o_proj"])
+        produced["o_proj"] = out
+        return out, new_kv, produced
+
+    def _attend(self, q, k, v, positions, cache_kv, layer_index, write_positions,
+                key_positions, attend, key_mask, query_slots, prefix_kv):
+        """The attention of `__call__` on the rotated q, k and v: (output [B, T, H, Dh]
+        before o_proj, the updated cache or the tokens' (k, v))."""
+        cfg = self.config
+        num_heads, num_kv, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        batch, q_len = q.shape[:2]
+        if prefix_kv is not None:
+            return self._after_prefix(q, k, v, prefix_kv, positions)
+        implementation = kernels.resolve_implementation(cfg.attention, q_len,
+                                                              cfg.attention_block)
+        if cache_kv is None and implementation != "dense":
+            out = kernels.causal_self_attention(
+                q, k, v, key_mask, implementation=implementation,
+                block_size=cfg.attention_block)
+            return out, (k, v)
+
+        if layer_index is None:
+            return self._on_layer_cache(q, k, v, cache_kv, positions, write_positions,
+                                        key_positions, attend, query_slots)
+        new_kv = cache_kv
+        if cache_kv is None:
+            keys, values = k, v
+            key_pos = positions  # [B, T]
+            new_kv = (k, v)
+        elif kernels.resolve_implementation(
+                cfg.attention, cache_kv[0].shape[2], cfg.attention_block) == "blocked":
+            all_keys, all_values = write_cache(cache_kv, layer_index, write_positions, k, v)
+            out = kernels.cached_attention(
+                q, all_keys, all_values, layer_index, query_slots,
+                block_size=cfg.attention_block)
+            return out, (all_keys, all_values)
+        else:
+            all_keys, all_values = write_cache(cache_kv, layer_index, write_positions, k, v)
+            new_kv = (all_keys, all_values)
+            keys = jax.lax.dynamic_index_in_dim(all_keys, layer_index, 0, keepdims=False)
+            values = jax.lax.dynamic_index_in_dim(all_values, layer_index, 0, keepdims=False)
+            keys, values = keys.astype(cfg.dtype), values.astype(cfg.dtype)
+            key_pos = jnp.broadcast_to(key_positions, (batch, key_positions.shape[0]))
+
+        groups = num_heads // num_kv
+        q = q.reshape(batch, q_len, num_kv, groups, head_dim)
+        # A decoded token on the CPU reads the cache layer as stored, through products over
+        # every head pair, instead of a transposed copy of it
+        # (`attention_kernels.uses_head_pairs`).
+        head_pairs = cache_kv is not None and kernels.uses_head_pairs(q_len)
+        scores = kernels.grouped_scores(q, keys, head_pairs=head_pairs) / math.sqrt(
+            head_dim)
+        probs = _attention_probs(scores, key_pos, positions, attend, cfg.dtype)
+        out = kernels.grouped_mix(probs, values, head_pairs=head_pairs).reshape(
+            batch, q_len, num_heads, head_dim)
+        return out, new_kv
+
+    def _after_prefix(self, q, k, v, prefix_kv, positions):
+        """Cache-free attention of T tokens at positions P..P+T-1 over the P given
+        keys and values followed by their own, causally: the function a cached call
+        continuing from those P positions computes, differentiable in every input (the
+        prefix included) with any `config.attention`. Returns (output before o_proj,
+        (k, v))."""
+        cfg = self.config
+        batch, q_len, num_heads, head_dim = q.shape
+        prefix_keys, prefix_values = prefix_kv
+        prefix_len = prefix_keys.shape[1]
+        keys = jnp.concatenate([prefix_keys.astype(cfg.dtype), k], axis=1)
+        values = jnp.concatenate([prefix_values.astype(cfg.dtype), v], axis=1)
+        implementation = kernels.resolve_implementation(
+            cfg.attention, prefix_len + q_len, cfg.attention_block)
+        if implementation != "dense":
+            # The prefix's positions get zero queries: causality by sequence order then
+            # gives each token the prefix and the tokens before it; their outputs are
+            # dropped.
+            padded = jnp.concatenate(
+                [jnp.zeros((batch, prefix_len) + q.shape[2:], q.dtype), q], axis=1)
+            out = kernels.causal_self_attention(
+                padded, keys, values, None, implementation=implementation,
+                block_size=cfg.attention_block)[:, prefix_len:]
+        else:
+            # In a per-layer cache's layout: the products a cached continuation runs, so
+            # a shared prompt scores as it did through the cache (same speed at the
+            # peers' modest shape; `[B, S, KV, Dh]` products were not measured apart).
+            out = _layer_layout_attention(
+                q, keys.transpose(0, 2, 3, 1), values.transpose(0, 2, 1, 3),
+                jnp.arange(prefix_len + q_len, dtype=jnp.int32), positions, None, cfg.dtype)
+        return out, (k, v)
+
+    def _on_layer_cache(self, q, k, v, layer_cache, positions, write_positions,
+                        key_positions, attend, query_slots):
+        """The cached attention of `__call__` on one layer's buffers of a per-layer cache
+        (keys [B, KV, Dh, S], values [B, KV, S, Dh]): the same function, with products
+        that read the buffers as stored. Returns (output before o_proj, the buffers)."""
+        cfg = self.config
+        keys, values = write_layer_cache(layer_cache, write_positions, k, v)
+        capacity = keys.shape[-1]
+        if kernels.resolve_implementation(cfg.attention, capacity,
+                                                cfg.attention_block) == "blocked":
+            out = kernels.cached_attention(q, keys, values, None, query_slots,
+                                                 block_size=cfg.attention_block)
+            return out, (keys, values)
+        out = _layer_layout_attention(q, keys.astype(cfg.dtype), values.astype(cfg.dtype),
+                                      key_positions, positions, attend, cfg.dtype)
+        return out, (keys, values)
+
+def _output_projection(cfg, out, stored=None):
+    """o_proj of the attention output [B, T, H, head_dim] -> [B, T, d_model], on the
+    tokens flattened to [B*T, H, head_dim]; with `stored` [B, T, d_model] its recorded
+    value (`StoredProjection`)."""
+    batch, q_len = out.shape[:2]
+    tokens = out.reshape((batch * q_len,) + out.shape[2:])
+    kernel_names = ("heads", "head_dim", "embed")
+    if stored is None:
+        out = nn.DenseGeneral(
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.o_bias, dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.with_logical_partitioning(weight_init(cfg), kernel_names),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="o_proj")(tokens)
     else:
-        _, cache_batch, capacity, num_kv, cache_dim = all_keys.shape
-        layout_ok = all_values.shape == all_keys.shape
-        expected = f"[L, B={batch}, S, KV, d={head_dim}]"
-    if (cache_batch, cache_dim) != (batch, head_dim) or not layout_ok:
-        raise ValueError(f"cached_attention: the cache must be {expected}, got keys "
-                         f"{all_keys.shape}, values {all_values.shape}")
-    if num_heads % num_kv:
-        raise ValueError(f"cached_attention: {num_kv} key/value heads must divide "
-                         f"{num_heads} query heads")
-    if query_slots.shape != (batch, q_len):
-        raise ValueError(f"cached_attention: query_slots must be [B, T]=({batch}, {q_len}), "
-                         f"got {query_slots.shape}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"cached_attention: block_size must be a positive int, got "
-                         f"{block_size!r}")
-    if q_len == 0:  # an empty reply (an env without observations) reads nothing
-        return jnp.zeros_like(q)
+        out = stored_projection(cfg, (cfg.d_model,), 2, kernel_names, ("embed",), cfg.o_bias,
+                                "o_proj")(tokens, stored.reshape(batch * q_len, cfg.d_model))
+    return out.reshape(batch, q_len, cfg.d_model)
+
+def _layer_layout_attention(q, keys, values, key_positions, positions, attend, dtype):
+    """Attention of q [B, T, H, Dh] over keys [B, KV, Dh, S] and values [B, KV, S, Dh]
+    (a per-layer cache's layout) at key positions [S]; the mask as `_attention_probs`.
+    Returns [B, T, H, Dh]."""
+    batch, q_len, num_heads, head_dim = q.shape
+    num_kv, capacity = keys.shape[1], keys.shape[-1]
     groups = num_heads // num_kv
-    block = min(block_size, capacity)
-    num_blocks = -(-capacity // block)
-    needed = jnp.minimum(jnp.max(query_slots) // block + 1, num_blocks).astype(jnp.int32)
-    # Rows of the query-major layout [B, KV, M = T G, d]: row t G + g is query t, head
-    # kv G + g (the dense path's head order).
-    qm = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(0, 2, 1, 3, 4).reshape(
-        batch, num_kv, q_len * groups, head_dim)
-    row_slots = jnp.repeat(query_slots, groups, axis=1)[:, None, :, None]  # [B, 1, M, 1]
-    scale = 1.0 / math.sqrt(head_dim)
+    # Query rows [B, KV, G T, Dh], row g T + t: query t of head kv G + g.
+    rows = q.reshape(batch, q_len, num_kv, groups, head_dim).transpose(
+        0, 2, 3, 1, 4).reshape(batch, num_kv, groups * q_len, head_dim)
+    scores = kernels.layer_scores(rows, keys).reshape(
+            batch, num_kv, groups, q_len, capacity) / math.sqrt(head_dim)
+    probs = _attention_probs(scores, key_positions[None], positions, attend, dtype)
+    out = kernels.layer_mix(probs.reshape(batch, num_kv, groups * q_len, capacity), values)
+    return out.reshape(batch, num_kv, groups, q_len, head_dim).transpose(
+        0, 3, 1, 2, 4).reshape(batch, q_len, num_heads, head_dim)
 
-    def read_block(start):
-        """Keys and values of slots start .. start + block - 1 in q's dtype: [B, KV, d, c]
-        and [B, KV, c, d] from one layer's buffers, [B, c, KV, d] from the stacked cache."""
-        if one_layer:
-            keys = jax.lax.dynamic_slice(all_keys, (0, 0, 0, start),
-                                         (batch, num_kv, head_dim, block))
-            values = jax.lax.dynamic_slice(all_values, (0, 0, start, 0),
-                                           (batch, num_kv, block, head_dim))
-            return keys.astype(q.dtype), values.astype(q.dtype)
-        sizes = (1, batch, block, num_kv, head_dim)
-        return tuple(jax.lax.dynamic_slice(cache, (layer_index, 0, start, 0, 0), sizes)[0]
-                     .astype(q.dtype) for cache in (all_keys, all_values))
-
-    head_pairs = not one_layer and uses_head_pairs(q_len)  # then each block is read as stored
-    q_grouped = q.reshape(batch, 1, num_kv, groups, head_dim) if head_pairs else None
-
-    def key_block(j, carry):
-        m, l, acc = carry
-        first = j * block
-        start = jnp.minimum(first, capacity - block)
-        slots = start + jnp.arange(block)
-        keys, values = read_block(start)
-        if one_layer:
-            s = layer_scores(qm, keys) * scale  # [B, KV, M, c]
-        elif head_pairs:
-            s = scores_every_head_pair(q_grouped, keys).reshape(batch, num_kv, groups,
-                                                                 block) * scale
-        else:
-            s = jax.lax.dot_general(qm, keys, (((3,), (3,)), ((0, 1), (0, 2))),
-                                    preferred_element_type=jnp.float32) * scale  # [B, KV, M, c]
-        allowed = (slots >= first) & (slots <= row_slots)
-        s = jnp.where(allowed, s, _MASKED)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        alpha = jnp.exp(m - m_new)
-        l = alpha * l + jnp.sum(p, axis=-1)
-        if one_layer:
-            pv = layer_mix(p.astype(q.dtype), values, preferred_element_type=jnp.float32)
-        elif head_pairs:
-            pv = mix_every_head_pair(p.astype(q.dtype).reshape(batch, num_kv, groups, 1, block),
-                                     values, preferred_element_type=jnp.float32
-                                     ).reshape(qm.shape)
-        else:
-            pv = jax.lax.dot_general(p.astype(q.dtype), values,
-                                     (((3,), (1,)), ((0, 1), (0, 2))),
-                                     preferred_element_type=jnp.float32)  # [B, KV, M, d]
-        return m_new, l, alpha[..., None] * acc + pv
-
-    shape = qm.shape[:-1]
-    init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
-            jnp.zeros(qm.shape, jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, needed, key_block, init)
-    # Slot 0 is in the first block and every query sees it: l > 0.
-    out = (acc / l[..., None]).astype(q.dtype)
-    return out.reshape(batch, num_kv, q_len, groups, head_dim).transpose(0, 2, 1, 3, 4).reshape(
-        batch, q_len, num_heads, head_dim)
-
-
-def uses_head_pairs(q_len: int) -> bool:
-    """Whether cached attention of `q_len` queries per row takes the head-pair products
-    (`scores_every_head_pair`, `mix_every_head_pair`): for a single decoded token on the
-    CPU. Prefill, training and accelerators keep the grouped products."""
-    return q_len == 1 and jax.default_backend() == "cpu"
-
-
-def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
-    """Grouped-query scores `einsum("btkgd,bskd->bkgts", q, keys)` in float32, computed
-    from the products of every query head with every key/value head.
-
-    q [B, T, KV, G, d]; keys [B, S, KV, d], a layer of the KV cache as it is stored.
-    Returns [B, KV, G, T, S].
-
-    XLA:CPU runs a batched matrix product with its batch dimensions leading, so the
-    grouped einsum (batch dimensions B and KV, with S between them in the cache) copies the
-    layer's keys transposed before the product. Here the keys are read as they are: one
-    product over B alone gives every (query head, key/value head) pair, [B, T KV G, S, KV],
-    and the pairs whose heads match are kept. That is KV times the scores' FLOPs, which
-    for a decoded token (T = 1) cost less than the copy: the decode attention measured
-    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (docs/performance.md,
-    "Attention and the update").
-    """
-    batch, q_len, num_kv, groups, head_dim = q.shape
-    slots = keys.shape[1]
-    # Keys as [B, S KV, d] (a reshape, not a copy); faster than the same product with the
-    # keys kept four-dimensional at head dimension 128.
-    every = jax.lax.dot_general(q.reshape(batch, q_len * num_kv * groups, head_dim),
-                                keys.reshape(batch, slots * num_kv, head_dim),
-                                (((2,), (2,)), ((0,), (0,))),
-                                preferred_element_type=jnp.float32)  # [B, T KV G, S KV]
-    every = every.reshape(batch, q_len, num_kv, groups, slots, num_kv)
-    matching = jnp.stack([every[:, :, h, :, :, h] for h in range(num_kv)], axis=2)
-    return matching.transpose(0, 2, 3, 1, 4)
-
-
-def mix_every_head_pair(probs: jax.Array, values: jax.Array, *,
-                        preferred_element_type=None) -> jax.Array:
-    """`einsum("bkgts,bskd->btkgd", probs, values)` from the products of every query head's
-    probabilities with every key/value head's values (see `scores_every_head_pair`).
-
-    probs [B, KV, G, T, S]; values [B, S, KV, d] as stored in the cache. Returns
-    [B, T, KV, G, d] in `preferred_element_type` (None: the dtype of the product of probs
-    and values).
-    """
-    batch, num_kv, groups, q_len, slots = probs.shape
-    rows = probs.transpose(0, 3, 1, 2, 4).reshape(batch, q_len * num_kv * groups, slots)
-    every = jax.lax.dot_general(rows, values, (((2,), (1,)), ((0,), (0,))),
-                                preferred_element_type=preferred_element_type)  # [B, M, KV, d]
-    every = every.reshape(batch, q_len, num_kv, groups, num_kv, values.shape[-1])
-    return jnp.stack([every[:, :, h, :, h, :] for h in range(num_kv)], axis=2)
-
-
-def layer_scores(q: jax.Array, keys: jax.Array) -> jax.Array:
-    """float32 scores [B, KV, M, S] of q [B, KV, M, d] (M query rows per key/value head)
-    against one layer of a per-layer cache's keys [B, KV, d, S]: a batched product over
-    (B, KV) that reads the keys as stored (its right operand is [d, S] per batch entry),
-    where the stacked cache's [B, S, KV, d] layer needs a transposed copy or the products
-    of every head pair (`scores_every_head_pair`). A broadcast multiply summed over d
-    measured no faster on the CPU for a decoded token.
-    """
-    return jax.lax.dot_general(q, keys, (((3,), (2,)), ((0, 1), (0, 1))),
-                               preferred_element_type=jnp.float32)
-
-
-def layer_mix(probs: jax.Array, values: jax.Array, *, preferred_element_type=None) -> jax.Array:
-    """probs [B, KV, M, S] times one layer of a per-layer cache's values [B, KV, S, d]
-    -> [B, KV, M, d] (a batched product over (B, KV), the values read as stored)."""
-    return jax.lax.dot_general(probs, values, (((3,), (2,)), ((0, 1), (0, 1))),
-                               preferred_element_type=preferred_element_type)
-
-
-def grouped_scores(q: jax.Array, keys: jax.Array, *, head_pairs: bool) -> jax.Array:
-    """float32 scores [B, KV, G, T, S] of q [B, T, KV, G, d] against keys [B, S, KV, d]:
-    through `scores_every_head_pair` when `head_pairs`, else the grouped einsum."""
-    if head_pairs:
-        return scores_every_head_pair(q, keys)
-    return jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32)
-
-
-def grouped_mix(probs: jax.Array, values: jax.Array, *, head_pairs: bool) -> jax.Array:
-    """probs [B, KV, G, T, S] times values [B, S, KV, d] -> [B, T, KV, G, d]: through
-    `mix_every_head_pair` when `head_pairs`, else the grouped einsum."""
-    if head_pairs:
-        return mix_every_head_pair(probs, values)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, values)
-
-
-def _matmul(x, y, contract_x: int, contract_y: int):
-    """Batched (over the two leading axes) product of two [B, KV, ., .] blocks, float32
-    accumulation, contracting axis `contract_x` of x with `contract_y` of y."""
-    return jax.lax.dot_general(x, y, (((contract_x,), (contract_y,)), ((0, 1), (0, 1))),
-                               preferred_element_type=jnp.float32)
-
-
-def _block_scores(q_i, k_j, mask_j, diagonal: bool):
-    """float32 scores [B, KV, M, c] of a query block (M = c * G rows) against a key block
-    at or before it, masked: padding keys (mask_j [B, c], None = no padding) and, on the
-    diagonal block, keys after the query. Blocks below the diagonal without padding need
-    no mask at all (most of them: the select is skipped)."""
-    scale = 1.0 / math.sqrt(q_i.shape[-1])
-    s = _matmul(q_i, k_j, 3, 3) * scale
-    allowed = None
-    if diagonal:
-        c = k_j.shape[2]
-        rows = jnp.arange(q_i.shape[2]) // (q_i.shape[2] // c)  # the query of each row
-        allowed = (jnp.arange(c)[None, :] <= rows[:, None])[None, None]  # [1, 1, M, c]
-    if mask_j is not None:
-        padding = mask_j[:, None, None, :]
-        allowed = padding if allowed is None else allowed & padding
-    return s if allowed is None else jnp.where(allowed, s, _MASKED)
-
-
-def _key_block(mb, j):
-    return None if mb is None else mb[j]
-
-
-def _forward(qb, kb, vb, mb):
-    """(out [n, B, KV, M, d] in q's dtype, lse float32 [n, B, KV, M])."""
-    num_blocks = qb.shape[0]
-
-    def query_block(args):
-        q_i, i = args
-        shape = q_i.shape[:-1]  # [B, KV, M]
-
-        def key_block(j, carry, diagonal=False):
-            m, l, acc = carry
-            s = _block_scores(q_i, kb[j], _key_block(mb, j), diagonal)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            alpha = jnp.exp(m - m_new)
-            l = alpha * l + jnp.sum(p, axis=-1)
-            pv = _matmul(p.astype(vb.dtype), vb[j], 3, 2)
-            return m_new, l, alpha[..., None] * acc + pv
-
-        init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
-                jnp.zeros(q_i.shape, jnp.float32))
-        carry = jax.lax.fori_loop(0, i, key_block, init)  # blocks below the diagonal
-        m, l, acc = key_block(i, carry, diagonal=True)
-        return (acc / l[..., None]).astype(qb.dtype), m + jnp.log(l)
-
-    return jax.lax.map(query_block, (qb, jnp.arange(num_blocks)))
-
-
-@jax.custom_vjp
-def _blocked_attention(qb, kb, vb, mb):
-    return _forward(qb, kb, vb, mb)[0]
-
-
-def _blocked_attention_fwd(qb, kb, vb, mb):
-    out, lse = _forward(qb, kb, vb, mb)
-    return out, (qb, kb, vb, mb, out, lse)
-
-
-def _blocked_attention_bwd(residuals, d_out):
-    qb, kb, vb, mb, out, lse = residuals
-    num_blocks = qb.shape[0]
-    scale = 1.0 / math.sqrt(qb.shape[-1])
-    # D_i = rowsum(dO_i * O_i): the softmax backward's per-row correction.
-    delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-
-    def key_block(dq, args):
-        k_j, v_j, mask_j, j = args
-
-        def query_block(i, carry, diagonal=False):
-            dq, dk, dv = carry
-            q_i, do_i = qb[i], d_out[i].astype(vb.dtype)
-            s = _block_scores(q_i, k_j, mask_j, diagonal)
-            p = jnp.exp(s - lse[i][..., None])  # [B, KV, M, c]
-            dv = dv + _matmul(p.astype(vb.dtype), do_i, 2, 2)
-            ds = p * (_matmul(do_i, v_j, 3, 3) - delta[i][..., None]) * scale
-            dq = jax.lax.dynamic_update_index_in_dim(
-                dq, dq[i] + _matmul(ds.astype(kb.dtype), k_j, 3, 2), i, 0)
-            dk = dk + _matmul(ds.astype(qb.dtype), q_i, 2, 2)
-            return dq, dk, dv
-
-        zeros = jnp.zeros(k_j.shape, jnp.float32)
-        carry = query_block(j, (dq, zeros, zeros), diagonal=True)
-        dq, dk, dv = jax.lax.fori_loop(j + 1, num_blocks, query_block, carry)  # below it
-        return dq, (dk, dv)
-
-    dq, (dk, dv) = jax.lax.scan(key_block, jnp.zeros(qb.shape, jnp.float32),
-                                (kb, vb, mb, jnp.arange(num_blocks)))
-    return dq.astype(qb.dtype), dk.astype(kb.dtype), dv.astype(vb.dtype), None
-
-
-_blocked_attention.defvjp(_blocked_attention_fwd, _blocked_attention_bwd)
+def _attention_probs(scores, key_pos, positions, attend, dtype):
+    """softmax over the keys of float32 scores [B, KV, G, T, S], in `dtype`, each query
+    seeing the keys `attend` [B or 1, T, S] allows, or (attend None) those whose position
+    (key_pos [B or 1, S]) is <= its own (positions [B, T])."""
+    if attend is None:
+        allowed = key_pos[:, None, None, None, :] <= positions[:, None, None, :, None]
+    else:
+        allowed = attend[:, None, None, :, :]
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1).astype(dtype)

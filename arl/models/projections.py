@@ -93,3 +93,20 @@ class StoredProjection(nn.Module):
             raise ValueError(f"{self.name}: recorded projection outputs must have shape "
                              f"{expected} for this input, got {stored.shape}")
         return stored_linear(self.input_axes, x, kernel, bias, stored.astype(x.dtype))
+
+
+def weight_init(config) -> nn.initializers.Initializer:
+    """normal(0, config.initializer_range), the initializer of every weight matrix (the
+    Hugging Face convention)."""
+    return nn.initializers.normal(stddev=config.initializer_range)
+
+
+def stored_projection(config, features, input_axes, kernel_names, bias_names, use_bias,
+                      name) -> StoredProjection:
+    """The parameters of the projection `name` (as its `nn.Dense` / `nn.DenseGeneral`
+    declares them), applied with a recorded forward value (`StoredProjection`)."""
+    return StoredProjection(
+        features=tuple(features), input_axes=input_axes, use_bias=use_bias,
+        dtype=config.dtype, param_dtype=config.param_dtype,
+        kernel_init=nn.with_logical_partitioning(weight_init(config), kernel_names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, bias_names), name=name)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from arl import backend
 from arl.models.transformer import KVCache, Transformer, decodes_per_layer, per_layer_params
 
 # Most elements (max_new_tokens x rows x vocabulary) of Gumbel noise `generate` draws ahead
@@ -103,7 +104,7 @@ def first_argmax(x: jax.Array) -> jax.Array:
     "Sampling"). The indices are the same in every case, ties and NaN included. Other
     backends keep `jnp.argmax`.
     """
-    if jax.default_backend() != "cpu":
+    if not backend.argmax_as_two_reductions():
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     largest = jnp.max(x, axis=-1, keepdims=True)
     holds_largest = (x == largest) | (jnp.isnan(x) & jnp.isnan(largest))
@@ -253,8 +254,8 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
         emitting = ~done
         token = jnp.where(emitting, token, pad_id)
         logp = jnp.where(emitting, logp, 0.0)
-        out = model.apply(variables, token[:, None], cache=cache,
-                          num_valid=emitting.astype(jnp.int32))
+        out = model.apply(variables, token[:, None], cache,
+                          num_valid=emitting.astype(jnp.int32), method="decode")
         logits = jnp.where(emitting[:, None], out.logits[:, 0], logits)
         value = jnp.where(emitting, out.values[:, 0], 0.0) if has_values else None
         is_stop = jnp.any(token[:, None] == stop_ids[None, :], axis=-1)

@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from arl.models import attention as attention_lib
+from arl.models import attention_kernels as attention_lib
 from arl.models.rope import Llama3RopeScaling
 
 
@@ -56,7 +56,7 @@ class TransformerConfig:
         decode on a per-layer cache (`decodes_per_layer`).
       attention: self-attention of cache-free calls (training, scoring): "dense" (the
         [B, H, T, T] scores in one piece), "blocked" (FlashAttention-style tiling in JAX,
-        memory linear in T, `arl.models.attention`), "cudnn" (cuDNN's fused kernel via
+        memory linear in T, `arl.models.attention_kernels`), "cudnn" (cuDNN's fused kernel via
         `jax.nn.dot_product_attention`, NVIDIA GPUs only) or "auto" (dense up to
         `attention_block` tokens, blocked beyond). KV-cached calls follow the same rule
         with the cache's capacity as the length: blocked reads only the cache blocks up

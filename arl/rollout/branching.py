@@ -161,7 +161,7 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
         if model is None or params is None:
             raise ValueError("action_source='model' needs both `model` and `params`.")
         cache = transformer_lib.init_cache(model.config, forked, width, model.config.dtype)
-        out = model.apply({"params": params}, tokens, cache=cache, num_valid=prefix)
+        out = model.apply({"params": params}, tokens, cache, num_valid=prefix, method="decode")
         cache = out.cache
         last_logits = sampling_lib.take_last_valid(out.logits, prefix)
         if model.config.value_head:  # the loop records them; branching does not use them

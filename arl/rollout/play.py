@@ -201,8 +201,8 @@ def _prefill(model, params, first, num_valid, capacity: int, group_size: int,
     leaders = lambda x: x.reshape((rows, group_size) + x.shape[1:])[:, 0]
     cache = transformer_lib.init_cache(model.config, rows, capacity, model.config.dtype,
                                        record_projections=record_projections)
-    out = model.apply({"params": params}, leaders(first), cache=cache,
-                      num_valid=leaders(num_valid))
+    out = model.apply({"params": params}, leaders(first), cache,
+                      num_valid=leaders(num_valid), method="decode")
     last_logits = sampling_lib.take_last_valid(out.logits, leaders(num_valid))
     if group_size == 1:
         return out.cache, last_logits, out.values

@@ -220,7 +220,8 @@ class TurnPlayer:
         observation_mask = write_rows(
             carry.observation_mask, jnp.ones(reply.tokens.shape, jnp.float32), offset, n_obs)
         if use_model:
-            out = model.apply({"params": params}, reply.tokens, cache=cache, num_valid=n_obs)
+            out = model.apply({"params": params}, reply.tokens, cache, num_valid=n_obs,
+                              method="decode")
             cache = out.cache
             if record_values:
                 values = write_rows(values, out.values, offset, n_obs)

@@ -7,26 +7,29 @@
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
 2. signals   : rewards -> advantages by the algorithm's row of the table
-               (`arl.trainers.signals`), StarPO-S and DAPO filters, KL-in-reward,
-               process rewards (`arl.trainers.credit`).
+               (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
+               process rewards (`arl.trainers.process_reward_models`).
 3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
                `arl.trainers.update`; skipped (parameters unchanged) when no advantage in
                the batch is non-zero and no auxiliary term carries gradient.
 
 The pieces: `Policy` (model, LoRA, scoring forward), `StateLayout` (the `TrainState`, its
 init and shardings), `CreditAssignment` (advantages), `Learner` (loss and update),
-`ProcessModels` (PRMs); this module wires them into one step.
+`ProcessModels` (PRMs); this module wires them into one step. `learn` is the step after
+its rollout, which `arl.trainers.async_step` runs as a program of its own when the
+rollout runs ahead (`config.rollout.policy_lag`, docs/async.md).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
@@ -36,9 +39,9 @@ from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
-from arl.trainers import signals as signals_lib
+from arl.trainers import credit_assignment as credit_lib
 from arl.trainers.tracing import trace_once
-from arl.trainers.credit import ProcessModels
+from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -49,12 +52,22 @@ from arl.trainers.update import Learner, UpdateBatch, sft_weight
 TRANSCRIPT_ROWS = 2  # sampled episodes rendered into each evaluation's transcript
 
 
+class StepKeys(NamedTuple):
+    """The PRNG keys of one step, split from `TrainState.key` (`TokenTrainer.step_keys`)."""
+
+    next: jax.Array  # the next step's TrainState.key
+    rollout: jax.Array
+    demo: jax.Array
+    update: jax.Array
+    branch: jax.Array
+
+
 class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
         config_lib.validate(config, num_devices=jax.device_count())
-        self.algorithm = alg.get_algorithm(config.algorithm)
+        self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
                               f"the {self.algorithm.trainer} trainer, not TokenTrainer "
@@ -81,20 +94,20 @@ class TokenTrainer:
         self.shared_prompt = dict(
             group_size=config.rollout.group_size,
             prompt_len=(rollout_lib.first_observation_length(self.env)
-                        if config.updates.get("share_group_prompt", True) else 0))
+                        if config.updates.share_group_prompt else 0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
-        self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
+        self.activation_mesh = self.mesh if config.activation_sharding else None
         self.process_models = ProcessModels.from_config(config, self.policy,
                                                         **self.shared_prompt)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
-        self.branch_turns = signals_lib.branch_turns(
+        self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models)
-        self.credit = signals_lib.CreditAssignment(
+        self.credit = credit_lib.CreditAssignment(
             self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
             branch_turns=self.branch_turns)
         self.learner = Learner(self.policy, self.optimizer, config.loss,
@@ -104,14 +117,14 @@ class TokenTrainer:
                                agent_token_bound=self.env.max_turns * self.env.action_len,
                                observation_token_bound=self.env.max_turns
                                * rollout_lib.observation_length(self.env),
-                               shuffle=config.updates.get("shuffle", "rows"),
-                               reuse_activations=config.updates.get(
-                                   "reuse_rollout_activations", False),
+                               shuffle=config.updates.shuffle,
+                               reuse_activations=config.updates.reuse_rollout_activations,
+                               policy_loss=self.algorithm.policy_loss,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
-        if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
+        if config.loss.sft_coef > 0 and config.loss.sft_dataset:
             try:
                 self.demonstrations = datasets_lib.load_demonstrations(
                     config.loss.sft_dataset, env_config=config.env,
@@ -203,15 +216,32 @@ class TokenTrainer:
         with sharding_lib.activation_mesh(self.activation_mesh):
             return self._step(state)
 
+    @staticmethod
+    def step_keys(key: jax.Array) -> StepKeys:
+        """The keys step t draws from `state.key` (its rollout's, demonstrations',
+        update's, branching's) and the next step's `state.key`."""
+        key, rollout_key, demo_key, update_key = jax.random.split(key, 4)
+        key, branch_key = jax.random.split(key)
+        return StepKeys(next=key, rollout=rollout_key, demo=demo_key, update=update_key,
+                        branch=branch_key)
+
     def _step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
+        keys = self.step_keys(state.key)
+        horizon = self.horizon(state.step)
+        policy = self.layout.policy_params(state)
+        traj = self.rollout(policy, keys.rollout, horizon)
+        return self.learn(state, traj, keys, horizon, behaviour_params=policy)
+
+    def learn(self, state: TrainState, traj: rollout_lib.Trajectory, keys: StepKeys,
+              horizon, behaviour_params=None) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The step after its rollout (traceable): signals, update, metrics and the next
+        state. `behaviour_params`: the parameters `traj` was sampled with, which Monte
+        Carlo branching continues from (None: no branching)."""
         c = self.config
         p = c.process
-        key, rollout_key, demo_key, update_key = jax.random.split(state.key, 4)
-        key, branch_key = jax.random.split(key)
-        horizon = self.horizon(state.step)
+        key, demo_key, update_key, branch_key = keys.next, keys.demo, keys.update, keys.branch
         batch_axes = sharding_lib.batch_sharding(self.mesh)
-        policy = self.layout.policy_params(state)
-        traj = self.rollout(policy, rollout_key, horizon)
+        policy = behaviour_params
         projections = traj.projections
         traj = jax.lax.with_sharding_constraint(traj.replace(projections=None), batch_axes)
         if projections is not None:  # layer-major: rows on the second axis
@@ -290,7 +320,7 @@ class TokenTrainer:
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
 
-        metrics.update(signals_lib.rollout_metrics(traj, self.env_names))
+        metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
         metrics.update(signals.metrics)
         metrics.update(update_metrics)
         metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
@@ -332,7 +362,7 @@ class TokenTrainer:
                     self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
                     params=params, sampling=sampling,
                     env_params=self.task_params(num_rows, 1))
-            return signals_lib.rollout_metrics(traj, self.env_names), traj
+            return credit_lib.rollout_metrics(traj, self.env_names), traj
 
         return jax.jit(evaluate, static_argnames=("greedy",))
 

@@ -1,7 +1,7 @@
 """The update: the loss of a minibatch and a scan over epochs x minibatches of optimizer
 steps.
 
-    loss = policy (clipped, dual clip) + value_coef * value (critic algorithms)
+    loss = policy (the row's: PPO's clipped ratio by default) + value_coef * value (critic)
            + kl_coef * KL(pi || pi_ref) - entropy_coef * H + echo_coef * CE(observations)
            + alpha(step) * SFT(demonstrations)
 
@@ -31,7 +31,7 @@ the forward pass's projection matmuls.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,7 @@ import ml_collections
 import optax
 from flax import struct
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import sharding as sharding_lib
@@ -59,6 +60,26 @@ class UpdateBatch:
     ref_logp: jax.Array | None = None  # float32: reference log-probs (KL term)
     demo_tokens: jax.Array | None = None  # int32: demonstrations (SFT term)
     demo_mask: jax.Array | None = None  # float32: the demonstrator's tokens
+    # float32: log-probs at the parameters the update starts from (pi_prox of the
+    # off-policy corrections that need it, `Learner.proximal_logp`)
+    prox_logp: jax.Array | None = None
+
+
+def off_policy_inputs(loss_config: ml_collections.ConfigDict, mb: UpdateBatch):
+    """(the reference of PPO's ratio, the advantages, metrics) under
+    `loss_config.off_policy_correction` (`arl.algorithms.off_policy`): the behaviour
+    log-probs and the advantages themselves for "none" / "bypass"; else pi_prox and the
+    advantages times the correction's constant weight w (the policy loss is positively
+    homogeneous in the advantage, so this is w times the loss)."""
+    c = loss_config
+    correction = c.get("off_policy_correction", "none")
+    if not alg.off_policy.needs_proximal(correction):
+        return mb.old_logp, mb.advantages, {}
+    weights, metrics = alg.off_policy_weights(
+        mb.prox_logp, mb.old_logp, mb.mask, correction=correction, level=c.off_policy_level,
+        cap=c.off_policy_cap, low=c.off_policy_low, high=c.off_policy_high)
+    advantages = alg.weighted_advantages(mb.advantages, weights)
+    return mb.prox_logp, advantages, {f"off_policy/{k}": v for k, v in metrics.items()}
 
 
 def sft_weight(loss_config: ml_collections.ConfigDict, step) -> jax.Array:
@@ -97,6 +118,8 @@ class Learner:
     # The rollout's recorded projection outputs are the forward values of the update's
     # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
     reuse_activations: bool = False
+    # The policy term: the algorithm row's `policy_loss` (`arl.algorithm_table`).
+    policy_loss: algorithm_table.PolicyLoss = algorithm_table.ppo_policy_loss
 
     def __post_init__(self):
         if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
@@ -156,10 +179,11 @@ class Learner:
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
-        pg, metrics = alg.policy_loss(
-            logp, mb.old_logp, mb.advantages, mask, clip_low=c.clip_low,
-            clip_high=c.clip_high, dual_clip=c.dual_clip or None, agg=c.agg, norm=norm)
+        ratio_reference, advantages, off_policy_metrics = off_policy_inputs(c, mb)
+        pg, metrics = self.policy_loss(logp, ratio_reference, advantages, mask, c,
+                                       agg=c.agg, norm=norm)
         metrics = {f"policy/{k}": v for k, v in metrics.items()}
+        metrics.update(off_policy_metrics)
         total = pg
         metrics["loss/policy"] = pg
         metrics["entropy"] = alg.aggregate(ent, mask, "token-mean")
@@ -192,6 +216,17 @@ class Learner:
         metrics["loss/total"] = total
         return total, metrics
 
+    def proximal_logp(self, params, batch: UpdateBatch, base=None) -> jax.Array:
+        """pi_prox: the log-probs of `batch.tokens` at the parameters the update starts
+        from (one forward pass, no gradient), where `batch.mask` is nonzero."""
+        group_size, prompt_len = ((self.group_size, self.prompt_len) if self.shares_prompt
+                                  else (1, 0))
+        scores = self.policy.score(self.policy.merge(params, base), batch.tokens,
+                                   scored=batch.mask, max_scored=self.agent_token_bound,
+                                   group_size=group_size, prompt_len=prompt_len,
+                                   entropy=False)
+        return jax.lax.stop_gradient(scores.logp)
+
     def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None,
                projections=None):
         """`epochs` passes over `batch` in `minibatches` shuffled minibatches
@@ -204,6 +239,9 @@ class Learner:
                              f"reuse_activations (= {self.reuse_activations}); got "
                              f"{'some' if projections is not None else 'None'}")
         batch_axes = sharding_lib.batch_sharding(self.mesh)
+        if alg.off_policy.needs_proximal(self.loss_config.get("off_policy_correction",
+                                                              "none")):
+            batch = batch.replace(prox_logp=self.proximal_logp(params, batch, base))
         grad_fn = jax.grad(self.loss, has_aux=True)
 
         def gradients(params, mb):
@@ -217,21 +255,36 @@ class Learner:
                 lambda: grad_fn(params, mb, step, base, projections, True),
                 lambda: grad_fn(params, mb, step, base, projections, False))
 
-        def epoch(carry, epoch_key):
-            params, opt_state = carry
-            shuffled = self.deal_minibatches(batch, epoch_key)
-
-            def minibatch(carry, mb):
-                params, opt_state = carry
-                mb = jax.lax.with_sharding_constraint(mb, batch_axes)
-                grads, metrics = gradients(params, mb)
-                updates, opt_state = self.optimizer.update(grads, opt_state, params)
-                params = optax.apply_updates(params, updates)
-                metrics["grad_norm"] = optax.global_norm(grads)
-                return (params, opt_state), metrics
-
-            return jax.lax.scan(minibatch, (params, opt_state), shuffled)
-
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (params, opt_state), jax.random.split(key, self.epochs))
+        (params, opt_state), metrics = scan_epochs(
+            lambda params, mb: gradients(
+                params, jax.lax.with_sharding_constraint(mb, batch_axes)),
+            self.optimizer, params, opt_state,
+            lambda epoch_key: self.deal_minibatches(batch, epoch_key), key, self.epochs)
         return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def scan_epochs(gradients: Callable, optimizer: optax.GradientTransformation, params,
+                opt_state, deal: Callable, key: jax.Array, epochs: int, *,
+                grad_norm: bool = True, pack: Callable | None = None):
+    """`epochs` x minibatches of optimizer steps, as two nested `lax.scan`s.
+
+    Epoch e deals its minibatches with `deal(key_e)` (a pytree whose leaves have a
+    leading minibatch axis; `key_e` from `jax.random.split(key, epochs)`); each minibatch
+    is one step: `gradients(params, mb) -> (grads, metrics)`, then the optimizer's
+    update. `grad_norm` adds the gradients' global norm to the metrics; `pack` maps a
+    step's metrics to what is stacked (default: the dict itself). Returns
+    ((params, opt_state), metrics stacked [epochs, minibatches, ...])."""
+
+    def minibatch(carry, mb):
+        params, opt_state = carry
+        grads, metrics = gradients(params, mb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        if grad_norm:
+            metrics["grad_norm"] = optax.global_norm(grads)
+        return (params, opt_state), metrics if pack is None else pack(metrics)
+
+    def epoch(carry, epoch_key):
+        return jax.lax.scan(minibatch, carry, deal(epoch_key))
+
+    return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from arl.models import Transformer, TransformerConfig
-from arl.models.attention import block_layout, causal_self_attention, resolve_implementation
+from arl.models.attention_kernels import block_layout, causal_self_attention, resolve_implementation
 from tests.models.helpers import SMALL, make
 
 

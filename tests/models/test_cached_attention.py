@@ -1,5 +1,5 @@
 """Cached (decoding) attention over the filled blocks of the KV cache
-(`arl.models.attention.cached_attention`): against a float64 NumPy reference, never
+(`arl.models.attention_kernels.cached_attention`): against a float64 NumPy reference, never
 reading past the last query's block, and through `Transformer` and `generate` against
 the dense cached path."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from arl.models import Transformer, generate, init_cache
-from arl.models import attention as attention_lib
-from arl.models.attention import cached_attention
+from arl.models import attention_kernels as attention_lib
+from arl.models.attention_kernels import cached_attention
 from tests.models.helpers import SMALL, make
 
 LAYERS, BATCH, CAPACITY, KV, DIM = 2, 3, 20, 2, 8
@@ -157,10 +157,10 @@ def test_transformer_decoding_equals_the_dense_cached_path(padded):
         @jax.jit
         def decode(params):
             cache = init_cache(config, 3, 32)
-            out = model.apply({"params": params}, tokens, cache=cache, **prefill)
+            out = model.apply({"params": params}, tokens, cache, **prefill, method="decode")
             outs = [out]
             for token in steps:
-                outs.append(model.apply({"params": params}, token, cache=outs[-1].cache))
+                outs.append(model.apply({"params": params}, token, outs[-1].cache, method="decode"))
             return outs
         return decode(params)
 
@@ -180,11 +180,11 @@ def test_an_empty_call_leaves_the_cache_as_it_is():
     _, _, params = make(SMALL)
     model = Transformer(AUTO_SMALL_BLOCKS)
     tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, SMALL.vocab_size)
-    cache = model.apply({"params": params}, tokens, cache=init_cache(AUTO_SMALL_BLOCKS, 3, 32),
-                        num_valid=jnp.asarray([9, 3, 6], jnp.int32)).cache
-    out = jax.jit(lambda p, c: model.apply({"params": p}, jnp.zeros((3, 0), jnp.int32),
-                                           cache=c, num_valid=jnp.zeros((3,), jnp.int32))
-                  )(params, cache)
+    cache = model.apply({"params": params}, tokens, init_cache(AUTO_SMALL_BLOCKS, 3, 32),
+                        num_valid=jnp.asarray([9, 3, 6], jnp.int32), method="decode").cache
+    out = jax.jit(lambda p, c: model.apply({"params": p}, jnp.zeros((3, 0), jnp.int32), c,
+                                           num_valid=jnp.zeros((3,), jnp.int32),
+                                           method="decode"))(params, cache)
     assert out.logits.shape == (3, 0, SMALL.vocab_size)
     np.testing.assert_array_equal(out.cache.length, [9, 3, 6])
     np.testing.assert_array_equal(out.cache.keys, cache.keys)
@@ -204,8 +204,8 @@ def test_sampled_generation_is_unchanged(stop_early):
 
         @jax.jit
         def sample(params):
-            out = model.apply({"params": params}, prompt, cache=init_cache(config, 4, 32),
-                              num_valid=num_valid)
+            out = model.apply({"params": params}, prompt, init_cache(config, 4, 32),
+                              num_valid=num_valid, method="decode")
             last = jnp.take_along_axis(out.logits, (num_valid - 1)[:, None, None],
                                        axis=1)[:, 0]
             return generate(model, params, out.cache, last, jax.random.key(4),
@@ -278,11 +278,11 @@ def test_decoding_through_head_pairs_equals_the_grouped_einsums(monkeypatch):
 
     def run():
         def sample(params):
-            out = model.apply({"params": params}, prompt, cache=init_cache(SMALL, 4, 32),
-                              num_valid=num_valid)
+            out = model.apply({"params": params}, prompt, init_cache(SMALL, 4, 32),
+                              num_valid=num_valid, method="decode")
             last = jnp.take_along_axis(out.logits, (num_valid - 1)[:, None, None],
                                        axis=1)[:, 0]
-            step = model.apply({"params": params}, prompt[:, :1], cache=out.cache)
+            step = model.apply({"params": params}, prompt[:, :1], out.cache, method="decode")
             return step.logits, generate(model, params, out.cache, last, jax.random.key(4),
                                          max_new_tokens=20, eot_id=SMALL.vocab_size - 1,
                                          pad_id=0, temperature=0.7)

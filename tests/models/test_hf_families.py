@@ -102,8 +102,8 @@ def test_cached_greedy_generation_from_left_padded_prompts_matches_transformers(
     hf_tokens, hf_logp = hf_greedy(hf_model, tokens, MASK, NEW_TOKENS, PAD)
     model = Transformer(config)
     cache = init_cache(config, tokens.shape[0], 16)
-    out = model.apply({"params": params}, jnp.asarray(tokens, jnp.int32), cache=cache,
-                      attention_mask=jnp.asarray(MASK, jnp.int32))
+    out = model.apply({"params": params}, jnp.asarray(tokens, jnp.int32), cache,
+                      attention_mask=jnp.asarray(MASK, jnp.int32), method="decode")
     gen = generate(model, params, out.cache, out.logits[:, -1], jax.random.key(0),
                    max_new_tokens=NEW_TOKENS, eot_id=-1, pad_id=PAD, greedy=True)
     np.testing.assert_array_equal(gen.tokens, hf_tokens)

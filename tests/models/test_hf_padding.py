@@ -78,7 +78,7 @@ def test_greedy_generation_from_left_padded_prompts_matches_transformers(qwen2):
     @jax.jit
     def run(params, tokens, mask):
         cache = init_cache(config, tokens.shape[0], 16)
-        out = model.apply({"params": params}, tokens, cache=cache, attention_mask=mask)
+        out = model.apply({"params": params}, tokens, cache, attention_mask=mask, method="decode")
         return generate(model, params, out.cache, out.logits[:, -1], jax.random.key(0),
                         max_new_tokens=NEW_TOKENS, eot_id=-1, pad_id=PAD, greedy=True)
 

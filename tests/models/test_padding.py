@@ -117,10 +117,11 @@ def _prefill_generate(use_mask):
     def run(params, tokens, padding):
         cache = init_cache(SMALL, tokens.shape[0], CAPACITY)
         if use_mask:
-            out = model.apply({"params": params}, tokens, cache=cache, attention_mask=padding)
+            out = model.apply({"params": params}, tokens, cache, attention_mask=padding,
+                              method="decode")
             last = out.logits[:, -1]  # left padding: the last slot is real
         else:
-            out = model.apply({"params": params}, tokens, cache=cache, num_valid=padding)
+            out = model.apply({"params": params}, tokens, cache, num_valid=padding, method="decode")
             last = jnp.take_along_axis(out.logits, (padding - 1)[:, None, None], axis=1)[:, 0]
         gen = generate(model, params, out.cache, last, jax.random.key(0),
                        max_new_tokens=NEW_TOKENS, eot_id=-1, pad_id=PAD, greedy=True)
@@ -159,8 +160,8 @@ def test_left_padded_prefill_packs_real_tokens_and_generation_ignores_padding():
 
 def test_cache_chunks_with_interior_padding_and_an_all_padding_row():
     model, _, params = make(SMALL)
-    step = jax.jit(lambda p, t, c, m: model.apply({"params": p}, t, cache=c,
-                                                  attention_mask=m))
+    step = jax.jit(lambda p, t, c, m: model.apply({"params": p}, t, c,
+                                                  attention_mask=m, method="decode"))
     cache = init_cache(SMALL, 3, CAPACITY)
     first = step(params, TOKENS, cache, MASK)
     second_tokens = np.array([[21, 22], [23, 24], [25, 26]], np.int32)
@@ -181,10 +182,11 @@ def test_cache_chunks_with_interior_padding_and_an_all_padding_row():
 def test_explicit_positions_with_the_cache():
     """positions override the RoPE positions of a cached call; causality stays by slot."""
     model, _, params = make(SMALL)
-    step = jax.jit(lambda p, t, c, pos: model.apply({"params": p}, t, cache=c, positions=pos))
+    step = jax.jit(lambda p, t, c, pos: model.apply({"params": p}, t, c, positions=pos,
+                                                    method="decode"))
     tokens = np.array([ROWS[0]], np.int32)
     cache = init_cache(SMALL, 1, CAPACITY)
-    default = jax.jit(lambda p, t, c: model.apply({"params": p}, t, cache=c))(
+    default = jax.jit(lambda p, t, c: model.apply({"params": p}, t, c, method="decode"))(
         params, tokens, cache)
     same = step(params, tokens, cache, np.arange(5, dtype=np.int32)[None])
     np.testing.assert_allclose(same.logits, default.logits, atol=1e-6)
@@ -208,4 +210,4 @@ def test_argument_errors_name_the_argument():
         apply(positions=jnp.zeros((1, 4), jnp.int32))
     with pytest.raises(ValueError, match="either num_valid .* or attention_mask"):
         apply(cache=init_cache(SMALL, 2, 8), num_valid=jnp.ones(2, jnp.int32),
-              attention_mask=jnp.ones((2, 4), bool))
+              attention_mask=jnp.ones((2, 4), bool), method="decode")

@@ -25,8 +25,8 @@ def _prefilled(config=SMALL, batch=4, capacity=32):
     model = Transformer(config)
     prompt = jax.random.randint(jax.random.key(3), (batch, 6), 0, config.vocab_size)
     num_valid = jnp.asarray([6, 2, 4, 1][:batch], jnp.int32)
-    out = model.apply({"params": params}, prompt, cache=init_cache(config, batch, capacity),
-                      num_valid=num_valid)
+    out = model.apply({"params": params}, prompt, init_cache(config, batch, capacity),
+                      num_valid=num_valid, method="decode")
     last = jnp.take_along_axis(out.logits, (num_valid - 1)[:, None, None], axis=1)[:, 0]
     return model, params, out.cache, last
 
@@ -66,8 +66,8 @@ def test_a_call_on_the_per_layer_cache_is_the_stacked_call(attention_block, q_le
     tokens = jax.random.randint(jax.random.key(5), (4, q_len), 0, SMALL.vocab_size)
     num_valid = jnp.asarray([q_len, 1, 0, q_len], jnp.int32)
     given = params if layer_params == "stacked" else per_layer_params(params)
-    call = jax.jit(lambda p, c: model.apply({"params": p}, tokens, cache=c,
-                                            num_valid=num_valid))
+    call = jax.jit(lambda p, c: model.apply({"params": p}, tokens, c,
+                                            num_valid=num_valid, method="decode"))
     stacked = call(params, cache)
     layered = call(given, cache.per_layer())
     assert layered.cache.is_per_layer
@@ -148,13 +148,13 @@ def test_bad_per_layer_inputs_are_named():
     short = cache.per_layer().replace(keys=cache.per_layer().keys[:1])
     with pytest.raises(ValueError, match=r"per-layer cache needs 2 keys arrays of shape \(4, 2, 8, 32\) "
                        r"\(batch, kv_heads, head_dim, capacity\) and 2 values arrays"):
-        model.apply({"params": params}, token, cache=short)
+        model.apply({"params": params}, token, short, method="decode")
     with pytest.raises(ValueError, match="got 0 / 0 arrays"):
-        model.apply({"params": params}, token, cache=KVCache(keys=(), values=(),
-                                                             length=cache.length))
+        model.apply({"params": params}, token, KVCache(keys=(), values=(), length=cache.length),
+                    method="decode")
     wrong = KVCache(keys=tuple(k[:, :, :1] for k in cache.keys),
                     values=tuple(cache.values), length=cache.length)
     with pytest.raises(ValueError, match="per-layer cache"):
-        model.apply({"params": params}, token, cache=wrong)
+        model.apply({"params": params}, token, wrong, method="decode")
     with pytest.raises(ValueError, match="need a per-layer cache"):
-        model.apply({"params": per_layer_params(params)}, token, cache=cache)
+        model.apply({"params": per_layer_params(params)}, token, cache, method="decode")

@@ -85,5 +85,3 @@ def test_prefix_errors():
                                length=first.cache.length[:2]))
     with pytest.raises(ValueError, match="positions or attention_mask"):
         call(prefix_kv=first.cache, attention_mask=jnp.ones((B, S - P), jnp.int32))
-    with pytest.raises(ValueError, match="cache-free"):
-        call(cache=first.cache, return_kv=True)

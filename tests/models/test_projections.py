@@ -139,12 +139,12 @@ def test_cached_calls_record_what_a_cache_free_call_computes(per_layer):
     if per_layer:
         cache = cache.per_layer()
     num_valid = jnp.array([5, 3, 0], jnp.int32)
-    out = model.apply({"params": apply_params}, TOKENS[:, :5], cache=cache,
-                      num_valid=num_valid)
+    out = model.apply({"params": apply_params}, TOKENS[:, :5], cache,
+                      num_valid=num_valid, method="decode")
     for step in range(2):
         token = TOKENS[jnp.arange(B), out.cache.length][:, None]
-        out = model.apply({"params": apply_params}, token, cache=out.cache,
-                          num_valid=jnp.array([1, 1, 0], jnp.int32))
+        out = model.apply({"params": apply_params}, token, out.cache,
+                          num_valid=jnp.array([1, 1, 0], jnp.int32), method="decode")
     length = np.asarray(out.cache.length)
     np.testing.assert_array_equal(length, [7, 5, 0])
     full = model.apply({"params": params}, TOKENS, return_projections=True).projections

@@ -155,8 +155,8 @@ def _generate_fn(greedy=False, stop_early=False):
 
     def run(params, key, eot_ids, temperature, row_budget):
         cache = init_cache(SMALL, 4, CAPACITY)
-        out = model.apply({"params": params}, jnp.asarray(PROMPTS), cache=cache,
-                          num_valid=jnp.asarray(PROMPT_LEN))
+        out = model.apply({"params": params}, jnp.asarray(PROMPTS), cache,
+                          num_valid=jnp.asarray(PROMPT_LEN), method="decode")
         last = take_last_valid(out.logits, jnp.asarray(PROMPT_LEN))
         gen = generate(model, params, out.cache, last, key, max_new_tokens=BUDGET,
                        eot_id=eot_ids, pad_id=0, active=jnp.asarray(ACTIVE),
@@ -195,7 +195,7 @@ def test_generate_logp_values_and_cache_match_full_recomputation():
     # The cache holds the whole turn: its length, and its keys equal a fresh prefill.
     np.testing.assert_array_equal(gen.cache.length, total)
     fresh = jax.jit(lambda p, t, nv: make(SMALL)[0].apply(
-        {"params": p}, t, cache=init_cache(SMALL, 4, CAPACITY), num_valid=nv).cache)(
+        {"params": p}, t, init_cache(SMALL, 4, CAPACITY), num_valid=nv, method="decode").cache)(
             params, jnp.asarray(seqs), jnp.asarray(total))
     for b in np.flatnonzero(ACTIVE):
         np.testing.assert_allclose(gen.cache.keys[:, b, :total[b]],

@@ -55,11 +55,14 @@ def test_call_argument_errors():
     model, _, params = make(SMALL)
     with pytest.raises(ValueError, match="tokens"):
         model.apply({"params": params}, jnp.zeros((4,), jnp.int32))
-    with pytest.raises(ValueError, match="num_valid"):
-        model.apply({"params": params}, jnp.zeros((1, 4), jnp.int32), num_valid=jnp.ones(1))
+    with pytest.raises(ValueError, match="tokens"):
+        model.apply({"params": params}, jnp.zeros((1, 4), jnp.float32),
+                    init_cache(SMALL, 1, 8), method="decode")
+    with pytest.raises(ValueError, match="cache must be a KVCache"):
+        model.apply({"params": params}, jnp.zeros((1, 4), jnp.int32), None, method="decode")
     with pytest.raises(ValueError, match="cache"):
         model.apply({"params": params}, jnp.zeros((2, 4), jnp.int32),
-                    cache=init_cache(SMALL, 3, 8))
+                    init_cache(SMALL, 3, 8), method="decode")
     with pytest.raises(ValueError, match="capacity"):
         init_cache(SMALL, 2, 0)
 
@@ -201,8 +204,8 @@ def _cached_vs_full(config, chunks, num_valids, capacity=24):
     """Run `chunks` ([B, T_i] int arrays, num_valid [B] each) through the cache and compare
     every valid position's logits/values with one full forward pass per row."""
     model, _, params = make(config)
-    step = jax.jit(lambda p, tokens, cache, nv: model.apply({"params": p}, tokens, cache=cache,
-                                                            num_valid=nv))
+    step = jax.jit(lambda p, tokens, cache, nv: model.apply({"params": p}, tokens, cache,
+                                                            num_valid=nv, method="decode"))
     full = lambda tokens: jitted_forward(config)(params, tokens)
     batch = chunks[0].shape[0]
     cache = init_cache(config, batch, capacity)
@@ -246,8 +249,8 @@ def test_cached_decoding_matches_full_forward(config):
 
 def test_rows_with_num_valid_zero_keep_their_cache_bit_for_bit():
     model, _, params = make(SMALL)
-    step = jax.jit(lambda p, t, c, nv: model.apply({"params": p}, t, cache=c,
-                                                   num_valid=nv).cache)
+    step = jax.jit(lambda p, t, c, nv: model.apply({"params": p}, t, c,
+                                                   num_valid=nv, method="decode").cache)
     cache = step(params, jnp.array([[1, 2, 3], [4, 5, 6]]), init_cache(SMALL, 2, 8),
                  jnp.array([3, 2]))
     new = step(params, jnp.array([[7, 8], [9, 9]]), cache, jnp.array([0, 2]))
@@ -261,7 +264,7 @@ def test_rows_with_num_valid_zero_keep_their_cache_bit_for_bit():
 def test_writes_past_capacity_are_dropped_not_clamped():
     model, _, params = make(SMALL)
     tokens = jnp.array([[1, 2, 3, 4, 5, 6]])
-    prefill = jax.jit(lambda p, c: model.apply({"params": p}, tokens, cache=c).cache)
+    prefill = jax.jit(lambda p, c: model.apply({"params": p}, tokens, c, method="decode").cache)
     small = prefill(params, init_cache(SMALL, 1, 4))
     large = prefill(params, init_cache(SMALL, 1, 8))
     np.testing.assert_allclose(small.keys, large.keys[:, :, :4], atol=1e-6)

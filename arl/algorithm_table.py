@@ -1,7 +1,9 @@
 """The algorithm table: one record per algorithm, read by everything that depends on it.
 
-Validation (`arl.config`), model construction (a value head or not), the advantage
-computation (`arl.trainers.signals`), the loss (a value term or not) and the update batch
+It sits above the kernels (`arl.algorithms`, which know nothing of configs) and beside
+the config schema and the trainers that read it. Validation (`arl.config`), model
+construction (a value head or not), the advantage
+computation (`arl.trainers.credit_assignment`), the loss (a value term or not) and the update batch
 all read the record of `config.algorithm`; none of them compares algorithm names. Adding
 an algorithm is one kernel and one row:
 
@@ -9,7 +11,7 @@ an algorithm is one kernel and one row:
         return alg.rloo_advantages(batch.scores, batch.group_ids,
                                    num_groups=batch.num_groups, valid=batch.valid) / 2
 
-    alg.register_algorithm(alg.Algorithm(
+    arl.register_algorithm(arl.Algorithm(
         name="rloo_half", credit="outcome", outcome_advantages=loo_scaled,
         min_group_size=2, summary="RLOO at half scale"))
     # config.algorithm = "rloo_half" now validates, builds and trains.
@@ -30,6 +32,7 @@ from typing import Any, Callable
 import jax
 from flax import struct
 
+from arl import algorithms as alg
 from arl.algorithms import group
 from arl.errors import invalid_field
 
@@ -51,6 +54,30 @@ class OutcomeBatch:
 
 # (batch, settings) -> float32 [B]; `settings` is the config's `advantage` section.
 OutcomeAdvantages = Callable[[OutcomeBatch, Any], jax.Array]
+# (logp, old_logp, advantages, mask, settings, *, agg, norm) -> (loss, metrics): the
+# policy term of the loss; `settings` is the config's `loss` section.
+PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
+    """PPO's clipped token ratio (`alg.policy_loss`): loss.clip_low, clip_high, dual_clip."""
+    return alg.policy_loss(logp, old_logp, advantages, mask, clip_low=settings.clip_low,
+                           clip_high=settings.clip_high,
+                           dual_clip=settings.dual_clip or None, agg=agg, norm=norm)
+
+
+def gspo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
+    """GSPO's clipped sequence ratio: loss.gspo_clip_low, gspo_clip_high."""
+    return alg.gspo_policy_loss(logp, old_logp, advantages, mask,
+                                clip_low=settings.gspo_clip_low,
+                                clip_high=settings.gspo_clip_high, agg=agg, norm=norm)
+
+
+def cispo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
+    """CISPO's clipped importance weight: loss.cispo_clip_low, cispo_clip_high."""
+    return alg.cispo_policy_loss(logp, old_logp, advantages, mask,
+                                 clip_low=settings.cispo_clip_low,
+                                 clip_high=settings.cispo_clip_high, agg=agg, norm=norm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +93,8 @@ class Algorithm:
       trainer: which trainer runs it, "token" (multi-turn token envs) or "vector"
         (vector envs with an MLP actor-critic).
       validate: extra checks of a config using this algorithm; raises `ConfigError`.
+      policy_loss: the policy term of the token trainer's loss (`PolicyLoss`); PPO's
+        clipped token ratio unless the row names another.
       summary: one line for docs and error messages.
     """
 
@@ -76,6 +105,7 @@ class Algorithm:
     min_group_size: int = 1
     trainer: str = "token"
     validate: Callable[[Any], None] | None = None
+    policy_loss: PolicyLoss = ppo_policy_loss
     summary: str = ""
 
     def __post_init__(self):
@@ -176,6 +206,30 @@ def _validate_vineppo(config) -> None:
                             "'vineppo' baselines returns: use 'mean_return'")
 
 
+def _validate_clip_range(config, prefix: str) -> None:
+    """loss.<prefix>_clip_low in (0, 1] and loss.<prefix>_clip_high > 0, finite; no
+    dual clip (it bounds PPO's token ratio, which this loss does not use)."""
+    for side, high in (("low", 1.0), ("high", None)):
+        field = f"loss.{prefix}_clip_{side}"
+        value = config.loss[f"{prefix}_clip_{side}"]
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0.0 < value < float("inf") or (high is not None and value > high)):
+            raise invalid_field(field, value, "expected a finite number in (0, 1]"
+                                if high is not None else "expected a finite number > 0")
+    if config.loss.dual_clip:
+        raise invalid_field("loss.dual_clip", config.loss.dual_clip,
+                            f"algorithm {config.algorithm!r} has no token ratio to dual-"
+                            "clip: set 0")
+
+
+def _validate_gspo(config) -> None:
+    _validate_clip_range(config, "gspo")
+
+
+def _validate_cispo(config) -> None:
+    _validate_clip_range(config, "cispo")
+
+
 for _row in (
         Algorithm("ppo", credit="gae", critic=True,
                   summary="PPO with a learned critic: token- or turn-level GAE"),
@@ -192,6 +246,15 @@ for _row in (
         Algorithm("vineppo", credit="monte_carlo", validate=_validate_vineppo,
                   summary="VinePPO: turn advantages from Monte Carlo values of forked "
                           "states"),
+        Algorithm("gspo", credit="outcome", outcome_advantages=_grpo, min_group_size=2,
+                  policy_loss=gspo_policy_loss,
+                  validate=_validate_gspo,
+                  summary="GSPO: GRPO advantages, PPO clip of the sequence-level ratio"),
+        Algorithm("cispo", credit="outcome", outcome_advantages=_grpo, min_group_size=2,
+                  policy_loss=cispo_policy_loss,
+                  validate=_validate_cispo,
+                  summary="CISPO: GRPO advantages, clipped stop-gradient importance "
+                          "weight"),
         Algorithm("ppo_vector", credit="gae", critic=True, trainer="vector",
                   summary="PureJaxRL-style PPO on vector (gymnax) environments"),
 ):

@@ -1,7 +1,7 @@
-"""Signals: from a trajectory's rewards to token advantages, the filters that keep or drop
-groups, and the rollout's metrics.
+"""Credit assignment: from a trajectory's rewards to token advantages, the filters that
+keep or drop groups, and the rollout's metrics.
 
-The credit family of the algorithm's row (`arl.algorithms.table`) decides how the
+The credit family of the algorithm's row (`arl.algorithm_table`) decides how the
 advantages are formed:
   outcome      A = outcome_weight * A_seq (the row's function of the group scores),
                broadcast over agent tokens, plus leave-one-out advantages of the dense
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import struct
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl.errors import ConfigError
 from arl.rollout.trajectory import Trajectory
@@ -40,7 +41,7 @@ class Signals:
 class CreditAssignment:
     """Advantages of a batch of trajectories for one algorithm and config."""
 
-    algorithm: alg.Algorithm
+    algorithm: algorithm_table.Algorithm
     config: ml_collections.ConfigDict
     num_envs: int  # environments (mixture members) a batch can hold
     max_turns: int
@@ -95,7 +96,7 @@ class CreditAssignment:
         p = c.process
         mask = traj.agent_mask
         num_groups = c.rollout.num_tasks
-        batch = alg.OutcomeBatch(scores=scores, group_ids=traj.group_ids,
+        batch = algorithm_table.OutcomeBatch(scores=scores, group_ids=traj.group_ids,
                                  env_ids=traj.env_ids, valid=valid, num_groups=num_groups,
                                  num_envs=self.num_envs)
         seq_adv = self.algorithm.outcome_advantages(batch, c.advantage)

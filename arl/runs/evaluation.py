@@ -20,14 +20,16 @@ import jax
 import ml_collections
 import numpy as np
 
+from arl import config as config_lib
 from arl import rollout as rollout_lib
-from arl.host import checkpoint as checkpoint_lib
-from arl.host.experiment import CHECKPOINT_DIR
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs.experiment import CHECKPOINT_DIR
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     """The newest checkpoint step in ``workdir/checkpoints`` with readable metadata, and
-    the config stored in it (as written by `arl.host.experiment.run`)."""
+    the config stored in it (as written by `arl.runs.experiment.run`), keys added to the
+    schema since then at their defaults (`arl.config.with_defaults`)."""
     directory = os.path.join(workdir, CHECKPOINT_DIR)
     found = None
     if os.path.isdir(directory):
@@ -36,7 +38,7 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     if found is None or "config" not in found[1]:
         raise FileNotFoundError(f"no checkpoint with a stored config under {directory!r}")
     step, metadata = found
-    return step, ml_collections.ConfigDict(metadata["config"])
+    return step, config_lib.with_defaults(metadata["config"])
 
 
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:

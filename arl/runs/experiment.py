@@ -1,4 +1,4 @@
-"""The host loop of an experiment: build, resume, train, log, sample, checkpoint, plot.
+"""The experiment loop of an experiment: build, resume, train, log, sample, checkpoint, plot.
 
     records = run(config, workdir)
 
@@ -8,7 +8,7 @@
    protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
    and the jitted, donating ``train_step(state) -> (state, metrics)``.
 3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
-   reported and skipped by `arl.host.checkpoint.Checkpointer`); otherwise training starts
+   reported and skipped by `arl.runs.checkpoint.Checkpointer`); otherwise training starts
    fresh, after the behaviour-cloning warm start when ``warm_start.sft_steps > 0`` (its
    state is saved as checkpoint 0, so a resume skips it).
 4. Per step: ``train_step``; every ``log_every`` steps one `jax.device_get` of the metrics
@@ -17,6 +17,11 @@
    ``samples/``); a checkpoint every ``checkpoint_every`` steps and at the end; a progress
    bar on a TTY.
 5. ``curves.png`` from the whole metrics history.
+
+With `config.rollout.policy_lag` or a `config.rollout.mesh` the steps come from
+`arl.trainers.async_step` (rollout t+1 overlapped with update t); checkpoints then also
+hold the behaviour parameters of the rollouts still to be consumed, from which a resumed
+run recomputes them.
 
 Exact resume: everything a step computes is a function of the train state (its PRNG key
 included) and the step number, so a run restarted from checkpoint k recomputes steps
@@ -36,9 +41,10 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
-from arl.host import allocator
-from arl.host import checkpoint as checkpoint_lib
-from arl.host import writers as writers_lib
+from arl.runs import allocator
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import writers as writers_lib
+from arl.trainers import async_step
 
 CHECKPOINT_DIR = "checkpoints"
 CURVES_FILE = "curves.png"
@@ -60,6 +66,10 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    try:  # keys added to the schema since the checkpoint are not changes
+        saved = config_json(config_lib.with_defaults(saved))
+    except config_lib.ConfigError:
+        pass  # a key since removed: reported below as changed
     saved_flat, current_flat = _flat(saved), _flat(current)
     changed = sorted(k for k in set(saved_flat) | set(current_flat)
                      if saved_flat.get(k) != current_flat.get(k))
@@ -74,6 +84,13 @@ def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(config.seed ^ _EVAL_SALT), step)
 
 
+def _fused_steps(trainer, state):
+    """(state, metrics) of each `trainer.train_step`, which donates `state`."""
+    while True:
+        state, metrics = trainer.train_step(state)
+        yield state, metrics
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *,
         kill_after_step: int | None = None) -> list[dict[str, Any]]:
     """Trains `config` in `workdir`, resuming from its newest good checkpoint.
@@ -86,10 +103,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
 
     Returns:
       The metric records this call logged (one dict per logged step, with ``step``);
-      `arl.host.writers.read_metrics(workdir)` reads the whole history across restarts.
+      `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
     trainer = trainers_lib.build(config)  # may still refuse the config: before any output
+    two = async_step.build(trainer)  # two programs at a policy lag, or None: fused
     os.makedirs(workdir, exist_ok=True)
     total = config.train_steps
     metadata = {"config": config_json(config)}
@@ -98,7 +116,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     with checkpoint_lib.Checkpointer(
             os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=config.keep_checkpoints,
             save_every=config.checkpoint_every) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state())
+        restored = ckpt.restore_latest(trainer.abstract_state() if two is None
+                                       else two.abstract_checkpoint())
+        history = {}  # two programs: behaviour parameters by version (async_step)
+        saved = (lambda state: state) if two is None else (
+            lambda state: two.checkpoint(state, history))
         if restored is None:
             start, state = 0, trainer.init_state()
             logging.info("Starting a fresh run in %s.", workdir)
@@ -106,9 +128,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                 state = trainer.warm_start(state, log=logging.info)
                 # Checkpoint 0 holds the post-SFT state: a resumed run restores it (or a
                 # later step) and never repeats the warm start.
-                ckpt.save(0, state, metadata=metadata, force=True)
+                ckpt.save(0, saved(state), metadata=metadata, force=True)
         else:
             start, state, saved_metadata = restored
+            if two is not None:
+                state, history = two.restored(state)
             logging.info("Resumed from step %d of %s.", start, workdir)
             _warn_config_changes(saved_metadata.get("config", {}), metadata["config"])
         if start >= total:
@@ -119,8 +143,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         progress = writers_lib.ProgressBar(total, initial=min(start, total),
                                            log_every=config.log_every)
         try:
-            for step in range(start + 1, total + 1):
-                state, metrics = trainer.train_step(state)  # `state` was donated
+            if two is None:
+                results = _fused_steps(trainer, state)
+            else:  # rollout t+1 runs while update t trains
+                results = two.steps(state, max(total - start, 0), history=history)
+            for step, (state, metrics) in zip(range(start + 1, total + 1), results):
                 if step == start + 1:
                     # From the second step on, reuse the first one's memory (compiling
                     # measured no faster this way; the steps do).
@@ -137,13 +164,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                     progress.update(step, {k: record[k] for k in CURVE_KEYS if k in record})
                 else:
                     progress.update(step)
-                ckpt.save(step, state, metadata=metadata, force=step == total)
+                if ckpt.should_save(step, force=step == total):
+                    ckpt.save(step, saved(state), metadata=metadata, force=step == total)
                 if kill_after_step is not None and step == kill_after_step:
                     writer.flush()
                     logging.warning("--debug_kill_after_step=%d: sending SIGKILL.", step)
                     os.kill(os.getpid(), signal.SIGKILL)
             if start < total:
-                ckpt.save(total, state, metadata=metadata, force=True)
+                ckpt.save(total, saved(state), metadata=metadata, force=True)
         finally:
             progress.close()
             writer.close()

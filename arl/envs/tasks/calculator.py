@@ -29,16 +29,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import chunks, parsing
+from arl.envs import arithmetic, chunks, parsing
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
-                           TokenEnvState)
+                           TokenEnvState, tree_select)
 from arl.envs.codec import CharCodec, Codec
 
-OPERATORS = "+-*"
+OPERATORS = arithmetic.OPERATORS[:arithmetic.DIV]  # + - *: the tool's results are integers
 REPLIES = ("correct", "wrong", "bad expression", "overflow", "bad answer", "unknown tool",
            "invalid")
 CORRECT, WRONG, BAD_EXPRESSION, OVERFLOW, BAD_ANSWER, UNKNOWN_TOOL, INVALID = range(7)
-RESULT_LIMIT = 2e9  # |tool result| must stay below this to fit int32 safely
 MAX_OPERAND_DIGITS = 9
 
 
@@ -59,19 +58,6 @@ class CalculatorState(TokenEnvState):
     answer: jax.Array  # int32
     tool_calls: jax.Array  # int32
     answer_seen: jax.Array  # bool: a tool result or an answer equal to `answer` so far
-
-
-def apply_operator(left: jax.Array, operator: jax.Array, right: jax.Array):
-    """(result int32, overflow bool) of left OP right; overflow when |result| >= 2e9
-    (checked in float32 before the int32 arithmetic is trusted)."""
-    approx = jnp.stack([
-        left.astype(jnp.float32) + right.astype(jnp.float32),
-        left.astype(jnp.float32) - right.astype(jnp.float32),
-        left.astype(jnp.float32) * right.astype(jnp.float32),
-    ])[operator]
-    overflow = jnp.abs(approx) >= RESULT_LIMIT
-    exact = jnp.stack([left + right, left - right, left * right])[operator]
-    return jnp.where(overflow, 0, exact).astype(jnp.int32), overflow
 
 
 class Calculator(TokenEnvironment):
@@ -140,7 +126,7 @@ class Calculator(TokenEnvironment):
         right = jax.random.randint(key_right, (), low, high, jnp.int32)
         allowed = jnp.where(jnp.any(params.operators), params.operators, True)
         operator = jax.random.categorical(key_op, jnp.where(allowed, 0.0, -jnp.inf)).astype(jnp.int32)
-        answer, _ = apply_operator(left, operator, right)
+        answer, _ = arithmetic.apply_integer(left, operator, right)
         false = jnp.zeros((), bool)
         zero = jnp.zeros((), jnp.int32)
         state = CalculatorState(
@@ -196,7 +182,7 @@ class Calculator(TokenEnvironment):
 
         left, operator, right, ok_expr = self._parse_expression(
             tokens, len(self._calc_open), length - len(self._calc_close))
-        result, overflow = apply_operator(left, operator, right)
+        result, overflow = arithmetic.apply_integer(left, operator, right)
         answer, ok_answer = parsing.parse_int(
             tokens, len(self._answer_open), length - len(self._answer_close),
             self.codec.digit_value, self._minus_id, MAX_OPERAND_DIGITS)
@@ -250,7 +236,7 @@ class Calculator(TokenEnvironment):
     def oracle_action(self, key, state: CalculatorState, params) -> TokenChunk:
         """Call the tool on the question, then answer with the tool's result."""
         del key, params
-        return tree_where(state.tool_calls == 0, self._calc_action(state),
+        return tree_select(state.tool_calls == 0, self._calc_action(state),
                           self._answer_action(state.answer))
 
     def demonstrator_action(self, key, state: CalculatorState, params,
@@ -265,8 +251,4 @@ class Calculator(TokenEnvironment):
             jax.random.uniform(key_sign) < 0.5, -1, 1)
         mental = state.answer + jnp.where(jax.random.uniform(key_err) < mental_error, delta, 0)
         oracle = self.oracle_action(key, state, None)
-        return tree_where(skip, self._answer_action(mental), oracle)
-
-
-def tree_where(pred, on_true, on_false):
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+        return tree_select(skip, self._answer_action(mental), oracle)

@@ -32,7 +32,7 @@ keeps at any size: no faults left in the modest step either, measured 1.2-1.4x f
 (the toy step no slower).
 
 The training CLI (`experiments/train.py`) runs computations inline from its start and
-applies `keep_freed_memory` after the first train step (`arl.host.experiment.run`;
+applies `keep_freed_memory` after the first train step (`arl.runs.experiment.run`;
 compiling gains nothing from it; the default bandit run took the same time either way),
 unless the environment sets `ARL_KEEP_FREED_MEMORY=0`, which keeps both defaults. In a
 notebook call both yourself, `run_computations_inline()` before the first computation.

@@ -1,0 +1,250 @@
+"""Asynchronous rollouts (arl.trainers.async_step) on fake CPU devices: lag 0 through the
+two programs is the synchronous two-program run bit for bit and the fused step to float
+tolerance; at lag k update t trains on a rollout of the parameters of step max(t - k, 0);
+resharding is exact; bad combinations are one-line config errors."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from arl import config as config_lib
+from arl.errors import ConfigError
+from arl.trainers import TokenTrainer
+from arl.trainers.async_step import TwoProgramTrainer
+from tests.test_train import tiny_config
+
+STEPS = 4
+
+
+def async_config(**loss):
+    c = tiny_config()
+    c.mesh = (2, 1, 1)
+    c.rollout.mesh = (2, 1, 1)  # disaggregated: devices 2-3 sample, 0-1 train
+    c.rollout.policy_lag = 1
+    c.loss.off_policy_correction = "tis"
+    c.loss.echo_coef = 0.1  # the update never skips: the parameters move every step
+    for key, value in loss.items():
+        c.loss[key] = value
+    return c
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return TokenTrainer(async_config())
+
+
+@pytest.fixture(scope="module")
+def programs(trainer):
+    """The two programs, compiled once (they do not depend on the lag)."""
+    return TwoProgramTrainer(trainer)
+
+
+@pytest.fixture
+def two(programs, request, monkeypatch):
+    monkeypatch.setattr(programs, "policy_lag", getattr(request, "param", 1))
+    return programs
+
+
+def leaves_equal(a, b):
+    def host(tree):
+        return [np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                           else x) for x in jax.tree.leaves(tree)]
+    x, y = host(a), host(b)
+    return len(x) == len(y) and all(np.array_equal(u, v) for u, v in zip(x, y))
+
+
+def reference_run(two, state, steps, lag):
+    """Rollout, wait, update, wait, in order, each rollout fed the parameters of step
+    max(t - lag, 0) explicitly; returns (state, [(behaviour params, trajectory,
+    metrics)])."""
+    params_by_step = {0: two.behaviour_params(state)}
+    key = two.state_key(state)
+    out = []
+    for t in range(steps):
+        behaviour = params_by_step[max(t - lag, 0)]
+        traj = jax.block_until_ready(two.rollout(behaviour, key, jnp.int32(t)))
+        key = two._next_key(key)
+        state, metrics = two.update(state, two.to_training(traj), jnp.int32(max(t - lag, 0)))
+        params_by_step[t + 1] = two.behaviour_params(jax.block_until_ready(state))
+        out.append((jax.device_get(behaviour), jax.device_get(traj), jax.device_get(metrics)))
+    return state, out
+
+
+def recorded_run(two, state, steps, monkeypatch):
+    """`two.steps`, recording what each rollout was called with."""
+    calls = []
+    rollout = two.rollout
+    monkeypatch.setattr(two, "rollout", lambda params, key, step: calls.append(
+        (jax.device_get(params), int(step))) or rollout(params, key, step))
+    metrics = []
+    for state, m in two.steps(state, steps):
+        metrics.append(m)
+    monkeypatch.setattr(two, "rollout", rollout)
+    return state, calls, jax.device_get(metrics)
+
+
+@pytest.mark.parametrize("two", [0, 2], indirect=True)
+def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, monkeypatch):
+    lag = two.policy_lag
+    ref_state, ref = reference_run(two, trainer.init_state(), STEPS, lag)
+    state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
+    assert [step for _, step in calls] == list(range(STEPS))
+    for t, ((params, _), (ref_params, _, ref_metrics), m) in enumerate(
+            zip(calls, ref, metrics)):
+        assert leaves_equal(params, ref_params), t  # the params of step max(t - lag, 0)
+        assert leaves_equal(m, ref_metrics), t
+        assert m["off_policy/staleness"] == min(t, lag)
+    assert leaves_equal(state, ref_state)  # params, optimizer state, step, key
+    if lag:  # the delay is real: rollout 2 read version 0, rollout 3 a newer one
+        assert leaves_equal(calls[2][0], calls[0][0])
+        assert not leaves_equal(calls[3][0], calls[0][0])
+        # ... and the update sees it: pi_prox moved away from pi_behave.
+        assert metrics[3]["off_policy/kl_behaviour_k3"] > 10 * abs(
+            metrics[0]["off_policy/kl_behaviour_k3"])
+
+
+@pytest.mark.parametrize("two", [0], indirect=True)
+def test_lag_zero_matches_the_fused_step(trainer, two, monkeypatch):
+    state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
+    fused = trainer.init_state()
+    for t in range(STEPS):
+        fused, fused_metrics = trainer.train_step(fused)
+        fused_metrics = jax.device_get(fused_metrics)
+        for name, value in fused_metrics.items():
+            np.testing.assert_allclose(metrics[t][name], value, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"step {t}: {name}")
+        # On-policy: pi_prox (the trainer's forward) is the sampler's policy up to float
+        # rounding, so TIS's weights are 1 and the behaviour KL ~0.
+        assert metrics[t]["update_skipped"] == 0
+        np.testing.assert_allclose(metrics[t]["off_policy/weight_mean"], 1.0, atol=1e-4)
+        assert abs(metrics[t]["off_policy/kl_behaviour_k3"]) < 1e-6
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 jax.device_get(state.params), jax.device_get(fused.params))
+
+
+def test_resharding_round_trip_is_exact(trainer, two):
+    training = {d.id for d in trainer.mesh.devices.flat}
+    sampling = {d.id for d in two.mesh.devices.flat}
+    assert training == {0, 1} and sampling == {2, 3}
+    state = trainer.init_state()
+    on_rollout = two.behaviour_params(state)
+    for leaf in jax.tree.leaves(on_rollout):
+        assert {d.id for d in leaf.devices()} == sampling
+    back = jax.device_put(on_rollout, trainer.layout.param_shardings)
+    assert leaves_equal(back, state.params)
+    traj = two.rollout(on_rollout, two.state_key(state), jnp.int32(0))
+    moved = two.to_training(traj)
+    assert {d.id for d in moved.tokens.devices()} == training
+    assert leaves_equal(moved, traj)
+
+
+def test_snapshots_survive_donation(trainer):
+    """A behaviour copy is its own buffers: the update that donates the state leaves it."""
+    two = TwoProgramTrainer(trainer, mesh=trainer.mesh)  # colocated: same shardings
+    state = trainer.init_state()
+    snapshot = two.behaviour_params(state)
+    before = jax.device_get(snapshot)
+    traj = two.rollout(snapshot, two.state_key(state), jnp.int32(0))
+    state, _ = two.update(state, two.to_training(traj), jnp.int32(0))
+    assert leaves_equal(snapshot, before)
+
+
+@pytest.mark.parametrize("two", [2], indirect=True)
+def test_resume_needs_the_pending_versions(trainer, two):
+    history = {}
+    steps = two.steps(trainer.init_state(), 3, history=history)
+    for _ in range(2):
+        state, _ = next(steps)
+    assert sorted(history) == [0, 1, 2]  # rollouts 2, 3 and 4 read versions 0, 1, 2
+    with pytest.raises(ValueError, match=r"versions \[0, 1\]"):
+        next(two.steps(state, 2))
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(policy_lag=1, correction="none"), "loss.off_policy_correction"),
+    (dict(rollout_mesh=(4, 1, 1)), "rollout.mesh"),  # 2 + 4 > ... fine; 2 + 8 is not
+    (dict(rollout_mesh=(8, 1, 1)), "rollout.mesh"),
+    (dict(rollout_mesh=(1, 1)), "rollout.mesh"),
+    (dict(correction="vtrace"), "loss.off_policy_correction"),
+    (dict(cap=0.5), "loss.off_policy_cap"),
+    (dict(reuse=True), "updates.reuse_rollout_activations"),
+    (dict(mc_samples=2), "process.mc_samples"),
+])
+def test_bad_combinations_are_one_line_errors(changes, field):
+    c = async_config()
+    c.rollout.policy_lag = changes.get("policy_lag", 1)
+    c.loss.off_policy_correction = changes.get("correction", "tis")
+    c.rollout.mesh = changes.get("rollout_mesh", (2, 1, 1))
+    c.loss.off_policy_cap = changes.get("cap", 2.0)
+    c.updates.reuse_rollout_activations = changes.get("reuse", False)
+    c.process.mc_samples = changes.get("mc_samples", 0)
+    if changes.get("rollout_mesh") == (4, 1, 1):
+        config_lib.validate(c, num_devices=8)  # 2 + 4 devices of 8: valid
+        return
+    with pytest.raises(ConfigError, match="^config." + re.escape(field) + "=") as error:
+        config_lib.validate(c, num_devices=8)
+    assert "\n" not in str(error.value)
+
+
+def test_vector_trainer_refuses_a_lag():
+    c = config_lib.default_config()
+    c.algorithm = "ppo_vector"
+    c.env.name = "gymnax:CartPole-v1"
+    c.rollout.policy_lag = 1
+    with pytest.raises(ConfigError, match="^config.rollout.policy_lag=1 is invalid: the vector"):
+        config_lib.validate(c, num_devices=1)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _experiment_config():
+    from configs import grpo_bandit
+
+    c = grpo_bandit.get_config()
+    c.train_steps, c.log_every, c.checkpoint_every, c.sample_every = 6, 1, 2, 3
+    c.rollout.num_tasks, c.rollout.group_size = 4, 2
+    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
+    c.model.num_heads = c.model.num_kv_heads = 2
+    c.warm_start.sft_steps = 0
+    c.loss.echo_coef = 0.1  # keeps the parameters moving when every group is degenerate
+    c.rollout.policy_lag = 2
+    c.rollout.mesh = (1, 1, 1)
+    c.loss.off_policy_correction = "decoupled"
+    c.loss.off_policy_level = "sequence"
+    return c
+
+
+def test_interrupted_run_at_lag_two_resumes_exactly(tmp_path, monkeypatch):
+    """Checkpoints hold the behaviour parameters of the rollouts not yet trained on; the
+    resumed run recomputes those rollouts and ends bitwise where an uninterrupted run
+    does (metrics and final checkpoint)."""
+    from arl.runs import experiment, writers
+
+    reference = experiment.run(_experiment_config(), str(tmp_path / "reference"))
+    update = writers.ProgressBar.update
+
+    def interrupt_after_four(self, step, *args, **kwargs):
+        update(self, step, *args, **kwargs)
+        if step == 5:  # after checkpoint 4 was committed and step 5 was logged
+            raise _Interrupted
+
+    monkeypatch.setattr(writers.ProgressBar, "update", interrupt_after_four)
+    with pytest.raises(_Interrupted):
+        experiment.run(_experiment_config(), str(tmp_path / "resumed"))
+    monkeypatch.setattr(writers.ProgressBar, "update", update)
+    resumed = experiment.run(_experiment_config(), str(tmp_path / "resumed"))
+    assert [r["step"] for r in resumed] == [5, 6]
+    assert writers.read_metrics(tmp_path / "resumed") == writers.read_metrics(
+        tmp_path / "reference")
+    assert [r["off_policy/staleness"] for r in reference] == [0, 1, 2, 2, 2, 2]
+    assert reference[-1]["eval/success_rate"] >= 0  # evaluation runs on the async path
+    import orbax.checkpoint as ocp
+    final = [ocp.PyTreeCheckpointer().restore(str(tmp_path / run / "checkpoints/6/state"))
+             for run in ("reference", "resumed")]
+    assert leaves_equal(*final)
+    assert len(final[0]["behaviour"]) == 2  # the versions of rollouts 6 and 7
