@@ -104,7 +104,9 @@ def _pytest(scratch: str, tests) -> tuple[int, str]:
                            "-q", "-x", *tests], cwd=scratch, env=env, capture_output=True,
                           text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode, lines[-1] if lines else proc.stderr.strip()[-200:]
+    failed = [line for line in lines if line.startswith("FAILED ")]
+    summary = failed[0] if failed else (lines[-1] if lines else proc.stderr.strip()[-200:])
+    return proc.returncode, summary[:160]
 
 
 def _apply(scratch: str, mutation: Mutation) -> bool:
