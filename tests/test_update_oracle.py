@@ -15,13 +15,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from arl.trainers.policy import Policy, TokenScores
 from arl.trainers.update import Learner, UpdateBatch
+from tests import test_policy_score as policy_score_tests
 from tests.models.helpers import SMALL, make
 
 B, S, S_DEMO = 6, 10, 7
@@ -31,14 +31,12 @@ AGGREGATIONS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token
 
 
 def loss_config(**overrides):
-    """Narrow clips (both sides and the dual clip bind on the batch below), every term on."""
-    c = ml_collections.ConfigDict(dict(
-        clip_low=0.2, clip_high=0.28, dual_clip=1.6, agg="token-mean", norm=0.0,
-        value_coef=0.7, value_clip=0.15, entropy_coef=0.03, kl_coef=0.2, kl_kind="k3",
-        kl_in_reward=False, echo_coef=0.1, sft_coef=0.3, sft_coef_final=-1.0,
-        sft_hold_steps=0, sft_decay_steps=100))
-    c.update(overrides)
-    return c
+    """Narrow clips (both sides and the dual clip bind on the batches below), every term
+    on."""
+    settings = dict(clip_low=0.2, clip_high=0.28, dual_clip=1.6, value_coef=0.7,
+                    value_clip=0.15, entropy_coef=0.03, kl_coef=0.2, echo_coef=0.1,
+                    sft_coef=0.3)
+    return policy_score_tests.loss_config(**{**settings, **overrides})
 
 
 @dataclasses.dataclass(frozen=True)

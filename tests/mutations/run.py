@@ -104,9 +104,11 @@ def _pytest(scratch: str, tests) -> tuple[int, str]:
                            "-q", "-x", *tests], cwd=scratch, env=env, capture_output=True,
                           text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    failed = [line for line in lines if line.startswith("FAILED ")]
-    summary = failed[0] if failed else (lines[-1] if lines else proc.stderr.strip()[-200:])
-    return proc.returncode, summary[:160]
+    # The first error line names what failed (an assertion, or an exception that would
+    # mean the mutation broke the program rather than the numbers).
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    summary = errors[0] if errors else (lines[-1] if lines else proc.stderr.strip()[-200:])
+    return proc.returncode, summary[:120].replace("|", "/")
 
 
 def _apply(scratch: str, mutation: Mutation) -> bool:
