@@ -107,8 +107,9 @@ def _pytest(scratch: str, tests) -> tuple[int, str]:
     # The first error line names what failed (an assertion, or an exception that would
     # mean the mutation broke the program rather than the numbers).
     errors = [line[1:].strip() for line in lines if line.startswith("E ")]
-    summary = errors[0] if errors else (lines[-1] if lines else proc.stderr.strip()[-200:])
-    return proc.returncode, summary[:120].replace("|", "/")
+    summary = (" ".join(e for e in errors[:4] if e) if errors else
+               lines[-1] if lines else proc.stderr.strip()[-200:])
+    return proc.returncode, " ".join(summary.split())[:150].replace("|", "/")
 
 
 def _apply(scratch: str, mutation: Mutation) -> bool:
