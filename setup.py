@@ -2,6 +2,24 @@
 
 import setuptools
 
+TRAIN = [
+    "flax>=0.10.0",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11.0",
+    "tensorflow-datasets>=4.9.7",
+    "ml-collections>=1.0.0",
+    "absl-py>=2.1.0",
+    "gymnax>=1.0.0",
+    "tensorboardX>=2.6",
+    "matplotlib>=3.8",
+    "grain>=0.2.10",
+    "array-record>=0.7.0",
+    "importlib_resources>=6.0",  # tfds builders resolve their code path through it
+    "tqdm>=4.66",
+    "safetensors>=0.4.3",  # Hugging Face checkpoint import/export (numpy API, no torch)
+    "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
+]
+
 setuptools.setup(
     name="arl",
     version="0.1.0",
@@ -12,31 +30,20 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
-    # The shipped example tasks of the dataset_task environment (arl.data.word_problems),
-    # and the C++ sources arl.native compiles on first use.
-    package_data={"arl.data": ["*.jsonl"], "arl.native": ["*.cc"]},
+    # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
+    package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",
+    # `pip install arl`: the kernels (`arl.algorithms`) alone, to compose into your own
+    # JAX code. The `train` extra adds what the trainers, environments, command lines and
+    # experiment loop need (`pip install "arl[train]"`); `test` adds the test tools.
     install_requires=[
         "jax>=0.7.0",
-        "flax>=0.10.0",
-        "optax>=0.2.4",
-        "orbax-checkpoint>=0.11.0",
         "chex>=0.1.88",
-        "tensorflow-datasets>=4.9.7",
-        "ml-collections>=1.0.0",
-        "absl-py>=2.1.0",
-        "gymnax>=1.0.0",
-        "tensorboardX>=2.6",
-        "matplotlib>=3.8",
-        "grain>=0.2.10",
-        "array-record>=0.7.0",
-        "importlib_resources>=6.0",  # tfds builders resolve their code path through it
-        "tqdm>=4.66",
-        "safetensors>=0.4.3",  # Hugging Face checkpoint import/export (numpy API, no torch)
-        "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
+        "numpy>=1.26",
     ],
     extras_require={
-        "test": [
+        "train": TRAIN,
+        "test": TRAIN + [
             # The golden runs (tests/test_golden_run.py) compare every metric with values
             # recorded under this JAX: another XLA rounds differently, so the test
             # environment pins the version they were recorded with.

@@ -153,18 +153,15 @@ def main(argv=None):
           f"{r['flops']['total'] / 1e9:.2f}", f"{100 * r['mfu']:.2f}%",
           f"{100 * r['rollout_mfu']:.2f}%", common.fmt_mib(r["temp_bytes"]),
           f"{r['step_compile']:.0f} / {r['rollout_compile']:.0f}") for r in rows])
-    text = (f"### `benchmarks/agentic_step.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"guess_number (max_n 16, 6 turns), transformer d_model {args.d_model}, "
+    text = (common.heading("agentic_step.py")
+            + f"guess_number (max_n 16, 6 turns), transformer d_model {args.d_model}, "
             f"{args.layers} layers, {args.heads or max(1, args.d_model // 16)} heads, MLP {4 * args.d_model}; "
             f"{args.num_tasks} tasks x group {args.group_size}; 1 epoch x 1 minibatch; median "
             f"of {args.repeats} interleaved rounds. Measured float32 matmul peak "
             f"({args.peak_size}^2 `jnp.dot`): {peak / 1e9:.1f} GFLOP/s before, "
             f"{peak_after / 1e9:.1f} after (MFU uses the first). FLOPs are executed "
             f"model FLOPs of the static program (see the script's docstring).\n\n{table}\n")
-    print(text)
-    if not args.no_write:
-        common.append_section("Agentic LM step (token env, small transformer)", text)
+    common.publish("Agentic LM step (token env, small transformer)", text, not args.no_write)
     return rows
 
 

@@ -1,10 +1,8 @@
 """Shared helpers of the benchmark scripts: timing, machine description, tables, RESULTS.md.
 
-`interleaved_median_times` is the timing discipline of `benchmarks/kernels.py` (candidates
-run round-robin, each timed call preceded by an untimed one), so that ratios measured in
-one run on a shared machine stay meaningful; `append_section` follows
-`benchmarks/envs.py`: re-read RESULTS.md right before appending, create the section
-heading once.
+`interleaved_median_times` runs candidates round-robin, each timed call preceded by an
+untimed one, so that ratios measured in one run on a shared machine stay meaningful;
+`record_section` keeps one current section per benchmark in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -12,7 +10,10 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
+import shlex
 import statistics
+import sys
 import time
 from importlib import metadata
 from typing import Callable, Mapping, Sequence
@@ -36,6 +37,24 @@ def output_dir() -> str:
     return os.environ.get("OUT") or BENCH_DIR
 
 
+def force_host_devices(argv: Sequence[str], default: int = 0) -> int:
+    """Makes the CPU backend offer the `--devices N` of `argv` (else `default`) fake devices,
+    replacing any device count already in XLA_FLAGS; returns N (0: nothing set). Must run
+    before JAX starts its backend (importing JAX does not start it)."""
+    count = default
+    for i, arg in enumerate(argv):
+        if arg == "--devices" and i + 1 < len(argv):
+            count = int(argv[i + 1])
+        elif arg.startswith("--devices="):
+            count = int(arg.split("=", 1)[1])
+    if count:
+        flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                       os.environ.get("XLA_FLAGS", ""))
+        os.environ["XLA_FLAGS"] = (f"{flags.strip()} "
+                                   f"--xla_force_host_platform_device_count={count}").strip()
+    return count
+
+
 def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: int
                              ) -> dict[str, float]:
     """Median wall seconds of each blocking `fn()` over `repeats` round-robin rounds.
@@ -51,56 +70,6 @@ def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: i
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(ts) for name, ts in times.items()}
-
-
-def int_pairs(text: str) -> list[tuple[int, int]]:
-    """"a:b,c:d" -> [(a, b), (c, d)]: the `--points` of a benchmark."""
-    return [tuple(int(x) for x in pair.split(":")) for pair in text.split(",")]
-
-
-def sampling_ab(runs: Mapping[str, Callable[[], object]], repeats: int,
-                logp_field: str = "logp") -> tuple[str, ...]:
-    """Two ways of sampling the same tokens (name -> a call returning an output with
-    `tokens` and `logp_field`), timed as interleaved rounds. Returns the
-    table cells: ms of each, the first's time over the second's, whether both sampled
-    the same tokens ("yes" / "NO"), and their largest log-prob gap."""
-    outputs = {name: jax.block_until_ready(run()) for name, run in runs.items()}
-    (first, first_out), (second, second_out) = outputs.items()
-    same = bool(np.array_equal(first_out.tokens, second_out.tokens))
-    gap = float(np.max(np.abs(np.asarray(getattr(first_out, logp_field))
-                              - np.asarray(getattr(second_out, logp_field)))))
-    times = interleaved_median_times(
-        {name: (lambda run=run: jax.block_until_ready(run())) for name, run in runs.items()},
-        repeats)
-    return (fmt_ms(times[first]), fmt_ms(times[second]),
-            f"{times[first] / times[second]:.2f}x", "yes" if same else "NO", f"{gap:.1e}")
-
-
-def compiled_generate(config, rows: int, prompt_len: int, steps: int) -> Callable[[], object]:
-    """A compiled `generate` of `steps` new tokens (temperature 0.9, no end of turn) by a
-    freshly initialised `config` model after a random `prompt_len`-token prompt of `rows`
-    rows, prefill included; returns the no-argument call (same key every time)."""
-    # Imported here: the rest of this module needs only JAX, not arl on the path.
-    from arl.models import Transformer, generate, init_cache  # pylint: disable=import-outside-toplevel
-    model = Transformer(config)
-    params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
-    prompt = jax.random.randint(jax.random.key(1), (rows, prompt_len), 0, config.vocab_size)
-
-    def run(params, key):
-        cache = init_cache(config, rows, prompt_len + steps)
-        out = model.apply({"params": params}, prompt, cache=cache)
-        return generate(model, params, out.cache, out.logits[:, -1], key,
-                        max_new_tokens=steps, eot_id=-1, pad_id=0, temperature=0.9)
-
-    compiled = jax.jit(run).lower(params, jax.random.key(2)).compile()
-    return lambda: compiled(params, jax.random.key(2))
-
-
-def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    """(result of the blocking call, wall seconds)."""
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn())
-    return result, time.perf_counter() - start
 
 
 def compile_jitted(jitted, *args):
@@ -204,8 +173,8 @@ def largest_cond_branch_flops(jaxpr, choose_inner: Callable[[Sequence[float]], f
 def host_settings_as_the_cli() -> None:
     """The training CLI's host settings, before this process's first computation: JAX
     computations run inline on the calling thread and freed memory stays mapped (a fresh
-    mapping per step costs large matmuls up to 2x in page faults; `arl.host.allocator`)."""
-    from arl.host import allocator  # pylint: disable=import-outside-toplevel
+    mapping per step costs large matmuls up to 2x in page faults; `arl.runs.allocator`)."""
+    from arl.runs import allocator  # pylint: disable=import-outside-toplevel
     allocator.run_computations_inline()
     allocator.keep_freed_memory()
 
@@ -243,6 +212,21 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def parse_meshes(text: str) -> list[tuple[int, int, int]]:
+    """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]: `--meshes` of a benchmark."""
+    meshes = []
+    for item in text.split(";"):
+        try:
+            sizes = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            sizes = ()
+        if len(sizes) != 3 or min(sizes) < 1:
+            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
+                             "(data, fsdp, tensor)")
+        meshes.append(sizes)
+    return meshes
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]],
                    align_right: bool = True) -> str:
     lines = ["| " + " | ".join(header) + " |",
@@ -252,40 +236,48 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]],
     return "\n".join(lines)
 
 
-def append_section(section: str, text: str, path: str | None = None) -> str:
-    """Appends `text` at the end of RESULTS.md under a `## {section}` heading (repeated only
-    when another section was appended since).
+def record_section(section: str, text: str, path: str | None = None) -> str:
+    """Writes `text` as the body of the `## {section}` section of RESULTS.md, replacing
+    the section's previous body (the file holds the current table of each benchmark; the
+    earlier ones stay in git history), or as a new section at the end.
 
-    Re-reads the file right before writing: other benchmarks may have appended meanwhile.
+    Re-reads the file right before writing: other benchmarks may have written meanwhile.
     Returns the path written.
     """
     path = path or results_path()
-    existing = ""
+    existing = "# Benchmark results\n"
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             existing = f.read()
-    parts = []
-    if not existing:
-        parts.append("# Benchmark results\n")
-    headings = [line for line in existing.splitlines() if line.startswith("## ")]
-    if not headings or headings[-1].strip() != f"## {section}":
-        parts.append(f"\n## {section}\n")
-    parts.append(f"\n{text.rstrip()}\n")
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(parts))
+    lines = existing.splitlines(keepends=True)
+    heading = f"## {section}"
+    body = f"{heading}\n\n{text.strip()}\n"
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        updated = existing.rstrip("\n") + "\n\n" + body
+    else:
+        end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("## ")),
+                   len(lines))
+        updated = "".join(lines[:start]) + body + ("\n" + "".join(lines[end:])
+                                                   if end < len(lines) else "")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(updated)
     return path
 
 
-def report(script: str, section: str, description: str, header: Sequence[str],
-           rows: Sequence[Sequence[object]], *, append: bool) -> str:
-    """A dated record of one run of `script` (heading, machine line, `description`, the
-    table), printed, and appended to RESULTS.md under `section` when `append`."""
-    text = "\n".join([f"### `benchmarks/{script}` — {utc_now()}", "", machine_line(), "",
-                      description, "", markdown_table(header, rows), ""])
+def heading(script: str) -> str:
+    """A record's first lines: the script, the date, the machine (with its load average)
+    and the command that ran it."""
+    command = shlex.join(["python", f"benchmarks/{script}", *sys.argv[1:]])
+    return (f"### `benchmarks/{script}` — {utc_now()}\n\nMachine: {machine_line()}. "
+            f"Command: `{command}`.\n\n")
+
+
+def publish(section: str, text: str, write: bool) -> None:
+    """Prints a benchmark's record and, when `write`, makes it `section` of RESULTS.md."""
     print(text)
-    if append:
-        append_section(section, text)
-    return text
+    if write:
+        print(f"recorded in {record_section(section, text)}")
 
 
 def fmt_rate(x: float) -> str:

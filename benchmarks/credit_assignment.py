@@ -38,7 +38,7 @@ flags.DEFINE_integer("sft_steps", 300, "Behaviour-cloning steps of the shared wa
 flags.DEFINE_list("methods", ["grpo", "ppo", "vineppo", "grpo_process"], "Methods to run.")
 flags.DEFINE_integer("max_n", 64, "guess_number N.")
 flags.DEFINE_integer("max_turns", 7, "Turn budget (7 = bisection's optimum for N=64).")
-flags.DEFINE_boolean("record", True, "Append the table to RESULTS.md and write the PNG.")
+flags.DEFINE_boolean("record", True, "Write the table to RESULTS.md and write the PNG.")
 
 METHOD_NOTES = {
     "grpo": "GRPO, outcome reward only",
@@ -172,9 +172,8 @@ def main(argv):
     table = common.markdown_table(
         ["method", "train steps", "final sampled success (mean ± sd)", "per seed",
          "last-5 batch success", "wall s / seed"], rows, align_right=False)
-    text = (f"### `benchmarks/credit_assignment.py` — {common.utc_now()}\n\n"
-            f"{common.machine_line()}\n\n"
-            f"guess_number N={FLAGS.max_n}, max_turns={FLAGS.max_turns}; budget "
+    text = (common.heading("credit_assignment.py")
+            + f"guess_number N={FLAGS.max_n}, max_turns={FLAGS.max_turns}; budget "
             f"{FLAGS.env_steps} environment steps per run (rollouts + MC continuations), "
             f"{FLAGS.seeds} seeds; 8 tasks x 8 samples per step; d_model 64, 2 layers; "
             f"lr 3e-4; SFT floor 0.05. Shared SFT warm start: {FLAGS.sft_steps} steps on "
@@ -182,11 +181,10 @@ def main(argv):
             f"turns). Demonstrator {demo[0]:.3f} ({demo[1]:.2f} turns), oracle "
             f"{oracle[0]:.3f} ({oracle[1]:.2f} turns). Final success: 4 x 64 fresh tasks, "
             f"sampled at temperature 1.\n\n{table}\n")
-    print(text)
     print("RESULT " + json.dumps({m: r["finals"] for m, r in results.items()}))
     if FLAGS.record:
         plot(results, FLAGS.env_steps, f"{common.output_dir()}/credit_assignment.png")
-        common.append_section("Credit assignment", text)
+    common.publish("Credit assignment", text, FLAGS.record)
 
 
 if __name__ == "__main__":

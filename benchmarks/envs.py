@@ -9,16 +9,13 @@ included). Beside them, in the same run: gymnax CartPole-v1's raw auto-resetting
 
     python benchmarks/envs.py [--batch 1024] [--steps 64] [--repeats 5] [--no-write]
 
-Prints a table and appends it, with machine / versions / date, under
-"## Environments" in benchmarks/RESULTS.md.
+Prints a table and writes it, with machine / versions / date, as the "Environments"
+section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import time
 
 import jax
@@ -27,7 +24,7 @@ import jax.numpy as jnp
 import arl.envs as E
 from arl.envs.base import TokenChunk
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+import common  # noqa: E402  (benchmarks/, the script's own directory)
 
 
 def token_env_program(env, batch: int, steps: int, policy: str):
@@ -102,32 +99,6 @@ def time_program(program, batch: int, steps: int, repeats: int) -> tuple[float, 
     return batch * steps / best, compile_s
 
 
-def machine_line() -> str:
-    from importlib.metadata import version
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    device = jax.devices()[0]
-    return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPU cores "
-            f"(load average {load:.1f} at start), JAX {jax.__version__} on "
-            f"{device.platform} ({device.device_kind}), gymnax {version('gymnax')}, "
-            f"Python {platform.python_version()}")
-
-
-def append_results(table: str, header: str) -> None:
-    # Re-read right before writing: another benchmark may have appended meanwhile.
-    existing = ""
-    if os.path.exists(RESULTS):
-        with open(RESULTS, encoding="utf-8") as f:
-            existing = f.read()
-    parts = []
-    if not existing:
-        parts.append("# Benchmark results\n")
-    if "## Environments" not in existing:
-        parts.append("\n## Environments\n")
-    parts.append(f"\n{header}\n\n{table}\n")
-    with open(RESULTS, "a", encoding="utf-8") as f:
-        f.write("".join(parts))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
@@ -136,7 +107,6 @@ def main():
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
-    machine = machine_line()
     rows = []
     for name in E.registered_names():
         env = E.make(name)
@@ -153,19 +123,12 @@ def main():
     rows.append(("gymnax CartPole-v1 (raw step)", "random", rate, compile_s))
     print(f"CartPole-v1    random  {rate:14,.0f} steps/s  (compile {compile_s:.1f}s)")
 
-    lines = ["| environment | actions | env steps / s | compile + first call (s) |",
-             "|---|---|---:|---:|"]
-    lines += [f"| {n} | {p} | {r:,.0f} | {c:.1f} |" for n, p, r, c in rows]
-    table = "\n".join(lines)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = (f"### `benchmarks/envs.py` — {date}\n\nbatch {args.batch}, {args.steps} turns per "
-              f"jitted `lax.scan`, best of {args.repeats}; token envs under `AutoReset`.\n"
-              f"Machine: {machine}.")
-    print()
-    print(header)
-    print(table)
-    if not args.no_write:
-        append_results(table, header)
+    table = common.markdown_table(
+        ["environment", "actions", "env steps / s", "compile + first call (s)"],
+        [(n, p, f"{r:,.0f}", f"{c:.1f}") for n, p, r, c in rows])
+    common.publish("Environments", common.heading("envs.py") + (
+        f"Batch {args.batch}, {args.steps} turns per jitted `lax.scan`, best of "
+        f"{args.repeats}; token envs under `AutoReset`.\n\n{table}\n"), not args.no_write)
 
 
 if __name__ == "__main__":

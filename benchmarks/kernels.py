@@ -2,20 +2,17 @@
 
 Times are medians over `--repeats` runs after compilation (`block_until_ready`), all
 measured in the same process so the ratios are comparable on a shared machine, with the
-host allocator set as arl's command line sets it (`arl.host.allocator`; every candidate
+host allocator set as arl's command line sets it (`arl.runs.allocator`; every candidate
 shares the process, so every candidate gets it; ARL_KEEP_FREED_MEMORY=0 turns it off).
 
     python benchmarks/kernels.py              # print the table
-    python benchmarks/kernels.py --append     # also append it to benchmarks/RESULTS.md
+    python benchmarks/kernels.py --record     # also make it the "Kernels" section of RESULTS.md
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import os
-import platform
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +21,7 @@ import rlax
 
 import arl
 from arl import algorithms as alg
-from arl import native
-from arl.host import allocator
+from arl.runs import allocator
 
 import common  # noqa: E402  (benchmarks/, the script's own directory)
 
@@ -52,11 +48,8 @@ def numpy_masked_gae(rewards, values, mask, gamma, lam):
 
 
 def gae_methods():
-    """Every GAE method that runs here: the C++ loop only on CPU, where it built."""
-    methods = ["scan", "associative"]
-    if jax.default_backend() == "cpu" and native.available("gae"):
-        methods.append("native")
-    return methods
+    """Every GAE method."""
+    return list(alg.GAE_METHODS[1:])
 
 
 def bench_gae(repeats, rng):
@@ -160,26 +153,13 @@ def bench_policy_loss(repeats, rng):
     return t["ours"], t["bare"]
 
 
-def machine():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return cpu, os.cpu_count()
-
-
 def ms(t):
     return f"{1e3 * t:.2f}"
 
 
 def table(gae_rows, group_rows, policy):
     methods = gae_methods()
-    lines = ["### GAE (gamma=0.99, lambda=0.95; ours with a 70% agent mask, rlax unmasked)",
+    lines = ["#### GAE (gamma=0.99, lambda=0.95; ours with a 70% agent mask, rlax unmasked)",
              "",
              "| shape | " + " | ".join(f"ours {m} (ms)" for m in methods)
              + " | rlax vmapped (ms) | NumPy loop (ms) | rlax / ours-auto | "
@@ -193,14 +173,14 @@ def table(gae_rows, group_rows, policy):
                      f"{t_numpy / best:.1f}x |")
     lines += ["", f"`method='auto'` resolves to `{auto}` on this backend "
               f"({jax.default_backend()}).", "",
-              "### Group advantages (GRPO, groups of 16, shuffled ids)", "",
+              "#### Group advantages (GRPO, groups of 16, shuffled ids)", "",
               "| N | ours jit (ms) | per-group Python loop (ms) | NumPy reshape (ms) | "
               "loop / ours | reshape / ours |", "|---|---|---|---|---|---|"]
     for n, t_ours, t_loop, t_reshape in group_rows:
         lines.append(f"| {n} | {ms(t_ours)} | {ms(t_loop)} | {ms(t_reshape)} | "
                      f"{t_loop / t_ours:.0f}x | {t_reshape / t_ours:.2f}x |")
     t_ours, t_bare = policy
-    lines += ["", "### Policy loss forward + backward (B=1024, T=1024, [B] advantages)", "",
+    lines += ["", "#### Policy loss forward + backward (B=1024, T=1024, [B] advantages)", "",
               "| ours: policy_loss + metrics, dual clip (ms) | bare clipped formula (ms) | "
               "ours / bare |", "|---|---|---|",
               f"| {ms(t_ours)} | {ms(t_bare)} | {t_ours / t_bare:.2f}x |"]
@@ -210,8 +190,8 @@ def table(gae_rows, group_rows, policy):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--append", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--record", action="store_true",
+                        help="write the table as the Kernels section of benchmarks/RESULTS.md")
     args = parser.parse_args()
     inline = allocator.run_computations_inline_unless_disabled()
     kept = allocator.keep_freed_memory_unless_disabled()
@@ -219,23 +199,12 @@ def main():
     gae_rows = bench_gae(args.repeats, rng)
     group_rows = bench_groups(args.repeats, rng)
     policy = bench_policy_loss(args.repeats, rng)
-    cpu, nproc = machine()
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    header = (f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}. "
-              f"Machine: {nproc} CPUs ({cpu}), backend {jax.default_backend()}, "
-              f"load average {load[0]:.1f} at the end. Versions: arl {arl.__version__}, "
-              f"jax {jax.__version__}, rlax {rlax.__version__}, numpy {np.__version__}. "
-              f"Median of {args.repeats} runs after compilation; host allocator "
+    header = (common.heading("kernels.py") + f"Versions: arl "
+              f"{arl.__version__}, rlax {rlax.__version__}, numpy {np.__version__}. Median of "
+              f"{args.repeats} runs after compilation; host allocator "
               f"{'inline + kept heap' if inline and kept else 'default'}.")
-    text = header + "\n\n" + table(gae_rows, group_rows, policy)
-    print(text)
-    if args.append:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n" + text + "\n")
+    common.publish("Kernels", header + "\n\n" + table(gae_rows, group_rows, policy),
+                   args.record)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the 
 work, as in MFU, not what each side executes: arl's update reads each group's prompt
 once (`updates.share_group_prompt`) and skips the LM head at the prompt, and its forward
 pass takes the layers' projection outputs from the rollout instead of recomputing them
-(`updates.reuse_rollout_activations`; `--arl_recompute` turns that off). So arl's
+(`updates.reuse_rollout_activations`; `--arl_set
+updates.reuse_rollout_activations=False` turns that off). So arl's
 FLOP/s is its speed on the counted work, not the hardware's utilisation; the column
 "executed of peak" gives the latter for arl: the FLOPs of the matrix products its update
 program contains (`common.matmul_flops` over the step's jaxpr: its update branch, with
@@ -54,6 +55,7 @@ start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import hashlib
 import json
@@ -77,13 +79,12 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
-from arl.host import allocator  # noqa: E402
+from arl.runs import allocator  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
 
 PEERS = ("arl", "trl", "tunix")
-ALLOCATOR_CHOICES = ("arl", "all", "none")
 WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
 # What each peer's virtual environment installs (pip arguments). torch is pinned to the
 # CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
@@ -213,10 +214,10 @@ def rollout_flops(setting: protocol.Setting, context: int) -> float:
 
 
 # ------------------------------------------------------------------------- arl runner
-def arl_config(setting: protocol.Setting, checkpoint: str, reuse_activations: bool = True):
+def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
     """arl's config of `setting`: GRPO without KL, one epoch of one minibatch, the update
-    reusing the rollout's activations (`updates.reuse_rollout_activations`) unless
-    `reuse_activations` is False."""
+    reusing the rollout's activations (`updates.reuse_rollout_activations`); then
+    `overrides` ({"section.key": value}, as on the training CLI's command line)."""
     c = config_lib.default_config()
     c.algorithm = "grpo"
     if setting.turns:
@@ -237,9 +238,32 @@ def arl_config(setting: protocol.Setting, checkpoint: str, reuse_activations: bo
     c.loss.kl_coef = 0.0
     c.updates.epochs = 1
     c.updates.minibatches = 1
-    c.updates.reuse_rollout_activations = reuse_activations
+    c.updates.reuse_rollout_activations = True
     c.filters.skip_zero_advantage = False  # always time a real update
+    for key, value in (overrides or {}).items():
+        node = c
+        for part in key.split("."):
+            if not hasattr(node, "keys") or part not in node:
+                raise SystemExit(f"override {key}: arl's config has no such key")
+            node = node[part]
+        try:
+            c.update_from_flattened_dict({key: value})
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"override {key}={value!r}: {e}") from None
     return c
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """"section.key=value" -> ("section.key", value): the value a Python literal (1e-5,
+    False, "dense"), else the text itself."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"override {text!r}: expected KEY=VALUE, e.g. "
+                         "updates.reuse_rollout_activations=False")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
 
 
 class ArlRunner:
@@ -248,10 +272,10 @@ class ArlRunner:
     name = "arl"
 
     def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int,
-                 reuse_activations: bool = True):
+                 overrides=None):
         start = time.perf_counter()
         self.setting = setting
-        self.trainer = TokenTrainer(arl_config(setting, checkpoint, reuse_activations))
+        self.trainer = TokenTrainer(arl_config(setting, checkpoint, overrides))
         state = self.trainer.init_state()
         self.params = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
         # The step's update-or-skip cond: its update branch is the costliest cond branch
@@ -307,40 +331,6 @@ class ArlRunner:
         pass
 
 
-def alternating_medians(sides, rounds: int) -> dict[str, dict[str, float]]:
-    """{name: median step_s and rollout_s} of `rounds` rounds of `step()` of each
-    (name, ArlRunner) in `sides`, in reversed order every other round (an A/B of two
-    builds of arl's programs in one process)."""
-    runs = {name: [] for name, _ in sides}
-    for index in range(rounds):
-        for name, runner in sides if index % 2 == 0 else sides[::-1]:
-            runs[name].append(runner.step())
-    return {name: {k: float(np.median([r[k] for r in records]))
-                   for k in ("step_s", "rollout_s")} for name, records in runs.items()}
-
-
-def ab_arguments(description: str, argv=None) -> tuple[argparse.Namespace, list[str]]:
-    """(arguments, setting names) of an A/B script over the peers' settings (arl alone,
-    `alternating_medians`): --settings, --rounds, --cache_dir, --append, checked."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--settings", default="toy,modest,multiturn",
-                        help=f"comma-separated, from {sorted(protocol.SETTINGS)}")
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--cache_dir", "--cache-dir",
-                        default=os.path.join(os.path.expanduser("~"), ".cache",
-                                             "arl-bench-peers"),
-                        help="where the settings' checkpoints are written once")
-    parser.add_argument("--append", action="store_true", help="append to RESULTS.md")
-    args = parser.parse_args(argv)
-    names = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in names if s not in protocol.SETTINGS]
-    if unknown or not names:
-        parser.error(f"--settings: unknown {unknown}; choose from {sorted(protocol.SETTINGS)}")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    return args, names
-
-
 # ------------------------------------------------------------------- peer environments
 def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
     """(python of the peer's virtual environment, note), creating it on first use; None
@@ -374,8 +364,7 @@ class WorkerRunner:
     timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
 
     def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
-                 warmup: int, log_path: str, timeout: float, torch_threads: int = 0,
-                 script: str | None = None, keep_freed_memory: bool = False):
+                 warmup: int, log_path: str, timeout: float, script: str | None = None):
         self.name = peer
         self.timeout = timeout
         self._log = open(log_path, "w", encoding="utf-8")
@@ -384,15 +373,11 @@ class WorkerRunner:
         env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
         env["PYTHONUNBUFFERED"] = "1"
         env.setdefault("JAX_PLATFORMS", "cpu")
-        if keep_freed_memory:
-            # arl's `allocator.keep_freed_memory()` (mallopt), set before the worker starts,
-            # and its `run_computations_inline()` for a JAX peer (torch runs every op on
-            # the calling thread anyway).
-            env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
-            env["ARL_PEERS_INLINE_DISPATCH"] = "1"
-        if torch_threads > 0:
-            env["ARL_PEERS_TORCH_THREADS"] = str(torch_threads)
-            env["OMP_NUM_THREADS"] = str(torch_threads)
+        # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
+        # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
+        # inline (torch runs every op on the calling thread anyway).
+        env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
+        env["ARL_PEERS_INLINE_DISPATCH"] = "1"
         self.proc = subprocess.Popen(
             [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
              setting.to_json(), "--checkpoint", checkpoint, "--warmup", str(warmup)],
@@ -460,13 +445,12 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
         start = time.perf_counter()
         try:
             if peer == "arl":
-                runner = ArlRunner(setting, checkpoint, args.warmup,
-                                   reuse_activations=not args.arl_recompute)
+                runner = ArlRunner(setting, checkpoint, args.warmup, dict(
+                    [parse_override(text) for text in args.arl_set]))
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
                 runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
-                                      log_path, args.step_timeout, args.torch_threads,
-                                      keep_freed_memory=args.allocator == "all")
+                                      log_path, args.step_timeout)
             runners.append(runner)
         except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
             failures.append((setting.name, peer, f"{type(e).__name__}: {e}".splitlines()[0]))
@@ -530,10 +514,6 @@ def summarise(setting: protocol.Setting, recs, ready) -> dict:
                               if ready.get("executed_update_flops") else None),
         first_step_s=ready.get("first_step_s"), setup_s=ready.get("setup_s"),
         compile_s=ready.get("compile_s"), ready=ready, rounds=recs)
-
-
-def fmt_s(x) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
 
 
 def table(result: dict, peak: float) -> str:
@@ -601,36 +581,18 @@ def main(argv=None):
                         help="seconds a worker may take to build and warm up")
     parser.add_argument("--step_timeout", "--step-timeout", type=float, default=600.0,
                         help="seconds one timed step may take")
-    parser.add_argument("--torch_threads", "--torch-threads", type=int, default=0,
-                        help="intra-op threads of the TRL worker's torch (0: torch's default, "
-                             "one per core). On a loaded 2-core machine torch's 2 OpenMP "
-                             "threads stall each other; 1 shows TRL without that penalty")
-    parser.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="arl",
-                        help="which sides keep freed memory mapped (glibc: no mmap'd "
-                             "blocks, no heap trimming) and run JAX computations inline "
-                             "(arl.host.allocator): 'arl' (as arl's CLI runs; the peers "
-                             "as installed), 'all' (the peers too, through GLIBC_TUNABLES "
-                             "and tunix's jax config), 'none'")
-    parser.add_argument("--arl_recompute", "--arl-recompute", action="store_true",
-                        help="arl's update recomputes its forward pass instead of reusing "
-                             "the rollout's activations (updates.reuse_rollout_activations "
-                             "False)")
+    parser.add_argument("--arl_set", "--arl-set", action="append", default=[],
+                        metavar="KEY=VALUE", help="a config override of arl's side, e.g. "
+                        "updates.reuse_rollout_activations=False (repeatable)")
     parser.add_argument("--record", action="store_true",
-                        help="append the tables to benchmarks/RESULTS.md and write "
-                             "benchmarks/peers_results.json")
+                        help="write the tables as the Peers section of benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
-    settings = [s for s in args.settings.split(",") if s]
-    unknown = [s for s in settings if s not in protocol.SETTINGS]
-    if unknown or not settings:
-        parser.error(f"--settings: unknown {unknown}; allowed values are "
-                     f"{sorted(protocol.SETTINGS)}")
+    settings = protocol.setting_names(parser, args.settings)
     peers = [p for p in args.peers.split(",") if p]
     if not peers or any(p not in PEERS for p in peers):
         parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
     if args.rounds < 1 or args.warmup < 1:
         parser.error("--rounds and --warmup must be >= 1")
-    if args.torch_threads < 0:
-        parser.error(f"--torch_threads={args.torch_threads}: must be >= 0 (0: torch's default)")
     args.cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir))
     os.makedirs(args.cache_dir, exist_ok=True)
 
@@ -638,21 +600,14 @@ def main(argv=None):
         print(text, flush=True)
 
     # As the training CLI: computations inline from the start (before anything starts
-    # JAX's backend), freed memory kept mapped.
-    arl_runs_inline = args.allocator in ("arl", "all") and allocator.run_computations_inline()
-    arl_keeps_freed_memory = args.allocator in ("arl", "all") and allocator.keep_freed_memory()
-    allocator_line = {
-        "arl": "arl runs its steps inline and keeps freed memory mapped as its training CLI "
-               "does (`arl.host.allocator`), the peers run with glibc's and their "
-               "libraries' defaults",
-        "all": "every side keeps freed memory mapped (arl: `arl.host.allocator`; the peers: "
-               f"GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX computations "
-               "inline (arl, tunix; torch does)",
-        "none": "every side runs with glibc's malloc defaults and JAX's async dispatch"
-    }[args.allocator]
-    if args.allocator != "none" and not arl_keeps_freed_memory:
+    # JAX's backend), freed memory kept mapped; the peers get the same (WorkerRunner).
+    runs_inline = allocator.run_computations_inline()
+    allocator_line = (f"every side keeps freed memory mapped (arl: `arl.runs.allocator`; the "
+                      f"peers: GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX "
+                      f"computations inline (arl, tunix; torch does)")
+    if not allocator.keep_freed_memory():
         allocator_line += " (not applied: the C library is not glibc)"
-    if args.allocator != "none" and not arl_runs_inline:
+    if not runs_inline:
         allocator_line += " (arl's steps dispatched asynchronously: JAX had already started)"
     log(f"allocator: {allocator_line}")
     load_start = common.load_average()
@@ -701,15 +656,14 @@ def main(argv=None):
     failure_lines = "".join(f"- {setting} / {peer}: {without_log(reason)}\n"
                             for setting, peer, reason in failures)
     loaded = max(load_start, load_end) > LOAD_WARNING
-    threads = args.torch_threads or "default (one per core)"
     environments = ", ".join(f"{k} {v}" for k, v in install_notes.items()) or "none"
-    text = (f"### `benchmarks/peers.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}. 1-minute load average {load_start:.2f} at the "
+    text = (common.heading("peers.py")
+            + f"1-minute load average {load_start:.2f} at the "
             f"start, {load_end:.2f} at the end"
             f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
             f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
-            f"side; TRL's torch threads: {threads}; host allocator: {allocator_line}; "
+            f"side; TRL's torch threads: one per core; host allocator: {allocator_line}; "
             f"rollout = generation alone (arl: its "
             f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
@@ -721,18 +675,7 @@ def main(argv=None):
             f"compile seconds; the peers' trainer construction seconds.\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
-    print(text)
-    if args.record:
-        common.append_section("Peers: arl vs TRL vs tunix, equal-work GRPO step", text)
-        out = os.path.join(common.output_dir(), "peers_results.json")
-        with open(out, "w", encoding="utf-8") as f:
-            json.dump(dict(date=common.utc_now(), machine=common.machine_line(),
-                           load_start=load_start, load_end=load_end, peak_flops=peak,
-                           peak_measurements=peaks,
-                           allocator=args.allocator,
-                           install=install_notes, failures=failures, results=results),
-                      f, indent=1, default=str)
-        log(f"recorded: RESULTS.md section and {out}")
+    common.publish("Peers: arl vs TRL vs tunix, equal-work GRPO step", text, args.record)
     return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
 
 

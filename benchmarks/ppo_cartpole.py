@@ -49,7 +49,7 @@ HYPER = dict(lr=2.5e-4, gamma=0.99, lam=0.95, clip=0.2, ent_coef=0.01, vf_coef=0
 
 
 # ----------------------------------------------------------------------------- arl side
-def arl_config(num_envs: int, num_steps: int, num_updates: int, diagnostics: bool = True):
+def arl_config(num_envs: int, num_steps: int, num_updates: int):
     c = config_lib.default_config()
     c.algorithm = "ppo_vector"
     c.env.name = f"gymnax:{ENV_ID}"
@@ -69,17 +69,16 @@ def arl_config(num_envs: int, num_steps: int, num_updates: int, diagnostics: boo
     c.optim.learning_rate = HYPER["lr"]
     c.optim.schedule = "linear"
     c.optim.max_grad_norm = HYPER["max_grad_norm"]
-    c.vector.diagnostics = diagnostics
     return c
 
 
 class ArlRunner:
-    """arl.trainers.VectorPPO's compiled step behind the same `step()` face; with
-    `diagnostics=False` it logs only the losses and the entropy, as the baseline does."""
+    """arl.trainers.VectorPPO's compiled step (its per-minibatch diagnostics on, the
+    default) behind the same `step()` face."""
 
-    def __init__(self, num_envs, num_steps, num_updates, diagnostics=True):
-        self.name = "arl" if diagnostics else "arl_losses_only"
-        self.ppo = VectorPPO(arl_config(num_envs, num_steps, num_updates, diagnostics))
+    def __init__(self, num_envs, num_steps, num_updates):
+        self.name = "arl"
+        self.ppo = VectorPPO(arl_config(num_envs, num_steps, num_updates))
         self.state = self.ppo.init_state()
         self.compiled, self.compile_s = common.compile_jitted(self.ppo.train_step, self.state)
 
@@ -228,7 +227,6 @@ def throughput(num_envs: int, num_steps: int, repeats: int, min_transitions: int
     sizes are not timed on a few milliseconds of a loaded machine."""
     steps_per_call = max(2, min_transitions // (num_envs * num_steps))
     runners = [ArlRunner(num_envs, num_steps, 1000),
-               ArlRunner(num_envs, num_steps, 1000, diagnostics=False),
                BaselineRunner(num_envs, num_steps, 1000)]
     for r in runners:  # first executions (allocation, thread pool) outside the timing
         jax.block_until_ready(r.step())
@@ -245,7 +243,6 @@ def throughput(num_envs: int, num_steps: int, repeats: int, min_transitions: int
     transitions = num_envs * num_steps
     return dict(num_envs=num_envs, num_steps=num_steps,
                 arl_rate=transitions / per_step["arl"],
-                lean_rate=transitions / per_step["arl_losses_only"],
                 base_rate=transitions / per_step["baseline"],
                 arl_compile=runners[0].compile_s, base_compile=runners[-1].compile_s)
 
@@ -330,18 +327,15 @@ def main(argv=None):
     for num_envs, num_steps in parse_sizes(args.sizes):
         row = throughput(num_envs, num_steps, args.repeats)
         rows.append(row)
-        print(f"envs {num_envs:5d} x {num_steps:3d}: arl {row['arl_rate']:12,.0f}  losses only "
-              f"{row['lean_rate']:12,.0f}  baseline {row['base_rate']:12,.0f} steps/s  ratios "
-              f"{row['arl_rate'] / row['base_rate']:.2f} / "
-              f"{row['lean_rate'] / row['base_rate']:.2f}  (compile {row['arl_compile']:.1f}s"
+        print(f"envs {num_envs:5d} x {num_steps:3d}: arl {row['arl_rate']:12,.0f}  baseline "
+              f"{row['base_rate']:12,.0f} steps/s  ratio "
+              f"{row['arl_rate'] / row['base_rate']:.2f}  (compile {row['arl_compile']:.1f}s"
               f" / {row['base_compile']:.1f}s)", flush=True)
     table = common.markdown_table(
-        ["parallel envs x steps", "arl env steps/s", "arl, losses only", "baseline env steps/s",
-         "arl / baseline", "losses only / baseline", "compile arl (s)",
-         "compile baseline (s)"],
+        ["parallel envs x steps", "arl env steps/s", "baseline env steps/s",
+         "arl / baseline", "compile arl (s)", "compile baseline (s)"],
         [(f"{r['num_envs']} x {r['num_steps']}", common.fmt_rate(r["arl_rate"]),
-          common.fmt_rate(r["lean_rate"]), common.fmt_rate(r["base_rate"]),
-          f"{r['arl_rate'] / r['base_rate']:.2f}x", f"{r['lean_rate'] / r['base_rate']:.2f}x",
+          common.fmt_rate(r["base_rate"]), f"{r['arl_rate'] / r['base_rate']:.2f}x",
           f"{r['arl_compile']:.1f}", f"{r['base_compile']:.1f}") for r in rows])
 
     curve_text = ""
@@ -356,16 +350,14 @@ def main(argv=None):
                                            time.perf_counter() - start, png)
         print(curve_text)
 
-    text = (f"### `benchmarks/ppo_cartpole.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"One compiled PPO update per call (rollout + GAE + 4 epochs x 4 minibatches), "
+    text = (common.heading("ppo_cartpole.py")
+
+            + f"One compiled PPO update per call (rollout + GAE + 4 epochs x 4 minibatches), "
             f"state donated, median of {args.repeats} interleaved rounds after compilation; "
-            f"same hyperparameters on both sides (PureJaxRL CartPole). \"arl\" logs the "
-            f"per-minibatch diagnostics (`vector.diagnostics=True`, the default); \"losses "
-            f"only\" logs what the baseline logs.\n\n{table}\n{curve_text}")
-    print(text)
-    if not args.no_write:
-        common.append_section("PPO on CartPole-v1 (arl vs PureJaxRL-style rlax)", text)
+            f"same hyperparameters on both sides (PureJaxRL CartPole); arl logs its "
+            f"per-minibatch diagnostics (`vector.diagnostics`, the default).\n\n{table}\n"
+            f"{curve_text}")
+    common.publish("PPO on CartPole-v1 (arl vs PureJaxRL-style rlax)", text, not args.no_write)
     return rows
 
 

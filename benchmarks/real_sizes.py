@@ -6,9 +6,8 @@ advantages, one optimizer step; `TokenTrainer.train_step`) is lowered and compil
 mesh of fake CPU devices, from the abstract state only (nothing is allocated, so the 8B
 model compiles on a laptop), and XLA's per-device memory plan
 (`compiled.memory_analysis()`: arguments, outputs, aliased, temporaries) is set against
-the analytic estimate of `estimate()` (the formula is in its docstring and in
-benchmarks/RESULTS.md, "Real sizes"). Each device count runs in its own subprocess
-(`XLA_FLAGS=--xla_force_host_platform_device_count=N` must be set before JAX starts), one
+the analytic estimate of `estimate()` (the formula is in its docstring). Each device
+count runs in its own subprocess (`XLA_FLAGS=--xla_force_host_platform_device_count=N` must be set before JAX starts), one
 compilation at a time.
 
 The step is the config's: 8 tasks x group 8 = 64 Sokoban episodes of up to 15 turns, a
@@ -19,7 +18,6 @@ and Adam moments, every layer rematerialised, log-probs in chunks of 128 positio
     python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" --no-write
     python benchmarks/real_sizes.py --shapes qwen2.5-0.5b --meshes "1,8,1" \
         --context-turns 15,30,60,120                    # memory against context, 1k-8k
-    python benchmarks/real_sizes.py --step              # one real 0.5B step, 8 CPU devices
     python benchmarks/real_sizes.py --tiny --no-write   # the smoke-test size
 
 On a GPU/TPU host `--accelerator` compiles every shape for the accelerator itself (one
@@ -49,21 +47,12 @@ TINY_SHAPE = dict(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim
                   norm_eps=1e-6)
 
 
-def _devices_flag(argv) -> int:
-    for i, arg in enumerate(argv):
-        if arg == "--devices" and i + 1 < len(argv):
-            return int(argv[i + 1])
-        if arg.startswith("--devices="):
-            return int(arg.split("=", 1)[1])
-    return 0
-
-
-if __name__ == "__main__" and _devices_flag(sys.argv[1:]) and "jax" not in sys.modules:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform"
-                               f"_device_count={_devices_flag(sys.argv[1:])}").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 sys.path.insert(0, REPO_DIR)  # configs/ (a script's own directory is benchmarks/)
+sys.path.insert(0, BENCH_DIR)
+import common  # noqa: E402  pylint: disable=wrong-import-position
+
+if __name__ == "__main__" and common.force_host_devices(sys.argv[1:]):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 # ---------------------------------------------------------------------------- configs
@@ -239,28 +228,10 @@ def measure(shape: str, mesh, *, num_tasks=8, group_size=8, max_turns=15) -> dic
 def run_worker(args) -> None:
     """Compiles every point of this process's device count; one JSON line per point."""
     for shape in args.shapes.split(","):
-        for mesh in parse_meshes(args.meshes):
+        for mesh in common.parse_meshes(args.meshes):
             result = measure(shape, mesh, num_tasks=args.num_tasks,
                              group_size=args.group_size, max_turns=args.max_turns)
             print("RESULT " + json.dumps(result), flush=True)
-
-
-def reestimate_in_subprocesses(results: list[dict]) -> None:
-    """Recomputes the estimates of stored results (trainers only, nothing compiled)."""
-    for devices in sorted({math.prod(r["mesh"]) for r in results}):
-        points = [r for r in results if math.prod(r["mesh"]) == devices]
-        code = ("import json, sys; sys.argv = ['x']; import real_sizes as rs; "
-                "points = json.loads(sys.stdin.read()); "
-                "print(json.dumps([rs.estimate(rs.make_trainer(rs.make_config("
-                "p['shape'], p['mesh'], num_tasks=p['batch'] // 8, group_size=8, "
-                "max_turns=p.get('max_turns', 15)))) for p in points]))")
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-                   JAX_PLATFORMS="cpu", PYTHONPATH=BENCH_DIR + os.pathsep + REPO_DIR)
-        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(points),
-                              capture_output=True, text=True, env=env, check=True,
-                              cwd=REPO_DIR)
-        for point, fresh in zip(points, json.loads(proc.stdout.splitlines()[-1])):
-            point["estimate"] = fresh
 
 
 def compile_in_subprocesses(args) -> list[dict]:
@@ -270,7 +241,7 @@ def compile_in_subprocesses(args) -> list[dict]:
     done = load_results(args.json) if args.json and os.path.exists(args.json) else []
     results = list(done)
     points = [(shape, mesh, turns) for shape in args.shapes.split(",")
-              for mesh in parse_meshes(args.meshes) for turns in parse_turns(args)]
+              for mesh in common.parse_meshes(args.meshes) for turns in parse_turns(args)]
     for shape, mesh, turns in points:
         if any(r["shape"] == shape and tuple(r["mesh"]) == mesh
                and r.get("max_turns", 15) == turns for r in done):
@@ -302,12 +273,9 @@ def compile_in_subprocesses(args) -> list[dict]:
 
 
 def load_results(path: str) -> list[dict]:
-    """Results stored by `--json` (JSON lines, or one JSON list)."""
+    """Results stored by `--json` (JSON lines)."""
     with open(path, encoding="utf-8") as f:
-        text = f.read().strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
 
 
 # ---------------------------------------------------------------------------- report
@@ -330,9 +298,6 @@ def summary_line(r: dict) -> str:
 
 
 def table(results: list[dict]) -> str:
-    sys.path.insert(0, BENCH_DIR)
-    import common  # pylint: disable=g-import-not-at-top
-
     header = ["shape", "mesh (d, f, t)", "context", "rows / device", "arguments", "outputs",
               "aliased", "temps", "compiler total", "estimate", "error"]
     header += [f"fits {s} GiB" for s in SLICES_GIB]
@@ -369,57 +334,6 @@ def context_slopes(results: list[dict]) -> str:
                      f"slope of the total {slope['total']:.2f}, of the temporaries "
                      f"{slope['temps']:.2f}")
     return "\n".join(lines)
-
-
-def terms_table(results: list[dict]) -> str:
-    sys.path.insert(0, BENCH_DIR)
-    import common  # pylint: disable=g-import-not-at-top
-
-    names = ("state", "gradients", "vocabulary", "residuals", "layer", "logits", "rollout")
-    rows = [[r["shape"], str(tuple(r["mesh"])), r["context"]]
-            + [gib(r["estimate"][n]) for n in names] for r in results]
-    return common.markdown_table(["shape", "mesh", "context"]
-                                 + [f"{n} (GiB)" for n in names], rows)
-
-
-# ---------------------------------------------------------------------------- one real step
-STEP_MESH = (1, 2, 4)  # fsdp x tensor: the vocabulary matrices split 4 ways
-
-
-def real_step(args) -> dict:
-    """One real train step of the first of `args.shapes` on 8 CPU devices (`STEP_MESH`:
-    all 8 fake devices share this machine's memory, and under pure FSDP each would hold
-    the gathered vocabulary matrices), `args.num_tasks` x `args.group_size` episodes of
-    up to `args.max_turns` turns; prints its metrics."""
-    import jax
-    import numpy as np
-
-    shape = args.shapes.split(",")[0]
-    config = make_config(shape, STEP_MESH, num_tasks=args.num_tasks,
-                         group_size=args.group_size, max_turns=args.max_turns)
-    # A random policy's rewards tie within every group (zero advantages, no gradient); an
-    # SFT term on the env's demonstrator (played inside the step) gives the update a
-    # gradient, so the step shown is rollout, demonstration, update and optimizer step.
-    config.loss.sft_coef, config.loss.sft_source = 0.1, "demonstrator"
-    trainer = make_trainer(config)
-    start = time.perf_counter()
-    state = trainer.init_state()
-    jax.block_until_ready(state)
-    init_s = time.perf_counter() - start
-    start = time.perf_counter()
-    compiled = trainer.train_step.lower(state).compile()
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    state, metrics = compiled(state)
-    metrics = jax.device_get(metrics)
-    step_s = time.perf_counter() - start
-    params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-    out = {"shape": shape, "parameters": params, "batch": trainer.batch_size,
-           "context": trainer.context_length, "init_s": init_s, "compile_s": compile_s,
-           "step_s": step_s, "temps": int(compiled.memory_analysis().temp_size_in_bytes),
-           "metrics": {k: float(v) for k, v in sorted(metrics.items())}}
-    print(json.dumps(out, indent=1), flush=True)
-    return out
 
 
 # ---------------------------------------------------------------------------- one chip
@@ -462,9 +376,6 @@ def run_accelerator(args) -> list[dict]:
 
 
 def accelerator_report(results: list[dict], args) -> str:
-    sys.path.insert(0, BENCH_DIR)
-    import common  # pylint: disable=g-import-not-at-top
-
     limit = results[0].get("bytes_limit")
     rows = [[r["shape"], gib(r["compiler"]["temps"]), gib(r["compiler"]["total"]),
              gib(r["estimate"]["total"]), f"{100 * relative_error(r):+.0f}%",
@@ -476,9 +387,8 @@ def accelerator_report(results: list[dict], args) -> str:
         ["shape", "temps", "compiler total", "estimate", "error",
          f"fits this device ({gib(limit) if limit else '?'} GiB)", "lower + compile (s)",
          "step (s)"], rows)
-    return (f"### `benchmarks/real_sizes.py --accelerator` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
+    return (common.heading("real_sizes.py")
+            + f"One device, layout (1, 1, 1): the full GRPO train step of each shape, "
             f"{args.num_tasks} tasks x group {args.group_size}, context "
             f"{results[0]['context']}, compiled for {results[0]['device']}; GiB. Shapes "
             f"that fit ran {args.steps} real steps.\n\n{table_text}\n")
@@ -500,20 +410,6 @@ def parse_turns(args) -> list[int]:
     return turns
 
 
-def parse_meshes(text: str) -> list[tuple[int, int, int]]:
-    meshes = []
-    for item in text.split(";"):
-        try:
-            sizes = tuple(int(x) for x in item.split(","))
-        except ValueError:
-            sizes = ()
-        if len(sizes) != 3 or min(sizes) < 1:
-            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
-                             "(data, fsdp, tensor)")
-        meshes.append(sizes)
-    return meshes
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
@@ -526,8 +422,6 @@ def main(argv=None):
                              "these episode lengths (e.g. 15,30,60,120: contexts ~1k-8k) "
                              "and report the memory slopes")
     parser.add_argument("--tiny", action="store_true", help="the smoke-test shape")
-    parser.add_argument("--step", action="store_true",
-                        help="run one real train step of the first shape on 8 CPU devices")
     parser.add_argument("--accelerator", action="store_true",
                         help="compile (and, where they fit, run) every shape on the default "
                              "backend's first device")
@@ -537,88 +431,38 @@ def main(argv=None):
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", default="",
                         help="append each result to this JSON-lines file; resume from it")
-    parser.add_argument("--from-json", default="",
-                        help="report these results again, estimates recomputed (no compiling)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if args.tiny:
         args.shapes = "tiny"
     if args.worker:
         return run_worker(args)
-    if args.step:
-        if args.num_tasks == 8 and args.group_size == 8 and args.max_turns == 15:
-            args.num_tasks, args.group_size, args.max_turns = 1, 2, 2  # CPU-sized
-        if not args.devices:
-            cmd = [sys.executable, os.path.abspath(__file__), "--step", "--devices", "8"]
-            return subprocess.run(cmd + [a for a in (argv or sys.argv[1:]) if a != "--step"],
-                                  check=True, cwd=REPO_DIR)
-        result = real_step(args)
-        if not args.no_write:
-            write_step(result)
-        return result
     if args.accelerator:
         results = run_accelerator(args)
-        text = accelerator_report(results, args)
-        print(text)
-        if not args.no_write:
-            sys.path.insert(0, BENCH_DIR)
-            import common  # pylint: disable=g-import-not-at-top
-
-            common.append_section("Real sizes", text)
+        common.publish("Real sizes on one accelerator", accelerator_report(results, args),
+                       not args.no_write)
         return results
-    if args.from_json:
-        results = load_results(args.from_json)
-        reestimate_in_subprocesses(results)
-    else:
-        results = compile_in_subprocesses(args)
-    text = report(results, args)
-    print(text)
-    if not args.no_write:
-        sys.path.insert(0, BENCH_DIR)
-        import common  # pylint: disable=g-import-not-at-top
-
-        common.append_section("Real sizes", text)
+    results = compile_in_subprocesses(args)
+    common.publish("Real sizes: memory against context" if args.context_turns
+                   else "Real sizes", report(results, args), not args.no_write)
     return results
 
 
 def report(results: list[dict], args) -> str:
-    sys.path.insert(0, BENCH_DIR)
-    import common  # pylint: disable=g-import-not-at-top
-
     first = results[0]
     within = sum(abs(relative_error(r)) <= TOLERANCE for r in results)
     warnings = sum(r.get("remat_warnings", 0) for r in results)
     contexts = ", ".join(str(c) for c in sorted({r["context"] for r in results}))
     slopes = context_slopes(results)
     slopes = f"\n\nMemory against context (log-log):\n\n{slopes}" if slopes else ""
-    return (f"### `benchmarks/real_sizes.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
+    return (common.heading("real_sizes.py")
+            + f"Full GRPO train step (rollout + update), {args.num_tasks} tasks x group "
             f"{args.group_size} = {first['batch']} episodes, context {contexts}; "
             f"fake CPU devices, lowered and compiled from the abstract state (nothing "
             f"allocated). GiB per device; compiler total = arguments + outputs - aliased + "
             f"temps; error = (estimate - compiler) / compiler. {within} of {len(results)} "
             f"within {100 * TOLERANCE:.0f}%; XLA \"involuntary full rematerialization\" "
-            f"warnings: {warnings}.\n\n{table(results)}{slopes}\n\nEstimate by term "
-            f"(GiB per device):\n\n{terms_table(results)}\n")
-
-
-def write_step(result: dict) -> None:
-    sys.path.insert(0, BENCH_DIR)
-    import common  # pylint: disable=g-import-not-at-top
-
-    keys = ("reward_mean", "success_rate", "loss/total", "entropy", "grad_norm",
-            "update_skipped")
-    metrics = ", ".join(f"{k} {result['metrics'][k]:.4g}" for k in keys
-                        if k in result["metrics"])
-    common.append_section("Real sizes", (
-        f"### `benchmarks/real_sizes.py --step` — {common.utc_now()}\n\n"
-        f"Machine: {common.machine_line()}.\n\n"
-        f"One real train step of {result['shape']} ({result['parameters']:,} parameters) "
-        f"on mesh {STEP_MESH} of 8 fake CPU devices: {result['batch']} episodes, context "
-        f"{result['context']}. Init {result['init_s']:.0f}s, compile "
-        f"{result['compile_s']:.0f}s, step {result['step_s']:.0f}s, temps "
-        f"{gib(result['temps'])} GiB per device. Metrics: {metrics}.\n"))
+            f"warnings: {warnings}.\n\n{table(results)}{slopes}\n")
 
 
 if __name__ == "__main__":

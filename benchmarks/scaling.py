@@ -185,15 +185,12 @@ def main(argv=None):
         compile_line = (f"\nCompile time max_turns {lo} vs {hi}: {turns[lo]:.1f} s vs "
                         f"{turns[hi]:.1f} s (ratio {turns[hi] / turns[lo]:.2f}; turns are a "
                         f"`lax.scan`).\n")
-    text = (f"### `benchmarks/scaling.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"GRPO on guess_number (max_n 16), transformer d_model {args.d_model}, "
+    text = (common.heading("scaling.py")
+            + f"GRPO on guess_number (max_n 16), transformer d_model {args.d_model}, "
             f"{args.layers} layers; base point num_tasks {tasks0}, group {group0}, "
             f"{turns0} turns, reply padding {extra0}; median of {args.repeats} rounds, all "
             f"points interleaved. Plot: `{os.path.basename(png)}`.\n\n{table}\n{compile_line}")
-    print(text)
-    if not args.no_write:
-        common.append_section("Scaling of the token train step", text)
+    common.publish("Scaling of the token train step", text, not args.no_write)
     return axes_rows
 
 

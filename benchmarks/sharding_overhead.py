@@ -1,7 +1,7 @@
 """Sharding overhead: the same GRPO train step on a (1, 1, 1) mesh vs larger meshes.
 
 The 8 devices are fake CPU devices (`--xla_force_host_platform_device_count=8`, set here
-before JAX is imported) sharing the same cores, so this measures what sharding costs
+before JAX starts its backend) sharing the same cores, so this measures what sharding costs
 (partitioned program, collectives, per-device launch overhead), not a speedup: the ratio
 t(mesh) / t(1 device) is the overhead factor. By default the batch is split over the
 "data" axis with parameters replicated, (8, 1, 1); `--meshes` adds other (data, fsdp,
@@ -15,36 +15,20 @@ multi-chip machine the same script with `--devices N` compares 1 vs N chips.
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 
-
-def _force_host_devices(argv) -> None:
-    count = 8
-    for i, arg in enumerate(argv):
-        if arg == "--devices" and i + 1 < len(argv):
-            count = int(argv[i + 1])
-        elif arg.startswith("--devices="):
-            count = int(arg.split("=", 1)[1])
-    flag = f"--xla_force_host_platform_device_count={count}"
-    if "jax" in sys.modules:
-        return  # too late to change the device count; use whatever exists
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
-
-
-if __name__ == "__main__":
-    _force_host_devices(sys.argv[1:])
-
-import argparse  # noqa: E402
-import math  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import agentic_step  # noqa: E402
 import common  # noqa: E402  pylint: disable=wrong-import-position
+
+if __name__ == "__main__":
+    common.force_host_devices(sys.argv[1:], default=8)
+
+import agentic_step  # noqa: E402
 
 from arl import sharding as sharding_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -76,7 +60,7 @@ def main(argv=None):
         raise SystemExit(f"--devices={args.devices} but only {jax.device_count()} devices "
                          "exist (set XLA_FLAGS before JAX is imported)")
 
-    meshes = [(1, 1, 1)] + parse_meshes(args.meshes or f"{args.devices},1,1")
+    meshes = [(1, 1, 1)] + common.parse_meshes(args.meshes or f"{args.devices},1,1")
     for mesh in meshes:
         if math.prod(mesh) > jax.device_count():
             raise SystemExit(f"--meshes: {mesh} needs {math.prod(mesh)} devices, only "
@@ -96,33 +80,15 @@ def main(argv=None):
          "lower+compile (s)"],
         [(str(mesh), math.prod(mesh), common.fmt_ms(t[mesh]), f"{ratios[mesh]:.2f}",
           f"{compile_s[mesh]:.1f}") for mesh in t])
-    text = (f"### `benchmarks/sharding_overhead.py` — {common.utc_now()}\n\n"
-            f"Machine: {common.machine_line()}.\n\n"
-            f"GRPO on guess_number, {args.num_tasks} tasks x group {args.group_size} (batch "
+    text = (common.heading("sharding_overhead.py")
+            + f"GRPO on guess_number, {args.num_tasks} tasks x group {args.group_size} (batch "
             f"{args.num_tasks * args.group_size}), transformer d_model "
             f"{args.d_model}, {args.layers} layers; median of {args.repeats} interleaved "
             f"rounds. {jax.device_count()} {device.platform} devices"
             f"{' (fake host devices sharing the same cores)' if device.platform == 'cpu' else ''}"
             f".\n\n{table}\n")
-    print(text)
-    if not args.no_write:
-        common.append_section("Sharding overhead", text)
+    common.publish("Sharding overhead", text, not args.no_write)
     return t, ratios
-
-
-def parse_meshes(text: str) -> list:
-    """ "8,1,1;2,4,1" -> [(8, 1, 1), (2, 4, 1)]."""
-    meshes = []
-    for item in text.split(";"):
-        try:
-            sizes = tuple(int(x) for x in item.split(","))
-        except ValueError:
-            sizes = ()
-        if len(sizes) != 3 or min(sizes) < 1:
-            raise SystemExit(f"--meshes: {item!r} is not three positive sizes "
-                             "(data, fsdp, tensor)")
-        meshes.append(sizes)
-    return meshes
 
 
 if __name__ == "__main__":

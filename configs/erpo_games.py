@@ -27,8 +27,7 @@ Stage 1 here has three times the optimizer steps of the single-env configs' (and
 their Sokoban and Countdown demonstrations), so the members' numbers are not a
 controlled comparison with `grpo_sokoban` / `grpo_countdown`; `grpo_sokoban` given the
 same Sokoban stage-1 data and steps (900 x 32) reached only 0.17 / 0.37 after SFT and
-0.30 / 0.58 after GRPO (one seed; benchmarks/RESULTS.md, "ERPO on a mixture of Sokoban,
-Countdown and word problems").
+0.30 / 0.58 after GRPO (one seed; docs/learning.md, "Measured results").
 
     python -m experiments.learning_stages --config=configs/erpo_games.py
 

@@ -11,7 +11,7 @@ small SFT floor, alpha 0.05): RL must learn to always call the tool. The two sta
 
 (`recipes.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
 baselines and the SFT-only policy.)
-Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_token_slow.py.
 
 `max_turns = 2` is the oracle's horizon (one tool call, one answer); it keeps the

@@ -1,6 +1,6 @@
 r"""SFT then GRPO on `code_interpreter`: write a Python cell, read its output, answer.
 
-The environment (`arl.envs.code_interpreter`) asks questions whose answers need
+The environment (`arl.envs.tasks.code_interpreter`) asks questions whose answers need
 computation ("sum of squares 1..37"); the agent runs a cell in the sandbox
 (`<py>sum(i*i for i in range(1,37+1))</py>`, reply "17575") and then answers
 (`<answer>17575</answer>`). Stage 1 behaviour-clones the environment's *weak*
@@ -15,7 +15,7 @@ floor, which must learn to always run the right program:
 Every tool call is a sandboxed Python process (`arl.tools.run_python`, ~40-100 ms of
 host time; a batch of 64 runs on a pool of threads); identical cells are answered from
 the environment's result cache, which makes the warm start's demonstrations cheap.
-Measured numbers: benchmarks/RESULTS.md, "Learning: Python tool"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_tools_slow.py.
 """
 

@@ -1,6 +1,6 @@
 r"""SFT then GRPO on `countdown` (TinyZero's Countdown: reach a target with + - * /).
 
-The environment (`arl.envs.countdown`) shows three numbers in [1, 9] and a target in
+The environment (`arl.envs.tasks.countdown`) shows three numbers in [1, 9] and a target in
 [1, 100] ("numbers 3 7 5 target 26"); the agent answers "<answer>7*3+5</answer>", using
 every number once (TinyZero's rule), checked in-graph with exact rational
 arithmetic. Reward: 1 for the target, 0.1 for a well-formed wrong answer, 0 for a
@@ -24,8 +24,8 @@ SFT steps.
     python -m experiments.learning_stages --config=configs/grpo_countdown.py
 
 Harder tasks: `env.kwargs.max_number=99` (TinyZero's range),
-`max_numbers=4`, `env.params.num_numbers=4`. Measured numbers: benchmarks/RESULTS.md,
-"Learning: Sokoban and Countdown"; test: tests/test_learning_games_slow.py.
+`max_numbers=4`, `env.params.num_numbers=4`. Measured numbers: docs/learning.md,
+"Measured results"; test: tests/test_learning_games_slow.py.
 """
 
 from arl import config as config_lib

@@ -16,7 +16,7 @@ learning rate (2e-3, fresh Adam) wrecked the SFT policy within 10 steps (sampled
 Both run the two stages (`recipes.warm_start` below sets stage 1; `experiments.train` saves
 the post-SFT state as checkpoint 0, so a resume skips it); `learning_stages` also
 reports the random, demonstrator, oracle and SFT-only baselines.
-Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_token_slow.py.
 
 Scale up: `env.kwargs.max_n` (e.g. 100 or 1000: more turns, longer contexts), a wider

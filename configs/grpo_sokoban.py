@@ -1,6 +1,6 @@
 r"""SFT then GRPO on `sokoban` (RAGEN's box pushing on a text grid), without the step penalty.
 
-The environment (`arl.envs.sokoban`) renders a 5 x 5 room (outer walls included, so a
+The environment (`arl.envs.tasks.sokoban`) renders a 5 x 5 room (outer walls included, so a
 3 x 3 interior, interior walls with probability 0.1) with one box and its target; a turn
 is 1-3 moves ("Up,Left,Left<eot>"), the reply is the grid after them, and the episode
 ends after 3 turns. Reward per move: +1 box on target, -1 box off target, +10 solved;
@@ -22,7 +22,7 @@ greedy): the demonstrator solves 0.73, the model 0.18 / 0.43 after SFT and 0.29 
 after SFT + GRPO (untrained: 0.00); the rollouts' success rises from 0.22 over RL steps
 1-10 to ~0.30 over steps 51-100. Seeds 1 and 2 (stage 1 included) start lower and gain
 less: 0.12 / 0.21 -> 0.18 / 0.33 and 0.13 / 0.20 -> 0.20 / 0.36. With the step penalty the same recipe ended at 0.05 /
-0.07 (benchmarks/RESULTS.md, "Learning: Sokoban and Countdown").
+0.07 (docs/learning.md, "Measured results").
 
     python -m experiments.train --config=configs/grpo_sokoban.py --workdir=/tmp/sokoban
     python -m experiments.learning_stages --config=configs/grpo_sokoban.py

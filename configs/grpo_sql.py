@@ -15,7 +15,7 @@ query:
 The reference queries are long (up to 133 characters: joins, COALESCE), so the context
 is 489 tokens, about three times the code interpreter's; queries themselves cost the
 host well under a millisecond each (`arl.tools.run_sql`). Not measured to convergence
-on the shared CPU (benchmarks/RESULTS.md, "Learning: Python tool").
+on the shared CPU (docs/learning.md).
 """
 
 from arl import config as config_lib

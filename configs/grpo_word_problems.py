@@ -1,6 +1,6 @@
 r"""SFT then GRPO on arithmetic word problems read from a dataset (`dataset_task`).
 
-The environment is `arl.envs.dataset_task.DatasetTask` on the shipped
+The environment is `arl.envs.tasks.dataset_task.DatasetTask` on the shipped
 `arl/data/arithmetic_word_problems.jsonl` (300 templated problems, e.g. "Tom has 12
 apples. He buys 7 more. How many apples does he have now?" -> "19";
 `arl.data.word_problems`). The JSONL is tokenized with the character codec and written as
@@ -31,7 +31,7 @@ Your own data: write {"prompt", "answer"} lines, run `python -m experiments.make
 (or point `env.kwargs.path` at the .jsonl itself), and set `env.kwargs.verifier`
 ("numeric", "exact" or "normalized"). Evaluate on the held-out split with
 `DatasetTask(path, split="eval").split_tasks()` (docs/environments.md, "Tasks from a
-dataset"). Measured numbers: benchmarks/RESULTS.md, "Learning".
+dataset"). Measured numbers: docs/learning.md, "Measured results".
 """
 
 from arl import config as config_lib

@@ -15,7 +15,7 @@ the training log-probs are computed in chunks from the hidden states
 Measured (seed 0, shared 2-core CPU, ~5 minutes): sampled success 0.44 after the SFT
 stage (greedy 0.07: it imitates the demonstrator's tool skipping), 0.96 after SFT + 80
 GRPO steps (greedy 1.0, always two turns: tool call, then answer); the demonstrator
-0.75, the oracle 1.0, the untrained model 0.0. benchmarks/RESULTS.md, "Learning".
+0.75, the oracle 1.0, the untrained model 0.0 (docs/learning.md, "Measured results").
 
 To start from a pretrained checkpoint instead, load it with
 `arl.models.hf_import.load_hf_checkpoint` and point `env.kwargs.codec` at the

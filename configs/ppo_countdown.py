@@ -14,7 +14,7 @@ after SFT (the same stage-1 weights as `grpo_countdown`) and 0.33 / 0.43 after S
 
     python -m experiments.learning_stages --config=configs/ppo_countdown.py
 
-Measured numbers: benchmarks/RESULTS.md, "Learning: Sokoban and Countdown"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_games_slow.py.
 """
 

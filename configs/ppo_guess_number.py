@@ -17,7 +17,7 @@ sample per task is enough for PPO (no group baseline): the critic is the baselin
 
 (`recipes.warm_start` below sets stage 1, run by both; `learning_stages` also reports the
 baselines and the SFT-only policy.)
-Measured numbers: benchmarks/RESULTS.md, "Learning"; test:
+Measured numbers: docs/learning.md, "Measured results"; test:
 tests/test_learning_token_slow.py.
 
 Scale up: as for `grpo_guess_number`; with a larger model, consider value clipping

@@ -22,8 +22,8 @@ demonstrator stays ahead sampled (0.73). Seed 0 is the best of three: with its o
 
     python -m experiments.learning_stages --config=configs/ppo_sokoban.py
 
-Measured numbers and curves: benchmarks/RESULTS.md, "Learning: Sokoban and Countdown";
-test: tests/test_learning_games_slow.py.
+Measured numbers and curves: docs/learning.md, "Measured results"; test:
+tests/test_learning_games_slow.py.
 """
 
 from configs import grpo_sokoban, recipes

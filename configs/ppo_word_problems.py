@@ -18,8 +18,7 @@ measured for this run (the GRPO run memorised: ~0.2 there).
 
     python -m experiments.learning_stages --config=configs/ppo_word_problems.py
 
-Measured numbers: benchmarks/RESULTS.md, "Learning: Sokoban and Countdown" (the table of
-PPO with a critic on every new environment).
+Measured numbers: docs/learning.md, "Measured results".
 """
 
 from configs import grpo_word_problems, recipes

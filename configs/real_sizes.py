@@ -32,9 +32,9 @@ group 8 = 64 episodes per step, one optimizer step on all of them, no KL referen
     python benchmarks/real_sizes.py        # per-device memory of every shape and layout
 
 benchmarks/real_sizes.py compiles the full train step of each shape on fake meshes of 8
-and 64 CPU devices and compares XLA's per-device memory with an analytic estimate;
-benchmarks/RESULTS.md, "Real sizes". The 8B shape needs a multi-chip slice; on this
-repository's CPU only its compilation is checked.
+and 64 CPU devices and compares XLA's per-device memory with an analytic estimate
+(docs/sharding.md). The 8B shape needs a multi-chip slice; on this repository's CPU only
+its compilation is checked.
 """
 
 from arl import config as config_lib

@@ -28,9 +28,9 @@ def main(argv):
     del argv
     import jax
 
-    from arl import algorithms, rollout, trainers
+    from arl import algorithm_table, rollout, trainers
     from arl import config as config_lib
-    from arl.host import evaluation
+    from arl.runs import evaluation
 
     if _NUM_TASKS.value < 1 or _NUM_TRANSCRIPTS.value < 0:
         raise app.UsageError(f"--num_tasks={_NUM_TASKS.value} must be >= 1 and "
@@ -40,7 +40,7 @@ def main(argv):
     except FileNotFoundError as error:
         raise app.UsageError(f"--workdir={_WORKDIR.value!r}: {error}") from error
     config_lib.import_modules(config)
-    if algorithms.get_algorithm(config.algorithm).trainer == "vector":
+    if algorithm_table.get_algorithm(config.algorithm).trainer == "vector":
         raise app.UsageError("evaluate.py evaluates token-environment policies; vector-env "
                              "runs log episode_return in metrics.jsonl during training.")
     if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:

@@ -43,10 +43,10 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
-    from arl.host import allocator
+    from arl.runs import allocator
 
     # Before JAX's backend starts: steps run on this thread, whose heap
-    # `experiment.run` then keeps mapped between steps (arl/host/allocator.py).
+    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py).
     allocator.run_computations_inline_unless_disabled()
 
     if _COORDINATOR.value is not None:
@@ -56,9 +56,9 @@ def main(argv):
             process_id=_PROCESS_ID.value)
     from arl import config as config_lib
 
-    # Before the host loop's imports (orbax, tensorboardX): a bad config fails fast.
+    # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
-    from arl.host import experiment
+    from arl.runs import experiment
 
     experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
 

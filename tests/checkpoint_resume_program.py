@@ -25,8 +25,8 @@ import numpy as np
 import optax
 from flax import struct
 
-from arl.host import checkpoint as checkpoint_lib
-from arl.host import writers as writers_lib
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import writers as writers_lib
 
 BATCH, IN_DIM, HIDDEN = 16, 3, 8
 

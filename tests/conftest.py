@@ -12,12 +12,11 @@ from tests import xla_flags
 # setting (tests/xla_flags.py says which flags and why).
 xla_flags.set_suite_flags()
 # A test worker runs hundreds of short programs, mostly compiling: it keeps glibc's
-# defaults (tests/test_allocator.py checks `arl.host.allocator` in a subprocess).
+# defaults (tests/test_allocator.py checks `arl.runs.allocator` in a subprocess).
 os.environ.setdefault("ARL_KEEP_FREED_MEMORY", "0")
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _DATA_CACHE_ENV = "ARL_CACHE_DIR"  # datasets built on first use (arl.data.text_tasks)
-_NATIVE_CACHE_ENV = "ARL_NATIVE_CACHE"  # C++ kernels built on first use (arl.native)
 
 
 def pytest_configure(config):
@@ -30,9 +29,6 @@ def pytest_configure(config):
     if not os.environ.get(_DATA_CACHE_ENV):  # per run too: no dataset left from an earlier run
         config._arl_data_cache = tempfile.mkdtemp(prefix="arl-data-cache-")
         os.environ[_DATA_CACHE_ENV] = config._arl_data_cache
-    if not os.environ.get(_NATIVE_CACHE_ENV):  # every run builds the native kernels itself
-        config._arl_native_cache = tempfile.mkdtemp(prefix="arl-native-cache-")
-        os.environ[_NATIVE_CACHE_ENV] = config._arl_native_cache
     if os.environ.get(_CACHE_ENV):
         return
     config._arl_jax_cache = tempfile.mkdtemp(prefix="arl-jax-cache-")
@@ -43,8 +39,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     for cache in (getattr(config, "_arl_jax_cache", None),
-                  getattr(config, "_arl_data_cache", None),
-                  getattr(config, "_arl_native_cache", None)):
+                  getattr(config, "_arl_data_cache", None)):
         if cache:
             shutil.rmtree(cache, ignore_errors=True)
 

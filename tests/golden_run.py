@@ -1,7 +1,7 @@
 """Golden runs: the metrics of the first steps of every shipped config, at reduced sizes.
 
 A refactor changes structure, not numbers. `tests/test_golden_run.py` runs each case
-below through the real host loop (`arl.host.experiment.run`: warm start, train steps, greedy
+below through the real experiment loop (`arl.runs.experiment.run`: warm start, train steps, greedy
 and sampled evaluation) and compares every logged metric with the values recorded in
 `tests/golden/<processor>/<case>.json`.
 
@@ -295,10 +295,10 @@ CASES = {f.__name__: f for f in (
 def run_case(name: str, workdir: str) -> list[dict]:
     """The logged records of case `name` trained in `workdir` (a fresh directory)."""
     from arl.data import datasets
-    from arl.host import experiment
+    from arl.runs import experiment
 
     config = CASES[name]()
-    if config.loss.get("sft_dataset", "") == "<demonstrations>":
+    if config.loss.sft_dataset == "<demonstrations>":
         config.loss.sft_dataset = datasets.build_demonstrations(
             os.path.join(workdir, "data"), config.env.to_dict(), num_episodes=64,
             action_source="demonstrator")

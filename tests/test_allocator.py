@@ -1,4 +1,4 @@
-"""arl.host.allocator: glibc keeps freed memory mapped, so a repeated large allocation
+"""arl.runs.allocator: glibc keeps freed memory mapped, so a repeated large allocation
 stops page-faulting, and a compiled step run inline reuses its scratch at any size
 (measured in subprocesses: the settings are process-wide)."""
 
@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from arl.host import allocator
+from arl.runs import allocator
 
 _FAULTS_PROGRAM = r"""
 import ctypes, json, resource, sys
-from arl.host import allocator
+from arl.runs import allocator
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -43,7 +43,7 @@ print(json.dumps(dict(default=default, applied=applied, kept=kept)))
 _STEP_FAULTS_PROGRAM = r"""
 import json, resource, sys
 import jax, jax.numpy as jnp
-from arl.host import allocator
+from arl.runs import allocator
 
 inline = allocator.run_computations_inline() if sys.argv[1] == "inline" else False
 kept = allocator.keep_freed_memory()

@@ -51,21 +51,50 @@ def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp
 def test_executed_update_flops_equal_the_dots_a_profile_sees_run(peers, tmp_path):
     """The "executed of peak" count (the step's jaxpr: update branch, shared-prompt
     branch) equals the matmul FLOPs of the dots the compiled step runs, less its
-    rollout's, as `update_phase.executed_thunks` counts them from a profile."""
-    import update_phase  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
+    rollout's, as `matmul_ceiling.executed_thunks` counts them from a profile."""
+    import matmul_ceiling  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
 
     setting = peers.protocol.SETTINGS["tiny"]
     runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, str(tmp_path)),
                              warmup=1)
 
     def flops(program, run):
-        dots = update_phase.hlo_dots(program.as_text(), update_phase.executed_thunks(run))
-        return sum(dot["runs"] * update_phase.dot_flops(dot) for dot in dots)
+        dots = matmul_ceiling.hlo_dots(program.as_text(), matmul_ceiling.executed_thunks(run))
+        return sum(dot["runs"] * matmul_ceiling.dot_flops(dot) for dot in dots)
 
     step = flops(runner.step_program, runner._run_step)  # pylint: disable=protected-access
     rollout = flops(runner.rollout_program, runner._run_rollout)  # pylint: disable=protected-access
     assert runner.ready["executed_update_flops"] > 0
     assert step - rollout == pytest.approx(runner.ready["executed_update_flops"], rel=1e-9)
+
+
+def test_arl_config_takes_overrides_and_refuses_unknown_keys(peers):
+    setting = peers.protocol.SETTINGS["tiny"]
+    override = peers.parse_override("updates.reuse_rollout_activations=False")
+    assert override == ("updates.reuse_rollout_activations", False)
+    assert peers.parse_override("model.attention=blocked") == ("model.attention", "blocked")
+    config = peers.arl_config(setting, "checkpoint", dict([override, ("optim.learning_rate",
+                                                                     3e-4)]))
+    assert config.updates.reuse_rollout_activations is False
+    assert config.optim.learning_rate == 3e-4
+    assert peers.arl_config(setting, "checkpoint").updates.reuse_rollout_activations is True
+    with pytest.raises(SystemExit, match="updates.no_such_key"):
+        peers.arl_config(setting, "checkpoint", {"updates.no_such_key": 1})
+    with pytest.raises(SystemExit, match="updates.epochs='two'"):
+        peers.arl_config(setting, "checkpoint", dict([peers.parse_override("updates.epochs=two")]))
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        peers.parse_override("updates.epochs")
+
+
+@pytest.mark.slow  # compiles two steps and two rollouts (~30 s): default suite budget
+def test_ab_runner_compares_an_option_that_keeps_the_sampled_tokens(peers, tmp_path):
+    import ab  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
+
+    rows = ab.main(["updates.reuse_rollout_activations=False", "--settings=tiny",
+                    "--rounds=2", f"--cache_dir={tmp_path}"])
+    assert [row[0] for row in rows] == ["tiny"]
+    assert rows[0][-1] == "yes", rows
+    assert all(float(cell) > 0 for cell in rows[0][1:3] + rows[0][4:6]), rows
 
 
 def test_target_token_reward_is_the_share_of_target_ids(peers):

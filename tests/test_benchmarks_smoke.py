@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhead",
-           "layer_scan")
+SCRIPTS = ("common", "ppo_cartpole", "agentic_step", "scaling", "sharding_overhead")
 
 
 def import_benchmark(name: str):
@@ -30,17 +29,20 @@ def bench():
     return {name: import_benchmark(name) for name in SCRIPTS}
 
 
-def test_append_section_writes_each_heading_once_per_run_of_sections(bench, tmp_path):
+def test_record_section_replaces_its_own_section_and_adds_new_ones_at_the_end(bench,
+                                                                             tmp_path):
     common = bench["common"]
     path = str(tmp_path / "RESULTS.md")
-    common.append_section("A", "first", path)
-    common.append_section("A", "second", path)
-    common.append_section("B", common.markdown_table(["x", "y"], [(1, 2)]), path)
+    common.record_section("A", "first", path)
+    common.record_section("B", common.markdown_table(["x", "y"], [(1, 2)]), path)
+    common.record_section("A", "second\n\n### sub\n\nmore", path)
+    common.record_section("C", "third", path)
     text = open(path, encoding="utf-8").read()
-    assert text.startswith("# Benchmark results\n")
-    assert text.count("## A\n") == 1 and text.count("## B\n") == 1
-    assert text.index("first") < text.index("second") < text.index("## B")
-    assert "| x | y |\n|---|---:|\n| 1 | 2 |" in text
+    assert text == ("# Benchmark results\n\n## A\n\nsecond\n\n### sub\n\nmore\n\n"
+                    "## B\n\n| x | y |\n|---|---:|\n| 1 | 2 |\n\n## C\n\nthird\n")
+    common.record_section("C", "fourth", path)  # the last section, replaced
+    assert open(path, encoding="utf-8").read().endswith("## B\n\n| x | y |\n|---|---:|\n"
+                                                      "| 1 | 2 |\n\n## C\n\nfourth\n")
 
 
 def test_padded_replies_lengthen_the_buffer_not_the_reply(bench):
@@ -75,19 +77,6 @@ def test_smallest_purejaxrl_baseline_update_runs(bench):
     assert any(jax.tree.leaves(changed))
 
 
-def test_layer_scan_programs_run(bench):
-    from arl.models import TransformerConfig
-
-    config = TransformerConfig(vocab_size=16, d_model=16, num_layers=2, num_heads=2,
-                               num_kv_heads=2, mlp_dim=32, layer_unroll=2)
-    programs = bench["layer_scan"].model_programs(config, batch=2, seq_len=4)
-    tokens = np.asarray(programs["decode"]())
-    assert tokens.shape == (2, 1) and ((0 <= tokens) & (tokens < 16)).all()
-    grads = programs["grad"]()
-    assert jax.tree.leaves(grads) and all(
-        np.isfinite(g).all() and np.abs(g).sum() > 0 for g in jax.tree.leaves(grads))
-
-
 def test_scaling_plot_keeps_flat_series_flat(bench):
     import matplotlib
     matplotlib.use("Agg")
@@ -105,12 +94,25 @@ def test_scaling_plot_keeps_flat_series_flat(bench):
     plt.close(fig)
 
 
-def test_sharding_overhead_parses_mesh_layouts(bench):
-    parse = bench["sharding_overhead"].parse_meshes
+def test_mesh_layouts_parse_or_exit_with_one_line(bench):
+    parse = bench["common"].parse_meshes
     assert parse("8,1,1;2,4,1") == [(8, 1, 1), (2, 4, 1)]
     for bad in ("8,1", "2,0,4", "8,x,1"):
         with pytest.raises(SystemExit, match="three positive sizes"):
             parse(bad)
+
+
+def test_force_host_devices_replaces_the_device_count_only_when_asked(bench, monkeypatch):
+    force = bench["common"].force_host_devices
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8")
+    assert force(["--shapes", "tiny", "--devices", "64"]) == 64
+    assert os.environ["XLA_FLAGS"] == ("--xla_cpu_foo=1 "
+                                       "--xla_force_host_platform_device_count=64")
+    assert force(["--devices=2"], default=8) == 2
+    assert os.environ["XLA_FLAGS"].endswith("count=2") and "count=64" not in os.environ[
+        "XLA_FLAGS"]
+    assert force(["--rows", "3"]) == 0 and os.environ["XLA_FLAGS"].endswith("count=2")
+    assert force([], default=8) == 8
 
 
 def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
@@ -122,22 +124,8 @@ def test_donated_step_runner_feeds_each_output_to_the_next_call(bench):
     np.testing.assert_array_equal([float(m["value"][0]) for m in seen], [0.0, 1.0, 2.0])
 
 
-@pytest.mark.slow  # four processes, each compiling a train step
-def test_host_allocator_benchmark_runs_each_variant_in_its_own_process(bench, tmp_path):
-    host_allocator = import_benchmark("host_allocator")
-    rows = host_allocator.main(["--settings=tiny", "--rounds=1", "--steps=2",
-                                f"--cache_dir={tmp_path}"])
-    assert [row[1] for row in rows] == list(host_allocator.VARIANTS)
-    # Each process applied its own variant's settings (they are process-wide); whether
-    # they remove page faults is tested in tests/test_allocator.py at a size where they do.
-    assert {row[1]: row[2] for row in rows} == {
-        "default": "none", "keep": "kept heap", "keep + inline": "kept heap + inline",
-        "keep + 1 arena": "kept heap"}
-    assert all(int(row[5].replace(",", "")) >= 0 and float(row[3]) > 0 for row in rows)
-
-
-def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
-    update_phase = import_benchmark("update_phase")
+def test_matmul_ceiling_finds_every_dot_of_a_compiled_program_and_its_runs():
+    matmul_ceiling = import_benchmark("matmul_ceiling")
 
     def program(x, w, q, k):
         y = x @ w                                       # [32, 24] x [24, 40], runs once
@@ -150,7 +138,9 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
         return y.sum() + scores.sum() + h.sum()
 
     args = (jnp.ones((32, 24)), jnp.ones((24, 40)), jnp.ones((3, 5, 8)), jnp.ones((3, 6, 8)))
-    dots = update_phase.hlo_dots(jax.jit(program).lower(*args).compile().as_text())
+    compiled = jax.jit(program).lower(*args).compile()
+    executed = matmul_ceiling.executed_thunks(lambda: jax.block_until_ready(compiled(*args)))
+    dots = matmul_ceiling.hlo_dots(compiled.as_text(), executed)
     runs = {}
     for dot in dots:
         key = (tuple(sorted(dot["lhs"] + dot["rhs"])), len(dot["numbers"][1][0]))
@@ -159,14 +149,14 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
                     (tuple(sorted((3, 5, 8, 3, 6, 8))), 1): 1,
                     (tuple(sorted((32, 24, 24, 24))), 0): 7}
     batched = next(d for d in dots if d["numbers"][1][0])
-    assert update_phase.dot_flops(batched) == 2 * 3 * 5 * 6 * 8
+    assert matmul_ceiling.dot_flops(batched) == 2 * 3 * 5 * 6 * 8
     plain = next(d for d in dots if d["runs"] == 1 and not d["numbers"][1][0])
-    assert update_phase.dot_flops(plain) == 2 * 32 * 24 * 40
+    assert matmul_ceiling.dot_flops(plain) == 2 * 32 * 24 * 40
 
     # The same program's dots timed alone: every run counted once, the costliest logged.
     logged = []
-    seconds, work, timed_dots, distinct = update_phase.dots_alone(
-        jax.jit(program).lower(*args).compile().as_text(), 1, logged.append, top=2)
+    seconds, work, timed_dots, distinct = matmul_ceiling.dots_alone(
+        compiled.as_text(), executed, 1, logged.append, top=2)
     assert work == 2 * 32 * 24 * 40 + 2 * 3 * 5 * 6 * 8 + 7 * 2 * 32 * 24 * 24
     assert (len(timed_dots), distinct, len(logged)) == (3, 3, 2)
     assert seconds > 0 and all(line.startswith("dot f32") for line in logged)
@@ -174,8 +164,8 @@ def test_update_phase_finds_every_dot_of_a_compiled_program_and_its_runs():
 
 def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
     """Counted from the trace of one call, a conditional's untaken branch contributes no
-    dot and a loop's dot runs its trip count; the static count takes both branches."""
-    update_phase = import_benchmark("update_phase")
+    dot and a loop's dot runs its trip count (mean over calls)."""
+    matmul_ceiling = import_benchmark("matmul_ceiling")
 
     def program(x, w, v, take_w):
         def body(h, _):
@@ -189,46 +179,11 @@ def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
     args = (jnp.ones((32, 24)), jnp.ones((24, 40)), jnp.ones((24, 3)), jnp.asarray(True))
     compiled = jax.jit(program).lower(*args).compile()
     text = compiled.as_text()
-    executed = update_phase.executed_thunks(
+    executed = matmul_ceiling.executed_thunks(
         lambda: jax.block_until_ready(compiled(*args)), calls=2)
-    counted = {(dot["rhs"], dot["runs"]) for dot in update_phase.hlo_dots(text, executed)}
+    counted = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text, executed)}
     assert counted == {((24, 24), 7), ((24, 40), 1)}, counted
-    static = {(dot["rhs"], dot["runs"]) for dot in update_phase.hlo_dots(text)}
-    assert static == {((24, 24), 7), ((24, 40), 1), ((24, 3), 1)}, static
-
-
-def test_sampling_benchmark_draws_the_same_tokens_both_ways():
-    sampling_bench = import_benchmark("sampling")
-    draw, decode = sampling_bench.main(["--draw-points=4:16,2:300", "--generate-points=2:64",
-                                        "--repeats=1"])
-    assert [row[:2] for row in draw] == [(4, "16"), (2, "300")]
-    assert all(row[5] == "yes" for row in draw + decode), draw + decode
-
-
-def test_decode_attention_benchmark_compares_equal_outputs(monkeypatch):
-    decode_attention = import_benchmark("decode_attention")
-    monkeypatch.setattr(decode_attention, "ATTENTION_SHAPES", {"tiny": (2, 6, 2, 2, 8)})
-    monkeypatch.setattr(decode_attention, "GENERATE_SHAPES", {"tiny": (2, 32, 4, 2)})
-    monkeypatch.setattr(decode_attention, "BLOCKED_SHAPES", {"tiny": (2, 2, 2, 8)})
-    monkeypatch.setattr(decode_attention, "BLOCKED_CAPACITY", 16)
-    monkeypatch.setattr(decode_attention, "BLOCK", 4)
-    monkeypatch.setattr(decode_attention, "STEPS", 3)
-    attention, blocked, decode = decode_attention.main(["--repeats=1"])
-    assert [row[:2] for row in attention] == [("tiny", "B 2 S 6 KV 2 G 2 d 8")]
-    assert [row[1] for row in blocked] == ["B 2 KV 2 G 2 d 8, 4 of 16 slots",
-                                           "B 2 KV 2 G 2 d 8, 16 of 16 slots"]
-    assert all(float(row[5]) < 1e-5 for row in attention + blocked), attention + blocked
-    assert decode[0][5] == "yes", decode
-
-
-@pytest.mark.slow  # compiles four rollouts (~23 s); tests/models/test_per_layer_cache.py
-# checks the same equality in the default suite
-def test_per_layer_cache_benchmark_samples_the_same_tokens_both_ways(tmp_path):
-    per_layer_cache = import_benchmark("per_layer_cache")
-    rows = per_layer_cache.main(["--settings=tiny", "--rounds=1", f"--cache_dir={tmp_path}"])
-    assert [row[0] for row in rows] == ["tiny"]
-    assert rows[0][-1] == "yes", rows
-    # The patched path is restored: this process decodes per layer again.
-    from arl.models import sampling, transformer
-    config = transformer.TransformerConfig(vocab_size=8, num_layers=1, layer_unroll=1)
-    assert transformer.decodes_per_layer(config) and sampling.decodes_per_layer(config)
+    executed = matmul_ceiling.executed_thunks(
+        lambda: jax.block_until_ready(compiled(args[0], args[1], args[2], jnp.asarray(False))))
+    counted = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text, executed)}
+    assert counted == {((24, 24), 7), ((24, 3), 1)}, counted

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from arl.rollout import branching
-from arl.trainers import credit
+from arl.trainers import process_reward_models as prm_lib
 from arl import envs
 from arl import rollout as rollout_lib
 from arl.models import transformer as transformer_lib
@@ -317,7 +317,7 @@ class _FakePRM:
 def test_state_positions_hand_made():
     traj = _hand_trajectory()
     # s_k is the last token before turn k; at and after the last turn, the row's last token.
-    np.testing.assert_array_equal(credit.state_positions(traj),
+    np.testing.assert_array_equal(prm_lib.state_positions(traj),
                                   [[2, 5, 8, 8], [2, 5, 8, 11]])
 
 
@@ -328,7 +328,7 @@ def test_prm_loss_uses_known_labels_and_the_final_outcome():
     params = {"logits": jnp.asarray(logits)}
     labels = np.array([[0.25, 0.5, 0.9], [0.75, 0.1, 0.3]], np.float32)
     known = np.array([[True, False, False], [True, True, False]])
-    loss, metrics = credit.prm_loss(params, _FakePRM(), traj, labels, known)
+    loss, metrics = prm_lib.prm_loss(params, _FakePRM(), traj, labels, known)
 
     def bce(x, y):
         p = 1 / (1 + np.exp(-x))
@@ -342,7 +342,7 @@ def test_prm_loss_uses_known_labels_and_the_final_outcome():
     accuracy = np.mean([(logits[b, t] > 0) == (y > 0.5) for b, t, y in picked])
     np.testing.assert_allclose(metrics["prm/accuracy"], accuracy, rtol=1e-6)
     # The gradient touches exactly the labelled positions.
-    grads, _ = jax.grad(credit.prm_loss, has_aux=True)(params, _FakePRM(), traj, labels,
+    grads, _ = jax.grad(prm_lib.prm_loss, has_aux=True)(params, _FakePRM(), traj, labels,
                                                        known)
     touched = {(b, t) for b, t in zip(*np.nonzero(np.asarray(grads["logits"])))}
     assert touched == {(b, t) for b, t, _ in picked}
@@ -351,7 +351,7 @@ def test_prm_loss_uses_known_labels_and_the_final_outcome():
 def test_prm_turn_rewards_telescope_on_turn_ends():
     traj = _hand_trajectory()
     logits = np.random.default_rng(1).normal(size=(2, 13)).astype(np.float32)
-    rewards = np.asarray(credit.prm_turn_rewards(_FakePRM(), {"logits": logits}, traj))
+    rewards = np.asarray(prm_lib.prm_turn_rewards(_FakePRM(), {"logits": logits}, traj))
     phi = 1 / (1 + np.exp(-logits))
     assert np.all(rewards[traj.turn_end_mask == 0] == 0)
     np.testing.assert_allclose(rewards[0, [4, 7]], [phi[0, 5] - phi[0, 2], phi[0, 8] - phi[0, 5]],
@@ -366,9 +366,9 @@ def test_implicit_prm_rewards_and_loss():
     ref_logp = rng.normal(size=(3, 5)).astype(np.float32)
     mask = (rng.random((3, 5)) < 0.6).astype(np.float32)
     success = np.array([True, False, True])
-    rewards = credit.implicit_rewards(logp_phi, ref_logp, mask, 0.05)
+    rewards = prm_lib.implicit_rewards(logp_phi, ref_logp, mask, 0.05)
     np.testing.assert_allclose(rewards, 0.05 * (logp_phi - ref_logp) * mask, rtol=1e-6)
-    loss, metrics = credit.implicit_prm_loss(logp_phi, ref_logp, mask, success, 0.05)
+    loss, metrics = prm_lib.implicit_prm_loss(logp_phi, ref_logp, mask, success, 0.05)
     score = 0.05 * ((logp_phi - ref_logp) * mask).sum(1)
     want = np.mean(np.asarray(optax.sigmoid_binary_cross_entropy(score, success * 1.0)))
     np.testing.assert_allclose(loss, want, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""Tests for arl.host.checkpoint: round trips, retention, corruption fallback, exact resume."""
+"""Tests for arl.runs.checkpoint: round trips, retention, corruption fallback, exact resume."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import optax
 import pytest
 from flax import struct
 
-from arl.host import checkpoint
-from arl.host import writers
+from arl.runs import checkpoint
+from arl.runs import writers
 
 _PROGRAM = os.path.join(os.path.dirname(__file__), "checkpoint_resume_program.py")
 

@@ -1,7 +1,7 @@
 """Bad input through the real command line: `python -m experiments.train ...` in a
 subprocess must end with ONE line on stderr naming the field, the value and what is
 allowed, exit status 2, no traceback, and nothing written (the workdir is not created:
-the host loop creates it after the config, the environment and the model were accepted
+the experiment loop creates it after the config, the environment and the model were accepted
 and before anything is compiled).
 
 The cases run as parallel subprocesses of one test (each start imports JAX, ~1 s of
@@ -130,7 +130,7 @@ CATALOGUE = {
 def _write_user_env_checkpoint(workdir):
     import numpy as np
 
-    from arl.host import checkpoint, experiment
+    from arl.runs import checkpoint, experiment
     from tests import user_env_config
 
     config = user_env_config.get_config()

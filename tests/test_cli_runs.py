@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
-from arl.host import allocator
-from arl.host import writers
+from arl.runs import allocator
+from arl.runs import writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # An absl log line: level, date, time, thread, file:line]
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ")
-_OWN_FILES = {"experiment.py", "writers.py"}  # the host loop's start/resume and progress
+_OWN_FILES = {"experiment.py", "writers.py"}  # the experiment loop's start/resume and progress
 
 
 def _run(program, *args, platforms_unset=False, host_defaults=False):

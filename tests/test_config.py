@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import stat
 
@@ -270,6 +271,41 @@ def test_unknown_key_inside_a_new_section_names_its_leaf():
     with pytest.raises(config_lib.ConfigError,
                        match=r"^config\.optimm\.learning_rate=0\.1 is invalid: not a config key "
                              r"\(did you mean config\.optim\.learning_rate\?\)"):
+        config_lib.validate(config)
+
+
+def test_stored_config_takes_the_defaults_of_keys_added_since():
+    """A checkpoint written before a key existed loads with that key's default; the
+    stored values (JSON lists included) win over the defaults."""
+    stored = json.loads(config_lib.default_config().to_json_best_effort())
+    del stored["model"]["remat"]
+    del stored["warm_start"]  # a whole section added later
+    stored["mesh"] = [1, 1, 1]
+    stored["loss"]["kl_coef"] = 0.25
+    stored["env"]["members"] = [{"name": "bandit", "kwargs": {}}]
+    config = config_lib.with_defaults(stored)
+    assert config.model.remat is False
+    assert config.warm_start.sft_steps == 0
+    assert config.loss.kl_coef == 0.25 and tuple(config.mesh) == (1, 1, 1)
+    assert config.env.members[0]["name"] == "bandit"
+    config_lib.check_known_keys(config)
+
+
+def test_stored_config_with_a_key_no_longer_in_the_schema_is_a_config_error():
+    stored = json.loads(config_lib.default_config().to_json_best_effort())
+    stored["loss"]["kl_coeff"] = 0.1
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^config\.loss\.kl_coeff=0\.1 is invalid: not a config key "
+                             r"\(did you mean config\.loss\.kl_coef\?\)"):
+        config_lib.with_defaults(stored)
+
+
+def test_config_missing_a_key_is_a_config_error_naming_it():
+    config = config_lib.default_config()
+    del config.updates["shuffle"]
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"^config\.updates\.shuffle is missing: build configs from "
+                             r"arl\.config\.default_config\(\)"):
         config_lib.validate(config)
 
 

@@ -1,4 +1,4 @@
-"""experiments/evaluate.py and arl.host.evaluation on a tiny mixture checkpoint."""
+"""experiments/evaluate.py and arl.runs.evaluation on a tiny mixture checkpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from absl import flags
 
 from arl import config as config_lib
 from arl import trainers
-from arl.host import checkpoint, evaluation, experiment
+from arl.runs import checkpoint, evaluation, experiment
 
 
 def _tiny_mixture_config():

@@ -1,4 +1,4 @@
-"""End-to-end tests of `python -m experiments.train` (arl.host.experiment.run).
+"""End-to-end tests of `python -m experiments.train` (arl.runs.experiment.run).
 
 A run killed with SIGKILL after step k and restarted must end with the same metrics and
 parameters, bit for bit, as an uninterrupted run. The runs share a persistent
@@ -20,11 +20,11 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from arl.host import writers
+from arl.runs import writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Tiny sizes: the point is the host loop, not learning.
+# Tiny sizes: the point is the experiment loop, not learning.
 _VECTOR_FLAGS = (
     "--config=configs/ppo_cartpole.py", "--config.train_steps=6", "--config.log_every=1",
     "--config.checkpoint_every=2", "--config.keep_checkpoints=3",
@@ -233,8 +233,8 @@ def compilation_cache(tmp_path):
 
 
 def test_run_in_process_writes_outputs_and_extends(tmp_path, compilation_cache):
-    from arl.host import checkpoint
-    from arl.host import experiment
+    from arl.runs import checkpoint
+    from arl.runs import experiment
 
     del compilation_cache
     config = _tiny_vector_config()
@@ -255,9 +255,27 @@ def test_run_in_process_writes_outputs_and_extends(tmp_path, compilation_cache):
 
 def test_run_rejects_an_unwritable_workdir_before_compiling(tmp_path):
     from arl import config as config_lib
-    from arl.host import experiment
+    from arl.runs import experiment
 
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(config_lib.ConfigError, match="workdir"):
         experiment.run(_tiny_vector_config(), str(blocker / "run"))
+
+
+def test_resume_warns_of_changed_keys_not_of_keys_added_since(monkeypatch):
+    """A checkpoint written before a key existed: the key's default is no change."""
+    from arl import config as config_lib
+    from arl.runs import experiment
+
+    warnings = []
+    monkeypatch.setattr(experiment.logging, "warning",
+                        lambda fmt, *args: warnings.append(fmt % args))
+    current = experiment.config_json(config_lib.default_config())
+    saved = json.loads(json.dumps(current))
+    del saved["model"]["remat"]
+    experiment._warn_config_changes(saved, current)  # pylint: disable=protected-access
+    assert not warnings
+    saved["optim"]["learning_rate"] = 0.5
+    experiment._warn_config_changes(saved, current)  # pylint: disable=protected-access
+    assert len(warnings) == 1 and "optim.learning_rate (0.5 -> 0.001)" in warnings[0], warnings

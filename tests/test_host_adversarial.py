@@ -11,7 +11,9 @@ step from the restored state must be bit for bit the step the live trainer took.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import uuid
 
 import jax
 import numpy as np
@@ -19,11 +21,17 @@ import pytest
 
 import arl
 from arl import rollout as rollout_lib
-from arl.envs.code_interpreter import CodeInterpreter
-from arl.host import checkpoint
+from arl.envs.tasks.code_interpreter import CodeInterpreter
+from arl.runs import checkpoint
 from arl.trainers import TokenTrainer
 from tests.tools.conftest import child_pids
+from tests.tools.test_kernel_boundary import WORLD_WRITABLE
 
+MARK = "arlpwned" + uuid.uuid4().hex[:8]
+# No brackets in these programs: the built-in CharCodec has none (replies show "?").
+ALIASED_IMPORT = ("import sys,glob,importlib.util as u\np,=glob.glob(sys.path.pop()+'/_posixsu*')\n"
+                  "u.module_from_spec(u.spec_from_file_location('a._posixsubprocess',p))")
+DISK_FILL = "for i in range(3):open(str(i),'w').write('x'*6*10**5)"  # 1 MiB disk here
 # (program, what its reply must contain)
 ATTACKS = (
     ("while True: pass", "timeout after 0.5 s"),
@@ -34,9 +42,17 @@ ATTACKS = (
     ("import socket\nsocket.socket()", "PermissionError: sandbox"),
     ("raise SystemExit(7)", "exit status 7"),
     ("import os\nos.environ.get('ARL_HOST_TEST_SECRET')", "(no output)"),  # not inherited
+    # The classes the kernel contains (tests/tools/test_kernel_boundary.py has each with
+    # the hooks off too). A blocked extension loaded from its file under another name:
+    (ALIASED_IMPORT, "PermissionError: sandbox: module"),
+    ("import _xxsubinterpreters", "PermissionError: sandbox: module"),  # sub-interpreters
+    (f"open('/run/lock/{MARK}','w')", "PermissionError: sandbox: writing"),
+    ("import os\nos.mkfifo('f')", "PermissionError: ?Errno 1? Operation"),  # seccomp
+    ("import os\nos.setsid()\nos.fork()", "PermissionError: sandbox: os.fork"),
+    (DISK_FILL, "OSError: ?Errno 28? No space left"),  # max_disk_bytes
 )
-# The train step plays three of them (a shorter context compiles faster).
-TRAIN_ATTACKS = (ATTACKS[0], ATTACKS[1], ATTACKS[3])
+# The train step plays four of them (a shorter context compiles faster).
+TRAIN_ATTACKS = (ATTACKS[0], ATTACKS[8], ATTACKS[11], ATTACKS[13])
 SECRET = ("ARL_HOST_TEST_SECRET", "do-not-leak-42")
 
 
@@ -49,6 +65,7 @@ class AttackInterpreter(CodeInterpreter):
                          wall_time_s=0.5, cpu_time_s=0.5, memory_mb=128, cache_size=0,
                          step_timeout_s=10.0)
         self.attacks = tuple(attacks)
+        self.limits = dataclasses.replace(self.limits, max_disk_bytes=2**20)
 
     def host_demonstrator(self, episode, rng):
         return f"<py>{self.attacks[episode.turn][0]}</py>"
@@ -82,6 +99,8 @@ def _process_unaffected(pid, cwd):
     assert os.getpid() == pid and os.getcwd() == cwd
     assert os.environ.get(SECRET[0]) == SECRET[1]
     assert child_pids() == [], "a sandbox process outlived its call"
+    for directory in WORLD_WRITABLE:
+        assert [name for name in os.listdir(directory) if MARK in name] == [], directory
 
 
 def test_attacks_come_back_as_observations():

@@ -1,5 +1,5 @@
-"""A host environment through the command-line path: `experiments.train` (the host loop,
-`arl.host.experiment.run`: warm start, train, evaluate, checkpoint), a resumed run, and
+"""A host environment through the command-line path: `experiments.train` (the experiment loop,
+`arl.runs.experiment.run`: warm start, train, evaluate, checkpoint), a resumed run, and
 `experiments.evaluate` on its checkpoint, with the shipped `code_interpreter` config at a
 tiny size."""
 
@@ -10,7 +10,7 @@ import os
 import pytest
 from absl import flags
 
-from arl.host import experiment, writers
+from arl.runs import experiment, writers
 from configs import grpo_code_interpreter
 
 

@@ -1,7 +1,7 @@
 """Slow learning tests on RAGEN's Sokoban and TinyZero's Countdown: SFT on the
 environment's weaker demonstrator, then GRPO or PPO (`experiments.learning_stages` with
 the shipped config, fixed seed 0). Thresholds sit a little below the measured numbers
-(benchmarks/RESULTS.md, "Learning: Sokoban and Countdown"). On Countdown GRPO and PPO
+(docs/learning.md, "Measured results"). On Countdown GRPO and PPO
 with a critic must beat SFT, and on Sokoban GRPO without the step penalty and PPO with a
 down-weighted value loss must too; ERPO on a mixture of the three (with the word problems
 of `dataset_task`) must beat SFT on every member.

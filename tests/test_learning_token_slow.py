@@ -3,7 +3,7 @@
 Each test runs the two stages of `experiments.learning_stages` with the shipped config
 and its `warm_start` section (fixed seeds): behaviour cloning on the environment's *weaker*
 demonstrator, then RL from those weights. Thresholds sit a little below the measured
-numbers (benchmarks/RESULTS.md, "Learning"); every test also checks the baselines (the
+numbers (docs/learning.md, "Measured results"); every test also checks the baselines (the
 random policy never succeeds; the demonstrator and the oracle are what they are
 documented to be) and that RL improved on the SFT-only policy.
 
@@ -63,7 +63,7 @@ def test_grpo_word_problems_from_a_dataset():
     assert 0.7 < r["demonstrator"][0] < 0.8  # 1 - (1 - 0.5)^2 over two attempts
     assert r["oracle"][0] == 1.0
     # Measured (seed 0, training problems; memorised: held-out problems stay near 0.2,
-    # RESULTS.md): SFT alone 0.36 sampled / 0.74 greedy, SFT + GRPO 0.74 / 0.84 with
+    # docs/learning.md): SFT alone 0.36 sampled / 0.74 greedy, SFT + GRPO 0.74 / 0.84 with
     # learning_stages on one device; this test (8 fake devices, XLA opt level 0) 0.44 /
     # 0.73 and 0.76 / 0.85 (65 minutes at load average 18).
     assert r["rl_sampled"][0] >= 0.65, r

@@ -4,8 +4,8 @@ fixed seed 0). RL must end well above the SFT-only policy and the demonstrator.
 
     pytest -m slow tests/test_learning_tools_slow.py -n 0 -p no:cacheprovider -s
 
-About 45 minutes on the shared 2-core CPU at load average ~20 (benchmarks/RESULTS.md,
-"Learning: Python tool"); every tool call is a sandboxed Python process.
+About 45 minutes on the shared 2-core CPU at load average ~20 (docs/learning.md,
+"Measured results"); every tool call is a sandboxed Python process.
 """
 
 import pytest

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from arl import trainers
-from arl.host import evaluation, writers
+from arl.runs import evaluation, writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FLAGS = (

@@ -38,3 +38,13 @@ def test_readme_example_runs(title, capsys):
         assert re.search(r"collatz: demonstrator success \d\.\d\d", out), out
     else:
         assert re.search(r"rloo_std: loss -?\d+\.\d{3}, success \d\.\d\d", out), out
+
+
+def test_ci_runs_the_readme_test_command():
+    text = open(_README, encoding="utf-8").read()
+    quickstart = text[text.index("## Quickstart"):]
+    commands = re.search(r"```bash\n(.*?)```", quickstart, flags=re.DOTALL).group(1)
+    install, test = commands.strip().splitlines()
+    assert install.startswith('pip install -e ".[train]" && python -m experiments.train ')
+    ci = open(os.path.join(os.path.dirname(_README), ".ci", "run"), encoding="utf-8").read()
+    assert test in ci.splitlines(), (test, ci)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from arl.host import checkpoint
+from arl.runs import checkpoint
 from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.models import lora as lora_lib

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from arl import config as config_lib
-from arl.host import experiment
+from arl.runs import experiment
 from arl.trainers import warm_start
 from arl.trainers import TokenTrainer
 
@@ -105,7 +105,7 @@ def test_under_lora_the_sft_weights_become_the_frozen_base(sft_params):
 
 @pytest.mark.slow  # two experiment runs (~1 CPU-minute); default-suite budget
 def test_run_warms_up_once_and_a_resume_does_not_repeat_it(tmp_path, monkeypatch):
-    from arl.host import checkpoint
+    from arl.runs import checkpoint
 
     calls = []
     original = warm_start.warm_start_state

@@ -1,4 +1,4 @@
-"""Tests for arl.host.writers: metrics.jsonl, TensorBoard events, samples, plots, progress."""
+"""Tests for arl.runs.writers: metrics.jsonl, TensorBoard events, samples, plots, progress."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
-from arl.host import writers
+from arl.runs import writers
 
 
 def _read_events(logdir: str) -> list[event_pb2.Event]:

@@ -1,9 +1,14 @@
-"""Pure-function kernels of agentic RL: advantages, group statistics, losses, filters,
-and the algorithm table.
+"""Pure-function kernels of agentic RL: advantages, group statistics, losses, filters.
 
 Conventions (docs/kernels.md): token arrays are `[B, T]`, sequence arrays `[B]`, `mask` is
 the agent mask. Every kernel is jittable and vmappable, computes statistics in float32,
 returns no NaN on degenerate input and zeros its outputs where the mask is 0.
+
+The package stands alone: it imports jax, chex and numpy only, so its kernels compose
+into any JAX code (the README's "Compose" section). No kernel compiles itself: called
+outside a trace it runs op by op, like any `jax.numpy` function; `jax.jit` the function
+that calls it. The algorithm table that names these kernels in a config lives a layer
+up, in `arl.algorithm_table`.
 """
 
 from arl.algorithms.advantages import GAE_METHODS, discounted_returns, gae, turn_level_gae
@@ -17,16 +22,16 @@ from arl.algorithms.losses import (KL_KINDS, kl_penalty, nll_per_token, observat
                                    policy_loss, policy_loss_per_token, sft_loss, value_loss,
                                    value_loss_per_token)
 from arl.algorithms.normalization import whiten
+from arl.algorithms.policy_losses import (cispo_policy_loss, cispo_policy_loss_per_token,
+                                          gspo_policy_loss, gspo_policy_loss_per_token)
 from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
                                     turns_to_tokens, vine_advantages)
-from arl.algorithms.table import (CREDIT_FAMILIES, Algorithm, OutcomeBatch, algorithm_names,
-                                  get_algorithm, register_algorithm)
 
 __all__ = [
-    "AGGREGATIONS", "Algorithm", "CREDIT_FAMILIES", "OutcomeBatch", "algorithm_names",
-    "get_algorithm", "register_algorithm", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
-    "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
-    "group_advantages", "group_statistics", "horizon_schedule", "kl_penalty",
+    "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
+    "cispo_policy_loss", "cispo_policy_loss_per_token", "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
+    "group_advantages", "group_statistics", "gspo_policy_loss",
+    "gspo_policy_loss_per_token", "horizon_schedule", "kl_penalty",
     "nll_per_token", "observation_loss", "policy_loss", "policy_loss_per_token",
     "process_advantages", "reinforce_pp_advantages", "rloo_advantages", "sft_loss", "starpo_keep_mask",
     "token_logprobs", "token_logprobs_and_entropy", "tokens_to_turns", "turn_ids",

@@ -4,7 +4,6 @@ to rows."""
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +32,6 @@ def valid_mask(fn, valid, shape):
     return valid
 
 
-@functools.partial(jax.jit, static_argnums=2)
 def segment_moments(scores, segment_ids, num_segments, valid):
     """(mean, Bessel std, count, all-equal-or-small) per segment; two-pass variance."""
     ids = jnp.where(valid, segment_ids, num_segments)  # out of range: dropped by segment ops

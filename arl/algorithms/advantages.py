@@ -23,43 +23,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from arl import native
+from arl import backend
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
-GAE_METHODS = ("auto", "scan", "associative", "native")
-
-# benchmarks/kernels.py (benchmarks/RESULTS.md): on CPU the C++ loop (`arl.native`,
-# called through XLA's FFI) beats rlax's scan 2.3-3.6x and ours 2.5-4x at every
-# benchmarked shape, and the sequential scan beats the associative one 3-5x. Other
-# backends get the associative scan for its O(log T) depth on parallel hardware -- an
-# unmeasured choice (no accelerator was available); pass `method=` explicitly to override.
-_AUTO_DEFAULT = "associative"
+GAE_METHODS = ("auto", "scan", "associative")
 _SCAN_UNROLL = 1
 
 
-def _resolve_method(method: str, dtype=jnp.float32) -> str:
-    """The kernel `method` names; "auto" picks the fastest one measured for the backend."""
+def _resolve_method(method: str) -> str:
+    """The kernel `method` names; "auto" is the backend's (`arl.backend.gae_method`)."""
     method = v.choice("gae", "method", method, GAE_METHODS)
-    on_cpu = jax.default_backend() == "cpu"
-    if method == "auto":
-        if not on_cpu:
-            return _AUTO_DEFAULT
-        # The native loop is float32 only (float64 inputs under jax_enable_x64 scan).
-        return "native" if dtype == jnp.float32 and native.available("gae") else "scan"
-    if method == "native":
-        if not on_cpu:
-            raise ValueError(f"gae: method='native' runs on the CPU backend only (this one "
-                             f"is {jax.default_backend()!r}); use 'auto', 'scan' or "
-                             "'associative'.")
-        if dtype != jnp.float32:
-            raise ValueError(f"gae: method='native' takes float32 inputs, got {dtype}; use "
-                             "'scan' for float64.")
-        if not native.available("gae"):
-            raise RuntimeError("gae: method='native' needs the C++ kernel, which could not "
-                               "be built here (see the warning above, or ARL_NATIVE=0 is "
-                               "set); use 'auto' to fall back to the scan.")
-    return method
+    return backend.gae_method() if method == "auto" else method
 
 
 def _check_inputs(fn, rewards, values, mask, bootstrap_value, dones, truncated,
@@ -142,7 +116,6 @@ def _carry_recurrence(rewards, values, mask, bootstrap_value, boundaries, gamma,
     return decay, drive, finish
 
 
-@jax.jit
 def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     """One reverse `lax.scan` over time with a scalar carry per row.
 
@@ -182,42 +155,6 @@ def _gae_scan(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     return time_major(advantages), time_major(returns)
 
 
-@jax.custom_jvp
-def _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
-    """The recursion of `_gae_scan` as one C++ loop per row (`arl/native/gae.cc`)."""
-    gamma_lam = gamma * lam  # the scan's own product
-    if boundaries is None:
-        target = "arl_masked_gae"
-        ends, boundary_value = jnp.zeros((0,), bool), jnp.zeros((0,), jnp.float32)
-    else:
-        target = "arl_masked_gae_boundaries"
-        ends, boundary_value = boundaries
-    out = jax.ShapeDtypeStruct(rewards.shape, jnp.float32)
-    # broadcast_all: under vmap every argument gains the batch axis, so the kernel sees
-    # one gamma per vmapped instance, in front of that instance's rows.
-    call = jax.ffi.ffi_call(target, (out, out), vmap_method="broadcast_all")
-    return call(rewards, values, mask, bootstrap_value, ends, boundary_value,
-                jnp.asarray(gamma, jnp.float32), jnp.asarray(gamma_lam, jnp.float32))
-
-
-# The custom call has no derivative of its own; differentiating GAE (meta-gradients of
-# gamma or lambda, a value loss through the targets) differentiates the scan instead,
-# which computes the same function.
-_gae_ffi.defjvp(lambda primals, tangents: jax.jvp(_gae_scan, primals, tangents))
-
-
-@jax.jit
-def _gae_native(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
-    """The scan's recursion as a C++ loop on the CPU (see `arl.native`).
-
-    One pass over each row, in memory order, no transposes. Equal to `_gae_scan` up to
-    float32 rounding (the carry update as two fused multiply-adds, which XLA applies to
-    the scan in some contexts and not others).
-    """
-    return _gae_ffi(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
-
-
-@jax.jit
 def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, lam):
     """The same linear recurrence solved by an associative scan (Blelloch 1990).
 
@@ -240,7 +177,6 @@ def _gae_associative(rewards, values, mask, bootstrap_value, boundaries, gamma, 
     return advantages, jnp.where(mask, advantages + values, 0.0)
 
 
-@compiled_when_eager
 def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, dones=None,
         truncated=None, next_values=None, method: str = "auto"):
     """Generalised advantage estimation with an agent mask (Schulman et al. 2016).
@@ -276,10 +212,8 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, done
         next_values: [B, T] value of the final observation of each truncated episode
             (read only where `truncated`).
         method: "scan" (sequential `lax.scan`), "associative" (`lax.associative_scan`,
-            O(log T) depth), "native" (a C++ loop called through XLA's FFI; CPU and
-            float32 only, built on first use, see `arl.native`) or "auto" (the fastest
-            one measured for the backend: "native" on CPU where it builds, else "scan";
-            "associative" elsewhere).
+            O(log T) depth) or "auto" (the backend's, `arl.backend.gae_method`:
+            "scan" on CPU, "associative" elsewhere). Both compute the same function.
 
     Returns:
         (advantages, returns): both [B, T] float32, zero where `mask` is 0.
@@ -289,15 +223,12 @@ def gae(rewards, values, mask, *, gamma=1.0, lam=1.0, bootstrap_value=None, done
         fn, rewards, values, mask, bootstrap_value, dones, truncated, next_values)
     gamma = v.scalar(fn, "gamma", gamma, low=0.0, high=1.0)
     lam = v.scalar(fn, "lam", lam, low=0.0, high=1.0)
-    floats = [rewards, values, bootstrap_value] + ([] if next_values is None else [next_values])
-    method = _resolve_method(method, jnp.result_type(*floats))
+    method = _resolve_method(method)
     boundaries = _boundaries(dones, truncated, next_values, rewards.shape)
-    kernel = {"scan": _gae_scan, "associative": _gae_associative,
-              "native": _gae_native}[method]
+    kernel = {"scan": _gae_scan, "associative": _gae_associative}[method]
     return kernel(rewards, values, mask, bootstrap_value, boundaries, gamma, lam)
 
 
-@compiled_when_eager
 def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=None,
                        truncated=None, next_values=None, method: str = "auto"):
     """Discounted reward-to-go over agent tokens (Monte-Carlo returns).
@@ -329,7 +260,6 @@ def discounted_returns(rewards, mask, *, gamma=1.0, bootstrap_value=None, dones=
     return advantages
 
 
-@compiled_when_eager
 def turn_level_gae(rewards, values, mask, turn_end, *, gamma=1.0, lam=1.0,
                    turn_gamma=1.0, turn_lam=None, bootstrap_value=None,
                    method: str = "auto"):

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
 AGGREGATIONS = (
     "token-mean",
@@ -17,7 +16,6 @@ AGGREGATIONS = (
 )
 
 
-@compiled_when_eager
 def aggregate(per_token, mask, mode: str, *, norm=None) -> jax.Array:
     """Reduces a `[B, T]` per-token quantity `L` under the mask `m` to a scalar.
 

@@ -13,11 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms._segments import check_group_inputs, gather, segment_moments
 
 
-@compiled_when_eager
 def starpo_keep_mask(scores, group_ids, *, num_groups: int, keep_fraction=0.25,
                      valid=None) -> jax.Array:
     """StarPO-S variance filter (RAGEN, Wang et al. 2025, arXiv 2504.20073).
@@ -59,7 +57,6 @@ def starpo_keep_mask(scores, group_ids, *, num_groups: int, keep_fraction=0.25,
     return valid & gather(keep_group, group_ids, num_groups)
 
 
-@compiled_when_eager
 def dapo_zero_variance_mask(scores, group_ids, *, num_groups: int, valid=None
                             ) -> jax.Array:
     """DAPO dynamic-sampling mask (Yu et al. 2025, arXiv 2503.14476).

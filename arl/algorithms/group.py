@@ -13,21 +13,19 @@ constant group into a tiny non-zero signal). Degenerate groups give advantage 0.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms._segments import check_group_inputs, gather, segment_moments, valid_mask
 from arl.algorithms.normalization import whiten
 
 
-@flax.struct.dataclass
-class GroupStatistics:
-    """Per-group statistics of the valid scores; every field is `[num_groups]`."""
+class GroupStatistics(NamedTuple):
+    """Per-group statistics of the valid scores; every field is `[num_groups]` (a tuple,
+    so a pytree without a dataclass library)."""
 
     mean: jax.Array  # float32; 0 for empty groups
     std: jax.Array  # float32, Bessel-corrected; 0 for groups with < 2 members
@@ -42,7 +40,6 @@ class GroupStatistics:
         return num_degenerate / jnp.maximum(num_present, 1.0)
 
 
-@compiled_when_eager
 def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> GroupStatistics:
     """Mean, Bessel-corrected std, count and degeneracy of each group's valid scores.
 
@@ -65,7 +62,6 @@ def group_statistics(scores, group_ids, *, num_groups: int, valid=None) -> Group
     return GroupStatistics(mean=mean, std=std, count=count, degenerate=degenerate)
 
 
-@compiled_when_eager
 def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool = True,
                      eps: float = 1e-6, valid=None) -> jax.Array:
     """GRPO group-relative advantages (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300).
@@ -98,7 +94,6 @@ def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool =
     return jnp.where(keep, advantages, 0.0)
 
 
-@compiled_when_eager
 def rloo_advantages(scores, group_ids, *, num_groups: int, valid=None) -> jax.Array:
     """REINFORCE leave-one-out advantages (Kool et al. 2019; Ahmadian et al. 2024).
 
@@ -126,7 +121,6 @@ def rloo_advantages(scores, group_ids, *, num_groups: int, valid=None) -> jax.Ar
     return jnp.where(valid & (n >= 2), advantages, 0.0)
 
 
-@compiled_when_eager
 def reinforce_pp_advantages(scores, group_ids=None, *, num_groups: Optional[int] = None,
                             valid=None) -> jax.Array:
     """REINFORCE++ advantages (Hu 2025, arXiv 2501.03262).
@@ -159,7 +153,6 @@ def reinforce_pp_advantages(scores, group_ids=None, *, num_groups: Optional[int]
     return whiten(scores - gather(mean, group_ids, num_groups), valid)
 
 
-@compiled_when_eager
 def env_advantages(scores, group_ids, env_ids, *, num_groups: int, num_envs: int,
                    eps: float = 1e-6, valid=None, centre_on_env_mean: bool = False
                    ) -> jax.Array:

@@ -10,10 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
 
-@compiled_when_eager
 def token_logprobs(logits, tokens) -> jax.Array:
     """Log-probability of each token under its logits.
 
@@ -40,7 +38,6 @@ def token_logprobs(logits, tokens) -> jax.Array:
     return chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
-@compiled_when_eager
 def entropy(logits) -> jax.Array:
     """Entropy of the categorical distribution given by `logits`, in float32.
 
@@ -63,7 +60,6 @@ def entropy(logits) -> jax.Array:
     return log_normaliser[..., 0] - jnp.sum(weighted, axis=-1)
 
 
-@compiled_when_eager
 def token_logprobs_and_entropy(logits, tokens) -> tuple[jax.Array, jax.Array]:
     """`(token_logprobs(logits, tokens), entropy(logits))` from one log-sum-exp.
 

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms.aggregation import AGGREGATIONS, aggregate
 from arl.algorithms.logprobs import entropy, token_logprobs
 
@@ -101,7 +100,6 @@ def _policy_terms(fn, logp, old_logp, advantages, mask, clip_low, clip_high, dua
     return loss, mask, terms
 
 
-@compiled_when_eager
 def policy_loss_per_token(logp, old_logp, advantages, mask, *, clip_low=0.2,
                           clip_high=0.2, dual_clip=None) -> jax.Array:
     """PPO clipped surrogate per token (Schulman et al. 2017, arXiv 1707.06347).
@@ -124,7 +122,6 @@ def policy_loss_per_token(logp, old_logp, advantages, mask, *, clip_low=0.2,
     return loss
 
 
-@compiled_when_eager
 def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2,
                 dual_clip=None, agg: str = "token-mean", norm=None):
     """PPO clipped policy loss, aggregated, with diagnostics.
@@ -155,12 +152,22 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
     per_token, mask, t = _policy_terms(fn, logp, old_logp, advantages, mask, clip_low,
                                        clip_high, dual_clip)
     loss = aggregate(per_token, mask, agg, norm=norm)
-    log_ratio = jax.lax.stop_gradient(t["log_ratio"])
-    ratio = jax.lax.stop_gradient(t["ratio"])
+    return loss, ratio_diagnostics(t, mask)
+
+
+def ratio_diagnostics(terms, mask) -> dict[str, jax.Array]:
+    """The diagnostics of a ratio-based policy loss, as masked token means.
+
+    `terms` holds `log_ratio` (the per-token log pi - log pi_old), `ratio` (the ratio the
+    loss uses: per token, or its sequence's), and the boolean `[B, T]` masks
+    `clipped_low`, `clipped_high` and `dual_active`. See `policy_loss` for the metrics.
+    """
+    log_ratio = jax.lax.stop_gradient(terms["log_ratio"])
+    ratio = jax.lax.stop_gradient(terms["ratio"])
     sums = {
-        "clip_fraction_low": t["clipped_low"].astype(jnp.float32),
-        "clip_fraction_high": t["clipped_high"].astype(jnp.float32),
-        "dual_clip_fraction": t["dual_active"].astype(jnp.float32),
+        "clip_fraction_low": terms["clipped_low"].astype(jnp.float32),
+        "clip_fraction_high": terms["clipped_high"].astype(jnp.float32),
+        "dual_clip_fraction": terms["dual_active"].astype(jnp.float32),
         "approx_kl_k1": jnp.where(mask, -log_ratio, 0.0),
         "approx_kl_k3": jnp.where(mask, jnp.expm1(log_ratio) - log_ratio, 0.0),
         "ratio_mean": jnp.where(mask, ratio, 0.0),
@@ -175,7 +182,7 @@ def policy_loss(logp, old_logp, advantages, mask, *, clip_low=0.2, clip_high=0.2
                for i, name in enumerate(list(sums)[:-1])}
     metrics["ratio_min"] = jnp.where(count > 0, -neg_ratio_min, 0.0)
     metrics["ratio_max"] = jnp.where(count > 0, ratio_max, 0.0)
-    return loss, metrics
+    return metrics
 
 
 def _value_terms(fn, values, old_values, returns, mask, clip):
@@ -199,7 +206,6 @@ def _value_terms(fn, values, old_values, returns, mask, clip):
     return loss, mask, values, returns, clipped_active
 
 
-@compiled_when_eager
 def value_loss_per_token(values, old_values, returns, mask, *, clip=None) -> jax.Array:
     """Clipped value loss per token (PPO; Andrychowicz et al. 2021, arXiv 2006.05990).
 
@@ -250,7 +256,6 @@ def _value_diagnostics(returns, values, clipped_active, mask):
     return clipped / jnp.maximum(count, 1.0), explained
 
 
-@compiled_when_eager
 def value_loss(values, old_values, returns, mask, *, clip=None, agg: str = "token-mean",
                norm=None):
     """Clipped value loss, aggregated, with diagnostics.
@@ -292,7 +297,6 @@ def _kl_value(kind, diff):
     return jnp.clip(jnp.expm1(x) - x, -K3_CLAMP, K3_CLAMP)
 
 
-@compiled_when_eager
 def kl_penalty(logp, ref_logp, kind: str, *, mask=None) -> jax.Array:
     """Per-token KL penalty estimators against a reference policy (Schulman 2020).
 
@@ -334,7 +338,6 @@ def kl_penalty(logp, ref_logp, kind: str, *, mask=None) -> jax.Array:
     return jnp.where(mask, out, 0.0)
 
 
-@compiled_when_eager
 def nll_per_token(logp, mask) -> jax.Array:
     """Negative log-likelihood per token, -log pi(y_t), zero where `mask` is 0.
 
@@ -345,7 +348,6 @@ def nll_per_token(logp, mask) -> jax.Array:
     return jnp.where(mask, -jnp.where(mask, logp, 0.0), 0.0)
 
 
-@compiled_when_eager
 def observation_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=None):
     """ECHO environment-observation loss (Shrivastava et al. 2026, arXiv 2605.24517).
 
@@ -368,13 +370,9 @@ def observation_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=No
     Returns:
         float32 scalar.
     """
-    fn = "observation_loss"
-    agg = v.choice(fn, "aggregation mode", agg, AGGREGATIONS)
-    weight = v.scalar(fn, "weight", weight)
-    return weight * aggregate(nll_per_token(logp, mask), mask, agg, norm=norm)
+    return _weighted_nll("observation_loss", logp, mask, weight, agg, norm)
 
 
-@compiled_when_eager
 def sft_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=None):
     """Supervised (behaviour-cloning) loss on demonstration tokens: masked NLL.
 
@@ -394,7 +392,12 @@ def sft_loss(logp, mask, *, weight=1.0, agg: str = "token-mean", norm=None):
     Returns:
         float32 scalar.
     """
-    fn = "sft_loss"
+    return _weighted_nll("sft_loss", logp, mask, weight, agg, norm)
+
+
+def _weighted_nll(fn: str, logp, mask, weight, agg: str, norm):
+    """weight * aggregate(NLL on `mask`): the body of `observation_loss` and `sft_loss`,
+    which differ only in what their mask marks; `fn` names the caller in errors."""
     agg = v.choice(fn, "aggregation mode", agg, AGGREGATIONS)
     weight = v.scalar(fn, "weight", weight)
     return weight * aggregate(nll_per_token(logp, mask), mask, agg, norm=norm)

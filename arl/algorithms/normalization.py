@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 
 WHITEN_EPS = 1e-8
 
 
-@compiled_when_eager
 def whiten(x, mask, *, shift_mean: bool = True) -> jax.Array:
     """Whitens `x` over the entries where `mask` is true.
 
@@ -45,7 +42,6 @@ def whiten(x, mask, *, shift_mean: bool = True) -> jax.Array:
     return _whiten(x, mask, shift_mean)
 
 
-@functools.partial(jax.jit, static_argnums=2)
 def _whiten(x, mask, shift_mean):
     x = jnp.where(mask, x, 0.0)
     count = jnp.sum(mask, dtype=x.dtype)

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._jit import compiled_when_eager
 from arl.algorithms.advantages import turn_level_gae
 from arl.algorithms._segments import check_group_inputs, gather, segment_moments
 
@@ -25,7 +24,6 @@ def _token_inputs(fn, mask, step_end):
     return mask, step_end & mask
 
 
-@compiled_when_eager
 def turn_ids(step_end, mask) -> jax.Array:
     """The turn each agent token belongs to: `[B, T]` int32, -1 off the agent mask.
 
@@ -39,7 +37,6 @@ def turn_ids(step_end, mask) -> jax.Array:
     return jnp.where(mask, ids, -1)
 
 
-@compiled_when_eager
 def turns_to_tokens(per_turn, step_end, mask) -> jax.Array:
     """Spreads a per-turn array `[B, K]` over the agent tokens of each turn: `[B, T]`.
 
@@ -57,7 +54,6 @@ def turns_to_tokens(per_turn, step_end, mask) -> jax.Array:
     return jnp.where((ids >= 0) & (ids < num_turns), gathered, 0.0)
 
 
-@compiled_when_eager
 def process_advantages(process_rewards, step_end, mask, group_ids, *, num_groups: int,
                        gamma: float = 1.0, leave_one_out: bool = True) -> jax.Array:
     """Advantages from dense per-step rewards with a leave-one-out group baseline.
@@ -112,7 +108,6 @@ def process_advantages(process_rewards, step_end, mask, group_ids, *, num_groups
     return advantages
 
 
-@compiled_when_eager
 def vine_advantages(turn_rewards, turn_values, value_known, num_turns, *,
                     gamma: float = 1.0) -> jax.Array:
     """Turn advantages from Monte Carlo state values, in place of a critic.
@@ -184,7 +179,6 @@ def vine_advantages(turn_rewards, turn_values, value_known, num_turns, *,
     return jnp.where(played, advantages.T, 0.0)
 
 
-@compiled_when_eager
 def tokens_to_turns(x, step_end, mask, *, num_turns: int) -> jax.Array:
     """Sums a token array `[B, T]` over the agent tokens of each turn: `[B, num_turns]`.
 

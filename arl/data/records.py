@@ -127,7 +127,7 @@ def builder_classes():
 
 
 # The canonical answer forms a text-task record stores (as code points), one per verifier
-# of `arl.envs.dataset_task`; length -1 means the answer has no such form (no number).
+# of `arl.envs.tasks.dataset_task`; length -1 means the answer has no such form (no number).
 CANONICAL_FORMS = ("exact", "normalized", "number")
 
 

@@ -9,7 +9,7 @@ written as its decimal text; other fields are ignored; blank lines are skipped).
 line is an error naming its line number and field; every bad line is listed at once.
 
 The dataset (``<data_dir>/arl_text_tasks/1.0.0``, the directory `load_text_tasks` and
-`arl.envs.dataset_task.DatasetTask` take) has a "train" and an "eval" split (a seeded
+`arl.envs.tasks.dataset_task.DatasetTask` take) has a "train" and an "eval" split (a seeded
 shuffle; `eval_fraction` of the rows, rounded, go to "eval"). Each record holds the
 prompt and the answer as token ids of the codec (padded to the longest row), their texts,
 their 1-based source line, and the answer in every verifier's canonical form as code

@@ -1,4 +1,5 @@
-"""Jittable environments: the contract, token environments, wrappers, gymnax adapter.
+"""Jittable environments: the contract, wrappers, host environments, gymnax adapter, and
+the concrete tasks (`arl.envs.tasks`).
 
 `make(name, **kwargs)` builds a registered environment; "gymnax:<id>" wraps a gymnax
 environment (gymnax is an optional dependency of that adapter only). `make_env` and
@@ -7,26 +8,36 @@ environment (gymnax is an optional dependency of that adapter only). `make_env` 
 
 from __future__ import annotations
 
-from arl.envs.bandit import Bandit, BanditParams, BanditState
+import sys
+
+from arl.envs import tasks
 from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, TokenEnvironment,
                            TokenEnvState, TokenSpace)
-from arl.envs.calculator import Calculator, CalculatorParams, CalculatorState
-from arl.envs.code_interpreter import CodeInterpreter
 from arl.envs.codec import CharCodec, Codec
-from arl.envs.countdown import Countdown, CountdownParams, CountdownState
-from arl.envs.dataset_task import DatasetTask, DatasetTaskParams, DatasetTaskState
-from arl.envs.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
-from arl.envs.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
-from arl.envs.host import (HostEnvironment, HostEnvState, HostEpisode, HostStats, HostTurn,
-                            is_host_environment)
 from arl.envs.from_config import env_names, make_env, member_of_task, task_params
+from arl.envs.host import (HostEnvironment, HostEnvState, HostEpisode, HostStats, HostTurn,
+                           is_host_environment)
 from arl.envs.registry import make, register, registered_names
-from arl.envs.sokoban import Sokoban, SokobanParams, SokobanState
-from arl.envs.sql_query import SqlQuery
+from arl.envs.tasks.bandit import Bandit, BanditParams, BanditState
+from arl.envs.tasks.calculator import Calculator, CalculatorParams, CalculatorState
+from arl.envs.tasks.code_interpreter import CodeInterpreter
+from arl.envs.tasks.countdown import Countdown, CountdownParams, CountdownState
+from arl.envs.tasks.dataset_task import DatasetTask, DatasetTaskParams, DatasetTaskState
+from arl.envs.tasks.frozen_lake import FrozenLake, FrozenLakeParams, FrozenLakeState
+from arl.envs.tasks.guess_number import GuessNumber, GuessNumberParams, GuessNumberState
+from arl.envs.tasks.sokoban import Sokoban, SokobanParams, SokobanState
+from arl.envs.tasks.sql_query import SqlQuery
 from arl.envs.tool_use import ToolEnvironment, ToolParams, ToolTask
 from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, TurnHorizon,
                                TurnHorizonParams, TurnHorizonState, VmapWrapper, batch,
                                broadcast_params)
+
+# The tasks' modules live in arl.envs.tasks; their first import paths (arl.envs.sokoban,
+# `from arl.envs.code_interpreter import notebook_cell`, ...) name the same module objects.
+for _name in tasks.MODULES:
+    sys.modules[f"{__name__}.{_name}"] = getattr(tasks, _name)
+    globals()[_name] = getattr(tasks, _name)
+del _name
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",

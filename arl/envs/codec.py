@@ -134,3 +134,68 @@ class CharCodec(Codec):
                 continue
             parts.append(tok)
         return "".join(parts)
+
+
+# ------------------------------------------------------- host-side text <-> ids (NumPy)
+# How a host environment turns the agent's ids into text and its replies into ids.
+
+TRUNCATION_MARK = ".."  # ends a reply cut to obs_len (characters of the built-in codec)
+UNKNOWN_CHAR = "?"      # stands for a character the codec cannot write
+
+
+def decode_action(codec: Codec, tokens, length) -> str:
+    """Text of the agent's turn `tokens[:length]` (special tokens spelled by name)."""
+    tokens = np.asarray(tokens).reshape(-1)
+    length = int(np.clip(int(length), 0, tokens.shape[0]))
+    return codec.decode(tokens[:length], stop_at_pad=False)
+
+
+def _special_ids(codec: Codec) -> frozenset[int]:
+    ids = {codec.pad_id, codec.bos_id, codec.eot_id}
+    ids |= set(getattr(codec, "_special_ids", ()) or ())
+    return frozenset(int(i) for i in ids)
+
+
+def encode_text(codec: Codec, text: str) -> list[int]:
+    """`text` as plain characters: special-token names are NOT turned into special ids
+    (a program may print "<eot>"), characters the codec lacks become "?"."""
+    if isinstance(codec, CharCodec):
+        ids, unknown = [], codec.token_id(UNKNOWN_CHAR)
+        table = codec._ids  # pylint: disable=protected-access
+        for char in text:
+            ids.append(table.get(char, unknown))
+        return ids
+    try:
+        ids = codec.encode(text)
+    except (ValueError, KeyError):
+        ids = []
+        for char in text:
+            try:
+                ids.extend(codec.encode(char))
+            except (ValueError, KeyError):
+                ids.extend(codec.encode(UNKNOWN_CHAR))
+    specials = _special_ids(codec)
+    if any(i in specials for i in ids):
+        ids = [i for i in ids if i not in specials]
+    return list(ids)
+
+
+def encode_reply(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
+    """(int32 [size] ids padded with pad_id, length) of `text` (`encode_text`); a text
+    longer than `size` tokens is cut and ends in `TRUNCATION_MARK`."""
+    ids = encode_text(codec, text)
+    if len(ids) > size:
+        mark = encode_text(codec, TRUNCATION_MARK)
+        keep = max(size - len(mark), 0)
+        ids = (ids[:keep] + mark)[:size]
+    out = np.full((size,), codec.pad_id, np.int32)
+    out[:len(ids)] = ids
+    return out, len(ids)
+
+
+def encode_action(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
+    """A scripted turn: `text` then the end-of-turn id, cut to `size` tokens."""
+    ids = (encode_text(codec, text) + [codec.eot_id])[:size]
+    out = np.full((size,), codec.pad_id, np.int32)
+    out[:len(ids)] = ids
+    return out, len(ids)

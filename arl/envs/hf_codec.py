@@ -146,7 +146,7 @@ class HFCodec(Codec):
 def env_corpus(num_expressions: int = 300, seed: int = 0) -> list[str]:
     """Training text for a tokenizer of the built-in arithmetic / guessing environments:
     their prompts, replies and tool-call turns (calculator and guess_number)."""
-    from arl.envs import calculator, guess_number
+    from arl.envs.tasks import calculator, guess_number
 
     rng = np.random.default_rng(seed)
     lines = [f"guess 0-{n - 1}" for n in (8, 16, 100, 1000)]

@@ -14,16 +14,17 @@ one program still does rollout + update:
     oracle / demonstrator (one callback per turn): the scripted policies' turns
 
 Token ids at the boundary: the host decodes the agent's ids with the env's codec and
-encodes its reply with it (`decode_action`, `encode_reply`: characters a codec lacks
-become "?", special tokens in a reply are written as plain text, and a reply longer than
-`obs_len` is cut and ends in "..").
+encodes its reply with it (`arl.envs.codec.decode_action` / `encode_reply`: characters a
+codec lacks become "?", special tokens in a reply are written as plain text, and a reply
+longer than `obs_len` is cut and ends in "..").
 
 Batching. The env functions are single-instance (the rollout vmaps them over rows), but
 a host call per row would serialise the batch. Each host function is therefore a
 `jax.custom_batching.custom_vmap` whose batching rule makes ONE callback for the whole
-batch (nested vmaps are flattened into it), and the host runs the live rows' turns in
-parallel on a worker pool (`arl.tools.ToolPool`) with a per-row time limit
-(`step_timeout_s`): a turn takes about as long as its slowest row, never the sum.
+batch (nested vmaps are flattened into it; `arl.envs.batched_callback`), and the host
+runs the live rows' turns in parallel on a worker pool (`arl.tools.ToolPool`) with a
+per-row time limit (`step_timeout_s`): a turn takes about as long as its slowest row,
+never the sum.
 
 State is data. The JAX-side state of a row is `HostEnvState`: the usual `TokenEnvState`
 fields, the task seed (64 random bits of the reset key: the rows of a GRPO group share
@@ -70,87 +71,23 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from jax.custom_batching import custom_vmap
-from jax.experimental import io_callback
 
 from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
-from arl.envs.codec import CharCodec, Codec
+from arl.envs.batched_callback import batched_host_function
+from arl.envs.codec import decode_action, encode_action, encode_reply
 
 _log = logging.getLogger(__name__)
 _INIT_LOCK = threading.Lock()  # guards the lazy creation of an env's host-side state
 
-TRUNCATION_MARK = ".."  # ends a reply cut to obs_len (characters of the built-in codec)
-UNKNOWN_CHAR = "?"      # stands for a character the codec cannot write
 HOST_ERROR_REPLY = "host error"
 HOST_TIMEOUT_REPLY = "timeout"
 POLICY_KINDS = ("oracle", "demonstrator")
-
-
-# ------------------------------------------------------------------------ text <-> ids
-
-
-def decode_action(codec: Codec, tokens, length) -> str:
-    """Text of the agent's turn `tokens[:length]` (special tokens spelled by name)."""
-    tokens = np.asarray(tokens).reshape(-1)
-    length = int(np.clip(int(length), 0, tokens.shape[0]))
-    return codec.decode(tokens[:length], stop_at_pad=False)
-
-
-def _special_ids(codec: Codec) -> frozenset[int]:
-    ids = {codec.pad_id, codec.bos_id, codec.eot_id}
-    ids |= set(getattr(codec, "_special_ids", ()) or ())
-    return frozenset(int(i) for i in ids)
-
-
-def encode_text(codec: Codec, text: str) -> list[int]:
-    """`text` as plain characters: special-token names are NOT turned into special ids
-    (a program may print "<eot>"), characters the codec lacks become "?"."""
-    if isinstance(codec, CharCodec):
-        ids, unknown = [], codec.token_id(UNKNOWN_CHAR)
-        table = codec._ids  # pylint: disable=protected-access
-        for char in text:
-            ids.append(table.get(char, unknown))
-        return ids
-    try:
-        ids = codec.encode(text)
-    except (ValueError, KeyError):
-        ids = []
-        for char in text:
-            try:
-                ids.extend(codec.encode(char))
-            except (ValueError, KeyError):
-                ids.extend(codec.encode(UNKNOWN_CHAR))
-    specials = _special_ids(codec)
-    if any(i in specials for i in ids):
-        ids = [i for i in ids if i not in specials]
-    return list(ids)
-
-
-def encode_reply(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
-    """(int32 [size] ids padded with pad_id, length) of `text` (`encode_text`); a text
-    longer than `size` tokens is cut and ends in `TRUNCATION_MARK`."""
-    ids = encode_text(codec, text)
-    if len(ids) > size:
-        mark = encode_text(codec, TRUNCATION_MARK)
-        keep = max(size - len(mark), 0)
-        ids = (ids[:keep] + mark)[:size]
-    out = np.full((size,), codec.pad_id, np.int32)
-    out[:len(ids)] = ids
-    return out, len(ids)
-
-
-def encode_action(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:
-    """A scripted turn: `text` then the end-of-turn id, cut to `size` tokens."""
-    ids = (encode_text(codec, text) + [codec.eot_id])[:size]
-    out = np.full((size,), codec.pad_id, np.int32)
-    out[:len(ids)] = ids
-    return out, len(ids)
 
 
 # ----------------------------------------------------------------------- host records
@@ -216,57 +153,6 @@ class HostStats:
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------- batched callbacks
-
-
-def _flatten_batch(args, axis_size, in_batched):
-    """Moves every argument to a leading axis of `axis_size` (broadcasting unbatched ones)."""
-    return [a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a))
-            for a, b in zip(args, in_batched)]
-
-
-def batched_host_function(host_fn: Callable, result_shapes: Callable[[int], Sequence]):
-    """A single-instance traced function whose batches reach the host in ONE call.
-
-    `host_fn(*arrays)` takes NumPy arrays with a leading batch axis [B, ...] and returns
-    a tuple of NumPy arrays `result_shapes(B)` (a sequence of `jax.ShapeDtypeStruct` with
-    leading axis B). The returned function takes single-instance arrays and returns the
-    single-instance results; under `jax.vmap` (any depth) its batching rule merges the
-    mapped axes into one leading axis and makes one ordered `io_callback`.
-    """
-
-    def call(*args):
-        batch = args[0].shape[0]
-        return tuple(io_callback(host_fn, tuple(result_shapes(batch)), *args, ordered=True))
-
-    @custom_vmap
-    def batched(*args):
-        return call(*args)
-
-    @batched.def_vmap
-    def batched_rule(axis_size, in_batched, *args):
-        # vmap over an already batched call (a vmap of a vmap): fold the new axis into
-        # the batch axis, one callback for all.
-        args = _flatten_batch(args, axis_size, in_batched)
-        inner = args[0].shape[1]
-        merged = [a.reshape((axis_size * inner,) + a.shape[2:]) for a in args]
-        outs = batched(*merged)
-        return (tuple(o.reshape((axis_size, inner) + o.shape[1:]) for o in outs),
-                (True,) * len(outs))
-
-    @custom_vmap
-    def single(*args):
-        outs = batched(*[jnp.asarray(a)[None] for a in args])
-        return tuple(o[0] for o in outs)
-
-    @single.def_vmap
-    def single_rule(axis_size, in_batched, *args):
-        outs = batched(*_flatten_batch(args, axis_size, in_batched))
-        return tuple(outs), (True,) * len(outs)
-
-    return single
 
 
 def _seed_bits(key: jax.Array) -> jax.Array:

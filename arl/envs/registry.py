@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from arl.envs.bandit import Bandit
+from arl.envs.tasks.bandit import Bandit
 from arl.envs.base import Environment
-from arl.envs.calculator import Calculator
-from arl.envs.code_interpreter import CodeInterpreter
-from arl.envs.countdown import Countdown
-from arl.envs.dataset_task import DatasetTask
-from arl.envs.frozen_lake import FrozenLake
-from arl.envs.guess_number import GuessNumber
-from arl.envs.sokoban import Sokoban
-from arl.envs.sql_query import SqlQuery
+from arl.envs.tasks.calculator import Calculator
+from arl.envs.tasks.code_interpreter import CodeInterpreter
+from arl.envs.tasks.countdown import Countdown
+from arl.envs.tasks.dataset_task import DatasetTask
+from arl.envs.tasks.frozen_lake import FrozenLake
+from arl.envs.tasks.guess_number import GuessNumber
+from arl.envs.tasks.sokoban import Sokoban
+from arl.envs.tasks.sql_query import SqlQuery
 
 GYMNAX_PREFIX = "gymnax:"
 

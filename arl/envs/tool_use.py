@@ -9,7 +9,7 @@
 
 anything else is a format error with the reply "invalid". With `final_output=True` the
 first tool call ends the episode instead, and its output is the answer (a one-turn task).
-This is the calculator's protocol (`arl.envs.calculator`) with a real tool behind the tag.
+This is the calculator's protocol (`arl.envs.tasks.calculator`) with a real tool behind the tag.
 
 Reward per turn: success_reward * [correct] - turn_cost - format_penalty * [malformed],
 in [-(turn_cost + format_penalty), success_reward - turn_cost]. A wrong answer ends the

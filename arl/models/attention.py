@@ -37,6 +37,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from arl import backend
+
 IMPLEMENTATIONS = ("auto", "dense", "blocked", "cudnn")
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -271,7 +273,7 @@ def uses_head_pairs(q_len: int) -> bool:
     """Whether cached attention of `q_len` queries per row takes the head-pair products
     (`scores_every_head_pair`, `mix_every_head_pair`): for a single decoded token on the
     CPU. Prefill, training and accelerators keep the grouped products."""
-    return q_len == 1 and jax.default_backend() == "cpu"
+    return backend.decode_attention_over_head_pairs(q_len)
 
 
 def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
@@ -287,8 +289,8 @@ def scores_every_head_pair(q: jax.Array, keys: jax.Array) -> jax.Array:
     product over B alone gives every (query head, key/value head) pair, [B, T KV G, S, KV],
     and the pairs whose heads match are kept. That is KV times the scores' FLOPs, which
     for a decoded token (T = 1) cost less than the copy: the decode attention measured
-    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (`benchmarks/
-    decode_attention.py`).
+    1.2x-1.9x faster from the toy model to Llama-3-8B's heads (docs/performance.md,
+    "Attention and the update").
     """
     batch, q_len, num_kv, groups, head_dim = q.shape
     slots = keys.shape[1]

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from arl import backend
 from arl.models.transformer import KVCache, Transformer, decodes_per_layer, per_layer_params
 
 # Most elements (max_new_tokens x rows x vocabulary) of Gumbel noise `generate` draws ahead
@@ -99,11 +100,11 @@ def first_argmax(x: jax.Array) -> jax.Array:
     On the CPU it is computed as two plain reductions, the row maximum and then the
     smallest index holding it. XLA:CPU runs `argmax`'s single (value, index) reduction as
     a scalar loop, while these two vectorise: a whole draw (noise and log-prob included)
-    1.8-3.9x faster from [64, 64] to [8, 151936] logits (`benchmarks/sampling.py`). The
-    indices are the same in every case, ties and NaN included. Other backends keep
-    `jnp.argmax`.
+    1.8-3.9x faster from [64, 64] to [8, 151936] logits (docs/performance.md,
+    "Sampling"). The indices are the same in every case, ties and NaN included. Other
+    backends keep `jnp.argmax`.
     """
-    if jax.default_backend() != "cpu":
+    if not backend.argmax_as_two_reductions():
         return jnp.argmax(x, axis=-1).astype(jnp.int32)
     largest = jnp.max(x, axis=-1, keepdims=True)
     holds_largest = (x == largest) | (jnp.isnan(x) & jnp.isnan(largest))

@@ -467,8 +467,8 @@ class SwiGLU(nn.Module):
     The three projections run on the tokens flattened to [B*T, D] (a free reshape): on
     [B, T, D] the weight gradients contract two axes (B, T), and XLA's CPU backend then
     wrote the [B, T, mlp] gradient transposed to [mlp, B*T] before each weight-gradient
-    matmul, about a third of the modest peer step (benchmarks/RESULTS.md, "Update
-    phase"); flattened, every matmul is a plain 2-D one with no transposed copy.
+    matmul, about a third of the modest peer step (docs/performance.md, "Attention and
+    the update"); flattened, every matmul is a plain 2-D one with no transposed copy.
     """
 
     config: TransformerConfig
@@ -825,8 +825,8 @@ class Transformer(nn.Module):
                          nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 # Cached calls keep one layer per iteration: their in-place update of the
-                # stacked cache measured slower unrolled (benchmarks/RESULTS.md, "Layer
-                # scan"); a per-layer cache runs the layers one by one instead.
+                # stacked cache measured slower unrolled (docs/performance.md, "Attention
+                # and the update"); a per-layer cache runs the layers one by one instead.
                 unroll=min(cfg.layer_unroll, cfg.num_layers) if cache is None else 1,
                 metadata_params={nn.PARTITION_NAME: "layers"})(
                     cfg, return_kv=return_kv,
@@ -886,9 +886,10 @@ def gather_embedding(params, config: TransformerConfig):
     tokens): the forward pass gathers the table itself, and inside nested loops XLA kept
     one gathered copy per loop level, in float32 on XLA:CPU (which runs bfloat16
     collectives in float32): six [V, D] float32 buffers at the peak of Qwen2.5-0.5B's
-    rollout on 64 devices (benchmarks/RESULTS.md, "Real sizes"). Gathered once before
-    the loops, the forward pass's own constraint is a no-op and one copy is kept. The
-    values are the forward pass's own (the same cast, earlier): outputs are unchanged.
+    rollout on 64 devices (docs/performance.md, "Attention and the update"). Gathered
+    once before the loops, the forward pass's own constraint is a no-op and one copy is
+    kept. The values are the forward pass's own (the same cast, earlier): outputs are
+    unchanged.
     """
     params = dict(params)
     embed = dict(params["embed_tokens"])

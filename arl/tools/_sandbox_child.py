@@ -1,19 +1,21 @@
 """The program that runs inside the sandbox process (see `arl.tools.sandbox`).
 
-It is executed as `python -I -S -B -u -X utf8 -c <this file's source> <config json>` by
-`arl.tools.sandbox.run_python`, never imported there (tests import it to inspect the audit
+It is executed as `python -I -S -B -u -X utf8 -c <source> <config json>` by
+`arl.tools.sandbox.run_python`, where <source> is `arl.tools._sandbox_kernel`'s source
+followed by this file's; never imported there (tests import it to inspect the audit
 hook). It uses the standard library only and runs in two roles:
 
 * the *supervisor* (first process; PID 1 of a fresh PID namespace when one is available)
-  reads the untrusted program, mounts the private file systems, opens the standard
-  library directories, imports a few common modules, forks the worker, waits for it with
-  the wall-time limit, kills it on expiry and reports how it ended as one line on the
-  status pipe (``exit N CPU_SECONDS``, ``signal N CPU_SECONDS``, ``timeout`` or
-  ``error MESSAGE``);
+  reads the untrusted program, builds the minimal root and `pivot_root`s into it (with
+  a mount namespace), opens the standard library directories, imports a few common
+  modules (and `ctypes`, when the worker will install a seccomp filter), forks the
+  worker, waits for it with the wall-time limit, kills it on expiry and reports how it
+  ended as one line on the status pipe (``exit N CPU_SECONDS``, ``signal N
+  CPU_SECONDS``, ``timeout`` or ``error MESSAGE``);
 * the *worker* (the forked child) closes the status pipe, sets the resource limits,
-  drops to an unprivileged user id when the supervisor is root, installs the audit hook
-  and executes the untrusted program as ``__main__``. Its traceback is printed without
-  the bootstrap's own frames.
+  drops to an unprivileged user id when the supervisor is root, installs the seccomp
+  filter (then forgets `ctypes`) and the audit hook, and executes the untrusted program
+  as ``__main__``. Its traceback is printed without the bootstrap's own frames.
 
 The audit hook (`make_audit_hook`) keeps all its state in immutable closure values
 (frozensets, tuples, strings, builtin functions) and reads no global or builtin name, so
@@ -23,6 +25,9 @@ hook's frame through a traceback, cannot change what it allows.
 
 import os
 import sys
+
+if __name__ != "__main__":  # imported (tests); run, this file's source follows the kernel's
+    from arl.tools._sandbox_kernel import _libc, build_minimal_root, install_seccomp
 
 # Imports the worker refuses (the module or any submodule), with why:
 BLOCKED_MODULES = frozenset({
@@ -93,7 +98,9 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
     its `__fspath__` here would run the program's code and could answer differently
     from the call the kernel sees.
 
-    Imports of `blocked_modules` and loading a native extension from outside the
+    Imports of `blocked_modules` (by the module's name, and for an extension by the file
+    loaded: its resolved file name, so `_posixsubprocess.cpython-311-....so` loaded under
+    another name is refused too) and loading a native extension from outside the
     `dynload_roots` are refused, as are `denied_events` and events starting with
     `denied_prefixes`. Refusals raise `PermissionError("sandbox: ...")`.
     """
@@ -135,7 +142,10 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
             name, filename = args[0], args[1]
             if get_type(name) is not str_type:
                 raise permission_error("sandbox: import of a non-str name is not allowed")
-            if name in blocked_modules or name.split(".")[0] in blocked_modules:
+            # By the name asked for, its first component, its last one (an extension's
+            # PyInit_ function is named after it), and below by the file loaded.
+            if (name in blocked_modules or name.split(".")[0] in blocked_modules
+                    or name.split(".")[-1] in blocked_modules):
                 raise permission_error("sandbox: module '" + name + "' is not available")
             if filename is not None:
                 checks.append((filename, dynload_roots, "loading native code from"))
@@ -199,6 +209,8 @@ def make_audit_hook(workdir, read_roots, dynload_roots, denied_subtrees, *,
                     allowed = False
             if not allowed:
                 raise permission_error("sandbox: " + what + " '" + path + "' is not allowed")
+            if event == "import" and real.split("/")[-1].split(".")[0] in blocked_modules:
+                raise permission_error("sandbox: module file '" + path + "' is not available")
 
     return hook
 
@@ -237,23 +249,23 @@ def _wait(pid, timeout):
 
 
 def _supervise(config):
+    """Returns (source, library, roots, workdir, kernel) in the worker; never returns in
+    the supervisor. `kernel`: (ctypes, libc) when the worker installs a seccomp filter."""
     workdir = config["workdir"]
     with open(os.path.join(workdir, "main.py"), "rb") as f:
         source = f.read()
     uid = config["uid"]
-    if config["fstab"] is not None:
-        fstab_path = os.path.join(workdir, ".fstab")
-        with open(fstab_path, "w", encoding="utf-8") as f:
-            f.write(config["fstab"])
-        pid = os.posix_spawn(config["mount"], [config["mount"], "-a", "-T", fstab_path], {})
-        _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise OSError("mounting the private file systems failed")
-        os.chdir(workdir)  # the cwd still points at the directory under the new mount
+    kernel = None
+    if config["root"] is not None:
+        build_minimal_root(workdir, config["root"], config["work_options"],
+                           config["pivot_root"])
+        workdir = "/tmp"
         with open("main.py", "wb") as f:
             f.write(source)
+    if config["seccomp"] is not None:
+        kernel = _libc()
     if uid is not None:
-        if config["fstab"] is None:
+        if config["root"] is None:
             os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
         os.chown(os.path.join(workdir, "main.py"), uid, uid)
@@ -274,7 +286,7 @@ def _supervise(config):
             pass
     pid = os.fork()
     if pid == 0:
-        return source, library, roots
+        return source, library, roots, workdir, kernel
     ended = _wait(pid, config["wall_time_s"])
     if ended is None:
         try:
@@ -335,7 +347,7 @@ def _remove_unaudited_escapes():
             delattr(module, name)
 
 
-def _work(config, source, library, roots):
+def _work(config, source, library, roots, workdir, kernel):
     import builtins
     import resource
     os.close(config["status_fd"])
@@ -348,7 +360,7 @@ def _work(config, source, library, roots):
         os.setresuid(uid, uid, uid)
         if os.getuid() != uid or os.geteuid() != uid:
             raise OSError("dropping privileges failed")
-    workdir = os.path.realpath(config["workdir"])
+    workdir = os.path.realpath(workdir)
     if uid is not None:
         _import_through_descriptors(library)
     else:
@@ -357,6 +369,10 @@ def _work(config, source, library, roots):
     code = compile(source, "main.py", "exec", dont_inherit=True)
     if config["audit"]:
         _remove_unaudited_escapes()
+    if kernel is not None:
+        install_seccomp(kernel, bytes.fromhex(config["seccomp"]))
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]
     main = type(sys)("__main__")
     main.__dict__.update(__builtins__=builtins, __file__="main.py")
     sys.modules["__main__"] = main
@@ -376,19 +392,19 @@ def main():
     import json
     config = json.loads(sys.argv[1])
     try:
-        source, library, roots = _supervise(config)
+        source, library, roots, workdir, kernel = _supervise(config)
     except BaseException as exc:  # report the setup failure, never a traceback
         _report(config["status_fd"], "error %s: %s" % (type(exc).__name__, exc))
         os._exit(0)
     try:
-        code, module = _work(config, source, library, roots)
+        code, module = _work(config, source, library, roots, workdir, kernel)
     except SyntaxError as exc:
         sys.excepthook(type(exc), exc, None)
         raise SystemExit(1)
     except BaseException as exc:
         sys.stderr.write("sandbox setup failed: %s: %s\n" % (type(exc).__name__, exc))
         os._exit(125)
-    del source, library, roots, config
+    del source, library, roots, config, workdir, kernel
     try:
         exec(code, module.__dict__)
     except SystemExit:

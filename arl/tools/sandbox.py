@@ -10,62 +10,28 @@ result, never an exception; only bad arguments (a non-str `code`, a bad limit) r
 
 Threat model: the program is adversarial (written by a policy being trained, so it will
 find whatever the reward rewards). It must not harm the training process, the machine or
-other runs, read the run's secrets, or use the network. The layers, outermost first:
+other runs, read the run's secrets, or use the network. The boundary is the kernel
+(where `sandbox_capabilities().kernel_boundary`; docs/tools.md has the guarantees per
+layer and what is not guaranteed):
 
-1. Kernel, always: a new session/process group that is SIGKILLed as a whole when the
-   call ends; resource limits in the worker (RLIMIT_CPU, RLIMIT_AS for memory,
-   RLIMIT_NPROC for processes and threads, RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps);
-   an empty environment (no inherited variable, so no secret in `os.environ`); only
-   stdin (/dev/null), stdout and stderr (pipes) open; a throwaway working directory
-   (`tempfile.mkdtemp`, deleted afterwards); the parent reads at most
-   `max_output_bytes` from each pipe and kills the program beyond that; a wall-time
-   limit enforced twice (by the in-sandbox supervisor and, as a backstop, by the parent).
-2. Kernel, where `unshare` works (root, or unprivileged user namespaces; probed once,
-   see `sandbox_capabilities`): new network namespace (no interface but a down loopback:
-   no network at all), PID namespace (the program sees only its own processes, cannot
-   signal anything outside, and every process it starts dies with the supervisor),
-   mount namespace with a private /proc, a private size-limited tmpfs as the working
-   directory (`max_disk_bytes`, noexec) and /tmp, /var/tmp, /dev/shm replaced by empty
-   file systems it cannot write, and an IPC namespace.
-3. Kernel, when the parent runs as root: the program runs as an ephemeral unprivileged
-   uid (random, in [1.5e9, 2e9)), so RLIMIT_NPROC applies (it does not to root) and file
-   permissions protect the machine's files; the standard library is imported through
-   descriptors the supervisor opened, so this works even when the interpreter lives in
-   a private home directory. Without root, the program runs as the caller's user (as
-   "root" of a user namespace that owns nothing outside it).
-4. CPython audit hooks (PEP 578) installed before the program runs (they cannot be
-   removed): no `open` for writing outside the working directory, no `open` for
-   reading outside it except the standard library (site-packages excluded),
-   /dev/null and /dev/urandom; no `os.open`, `os.remove`, `os.rename`, `os.mkdir`, ...
-   outside it; no sockets, subprocesses, `os.fork`, `os.system`, `os.exec*`,
-   `os.kill`, `os.chdir`, `os.symlink`/`os.link`, `ctypes`, `sqlite3` (which opens files
-   in C), native extensions from outside lib-dynload, `sys.settrace`, `gc.get_objects`,
-   hand-made code objects (`code.__new__`, `marshal.loads`), `resource.setrlimit`,
-   `pwd`/`grp`. Unaudited calls that would bypass these are removed before the program
-   runs (`os.pidfd_open`, `signal.pidfd_send_signal`, `_imp.create_builtin`).
-   A refusal is a `PermissionError("sandbox: ...")` inside the program.
+* `unshare` gives the call network, PID, mount, IPC and UTS namespaces; the supervisor
+  (`arl.tools._sandbox_child`, PID 1 there) `pivot_root`s into a minimal root
+  (`arl.tools.rootfs`: the interpreter, the standard library and the libraries it links,
+  read-only; /dev/null, /dev/urandom; a private /proc; one tmpfs of `max_disk_bytes` at
+  /tmp, the working directory and the only writable place), forks the worker and
+  enforces the wall-time limit;
+* the worker sets the resource limits, drops to an ephemeral unprivileged uid (as root),
+  installs the seccomp filter (`arl.tools.seccomp`: no exec, no fork, threads only, no
+  socket but AF_UNIX, no ptrace/mknod/mount/namespaces/keyrings/BPF/...) and the audit
+  hooks (PEP 578; the friendly first layer, with clear `PermissionError("sandbox: ...")`
+  refusals; not a boundary on their own), then runs the program;
+* always: a new process group SIGKILLed when the call ends, an empty environment, only
+  stdin (/dev/null), stdout and stderr open, at most `max_output_bytes` read per pipe,
+  the wall-time limit enforced by the supervisor and, 1 s later, by the parent.
 
-What is guaranteed (given a correct kernel): the parent process survives and gets a
-result within about `wall_time_s` + 1 s; the program's memory (address space) and CPU
-time per process and its output are bounded; the working directory is deleted. With
-layer 2 (this is the case on Linux as root and with unprivileged user namespaces): no
-network, no process outside the sandbox can be seen or signalled, nothing the program
-starts outlives the call, the program cannot write to /tmp, /var/tmp, /dev/shm and its
-working directory cannot exceed `max_disk_bytes`. With layer 3 (root): the number of
-processes/threads is bounded and the program has no privilege over the machine's files.
-
-What is NOT guaranteed: the audit-hook layer is defence in depth, not a security
-boundary (PEP 578 says so): a CPython memory-corruption bug reachable from pure Python
-defeats it, and then only the kernel layers remain. Without layer 3 the program runs
-with the caller's file permissions (when not root: it could write what the caller can
-write, outside /tmp, /var/tmp, /dev/shm, if it got past the hooks; when root without
-namespaces or setuid: everything). Reading world-readable files (e.g. /etc/passwd) is
-refused by the hooks only. `os.stat` and other metadata calls are not audited: the
-program can learn whether a path exists; `os.mkfifo`, `os.setpriority` are not audited
-either. Without a PID namespace, a program that gets
-past the hooks can `os.setsid` and fork out of the process group. RLIMIT_AS bounds
-address space, not resident memory across processes; RLIMIT_NPROC without root is
-counted per user. Run the trainer itself in a container or VM for a hard boundary.
+Where a kernel layer is unavailable, `sandbox_capabilities` settles for the strongest
+candidate that works and says which; `code_interpreter` refuses such a machine unless
+its config accepts the weaker mode.
 """
 
 from __future__ import annotations
@@ -82,14 +48,18 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
+
+from arl.tools import rootfs, seccomp
+from arl.tools._sandbox_child import BLOCKED_MODULES
+from arl.tools.capabilities import SandboxCapabilities, resolve_python, sandbox_capabilities
 
 _log = logging.getLogger(__name__)
 _CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                   "_sandbox_child.py")
+_KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "_sandbox_kernel.py")
 _BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
 _MiB = 2 ** 20
 
@@ -244,135 +214,28 @@ def compose_observation(body: str, status_line: str | None, max_chars: int) -> t
 # --------------------------------------------------------------------------- isolation
 
 
-@dataclasses.dataclass(frozen=True)
-class SandboxCapabilities:
-    """Which kernel layers `run_python` uses on this machine (probed once per
-    interpreter path; see the module docstring)."""
-
-    user_namespace: bool = False      # non-root: unshare --user --map-root-user
-    network_namespace: bool = False
-    pid_namespace: bool = False
-    mount_namespace: bool = False     # private /proc, tmpfs working dir, shadowed /tmp
-    uid_drop: bool = False            # root: runs as an ephemeral unprivileged uid
-    unshare_path: str | None = None
-    mount_path: str | None = None
-
-    @property
-    def unshare_args(self) -> tuple[str, ...]:
-        if not self.unshare_path:
-            return ()
-        args = [self.unshare_path]
-        if self.user_namespace:
-            args += ["--user", "--map-root-user"]
-        if self.network_namespace:
-            args += ["--net"]
-        if self.pid_namespace:
-            args += ["--pid", "--fork", "--kill-child"]
-        if self.mount_namespace:
-            args += ["--mount", "--mount-proc", "--ipc"]
-        return tuple(args) + ("--",) if len(args) > 1 else ()
-
-
-def _find_executable(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    for directory in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
-        path = os.path.join(directory, name)
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def _candidate_capabilities() -> list[SandboxCapabilities]:
-    """From strongest to weakest; the first that runs a probe program is used."""
-    unshare = _find_executable("unshare") if sys.platform.startswith("linux") else None
-    mount = _find_executable("mount") if unshare else None
-    root = os.geteuid() == 0
-    candidates = []
-    if unshare:
-        full = SandboxCapabilities(
-            user_namespace=not root, network_namespace=True, pid_namespace=True,
-            mount_namespace=mount is not None, uid_drop=root, unshare_path=unshare,
-            mount_path=mount)
-        candidates.append(full)
-        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None))
-        candidates.append(dataclasses.replace(full, mount_namespace=False, mount_path=None,
-                                              pid_namespace=False))
-    candidates.append(SandboxCapabilities(uid_drop=root))
-    if root:
-        candidates.append(SandboxCapabilities())
-    return candidates
-
-
-_capabilities_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=None)
-def _probe_capabilities(python: str) -> SandboxCapabilities:
-    limits = SandboxLimits(wall_time_s=10.0)
-    failures = []
-    for candidate in _candidate_capabilities():
-        for _ in range(2):  # a second try, so that a transient failure does not weaken it
-            result = _execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
-            if result.status is Status.OK and result.stdout == "42\n":
-                if failures:
-                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
-                                 "candidates failed: %s", candidate, "; ".join(failures))
-                return candidate
-        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
-    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
-    return SandboxCapabilities()  # the last resort: each result will say what fails
-
-
-def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
-    """The isolation `run_python` uses with interpreter `python` (default: this one).
-    The first call probes the candidates (a few tens of ms); later calls are cached."""
-    python = _resolve_python(python)
-    with _capabilities_lock:
-        return _probe_capabilities(python)
-
-
-def _resolve_python(python: str | None) -> str:
-    if python is None:
-        return os.path.realpath(sys.executable)
-    if not isinstance(python, str) or not os.access(python, os.X_OK):
-        raise ValueError(f"python must be the path of an executable interpreter, got "
-                         f"{python!r}")
-    return python
+@functools.lru_cache(maxsize=1)
+def _child_source() -> str:
+    """The kernel helpers' source, then the supervisor/worker's (one `-c` program)."""
+    sources = []
+    for path in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH):
+        with open(path, encoding="utf-8") as f:
+            sources.append(f.read())
+    return "\n".join(sources)
 
 
 @functools.lru_cache(maxsize=1)
-def _child_source() -> str:
-    with open(_CHILD_SOURCE_PATH, encoding="utf-8") as f:
-        return f.read()
+def _seccomp_hex() -> str:
+    return seccomp.seccomp_filter().hex()
 
 
-def _fstab_escape(path: str) -> str:
-    return (path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
-            .replace("\n", "\\012"))
+_WORK_INODES = 4096  # files and directories the program may create
 
 
-def _fstab(workdir: str, limits: SandboxLimits, uid: int | None) -> str:
-    """The private file systems: an empty, unwritable tmpfs over each world-writable
-    directory (an inode budget that fits only the path to the working directory when it
-    lies below one of them), and a size-limited tmpfs as the working directory."""
-    options = "nosuid,nodev,noexec"
-    lines = []
-    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
-        if not os.path.isdir(shared) or os.path.islink(shared):
-            continue
-        relative = os.path.relpath(workdir, shared)
-        if relative.startswith(".."):
-            lines.append(f"arl-sandbox {shared} tmpfs ro,{options},size=4k,mode=0755 0 0")
-        else:
-            inodes = 1 + len(relative.split(os.sep))
-            lines.append(f"arl-sandbox {_fstab_escape(shared)} tmpfs rw,{options},size=64k,"
-                         f"nr_inodes={inodes},mode=0755 0 0")
+def _work_options(limits: SandboxLimits, uid: int | None) -> str:
+    """The tmpfs options of the working directory: its size is `max_disk_bytes`."""
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    lines.append(f"arl-sandbox {_fstab_escape(workdir)} tmpfs rw,{options},"
-                 f"size={limits.max_disk_bytes},mode=0700{owner},X-mount.mkdir 0 0")
-    return "\n".join(lines) + "\n"
+    return f"size={limits.max_disk_bytes},nr_inodes={_WORK_INODES},mode=0700{owner}"
 
 
 _UID_RANGE = (1_500_000_000, 2_000_000_000)
@@ -405,7 +268,7 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
-    python = _resolve_python(python)
+    python = resolve_python(python)
     if len(code) > limits.max_code_chars:
         return ExecutionResult(
             observation=f"program longer than {limits.max_code_chars} characters; not run",
@@ -457,8 +320,11 @@ def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, 
         "wall_time_s": float(limits.wall_time_s),
         "rlimits": _rlimits(limits),
         "uid": uid,
-        "fstab": _fstab(workdir, limits, uid) if capabilities.mount_namespace else None,
-        "mount": capabilities.mount_path,
+        "root": (rootfs.root_plan(python, BLOCKED_MODULES).to_json()
+                 if capabilities.mount_namespace else None),
+        "work_options": _work_options(limits, uid),
+        "pivot_root": seccomp.pivot_root_number(),
+        "seccomp": _seccomp_hex() if capabilities.seccomp else None,
         "audit": audit_hooks,
         "preload": list(PRELOADED_MODULES),
     }

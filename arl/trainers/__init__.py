@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from arl import algorithms as alg
+from arl import algorithm_table
 from arl.trainers.policy import Policy, TokenScores
 from arl.trainers.protocol import EvaluationReport, Trainer
 from arl.trainers.state import StateLayout, TrainState
@@ -20,7 +20,7 @@ from arl.trainers.vector_ppo import VectorPPO, VectorTrainState
 
 def build(config: ml_collections.ConfigDict, *, mesh=None) -> Trainer:
     """The trainer that runs `config.algorithm` (its row's `trainer`)."""
-    if alg.get_algorithm(config.algorithm).trainer == "vector":
+    if algorithm_table.get_algorithm(config.algorithm).trainer == "vector":
         return VectorPPO(config)
     return TokenTrainer(config, mesh=mesh)
 

@@ -59,8 +59,8 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
     codec's; a fresh model's `model.vocab_size` (0 = the codec's) may be larger.
     `model.layer_unroll` 0 = all layers; `model.remat` rematerialises each layer."""
     m = config.model
-    param_dtype = jnp.dtype(m.get("param_dtype", "float32"))
-    if m.get("hf_checkpoint", ""):
+    param_dtype = jnp.dtype(m.param_dtype)
+    if m.hf_checkpoint:
         from arl.models import hf_import  # pylint: disable=g-import-not-at-top
         with checkpoint_errors_as_config_errors(m.hf_checkpoint):
             model_config = hf_import.load_hf_config(
@@ -72,7 +72,7 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
                 f"{model_config.vocab_size} < the env codec's {vocab_size}: "
                 f"use the checkpoint's own tokenizer (env.kwargs.codec=<tokenizer.json>)")
     else:
-        model_vocab = m.get("vocab_size", 0) or vocab_size
+        model_vocab = m.vocab_size or vocab_size
         if model_vocab < vocab_size:
             raise ConfigError(
                 f"config.model.vocab_size={m.vocab_size!r} is invalid: must be 0 (the env "
@@ -87,18 +87,17 @@ def build_model(config: ml_collections.ConfigDict, *, vocab_size: int, context_l
             max_len=context_length,
             rope_theta=m.rope_theta,
             tie_embeddings=m.tie_embeddings,
-            qkv_bias=m.get("qkv_bias", False),
-            o_bias=m.get("o_bias", False),
-            mlp_bias=m.get("mlp_bias", False),
-            norm_eps=m.get("norm_eps", 1e-6),
+            qkv_bias=m.qkv_bias,
+            o_bias=m.o_bias,
+            mlp_bias=m.mlp_bias,
+            norm_eps=m.norm_eps,
             value_head=value_head,
             dtype=jnp.dtype(m.dtype),
             param_dtype=param_dtype,
         )
     return transformer_lib.Transformer(dataclasses.replace(
         model_config, layer_unroll=m.layer_unroll or model_config.num_layers,
-        attention=m.get("attention", "auto"), attention_block=m.get("attention_block", 512),
-        remat=m.get("remat", False)))
+        attention=m.attention, attention_block=m.attention_block, remat=m.remat))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +118,7 @@ class Policy:
                     context_length: int, value_head: bool) -> "Policy":
         m = config.model
         lora = None
-        if m.get("lora_rank", 0) > 0:
+        if m.lora_rank > 0:
             lora = lora_lib.LoraConfig(rank=m.lora_rank, alpha=float(m.lora_alpha),
                                        targets=tuple(m.lora_targets))
         model = build_model(config, vocab_size=vocab_size, context_length=context_length,
@@ -328,7 +327,7 @@ class Policy:
 def load_pretrained(config: ml_collections.ConfigDict, model: transformer_lib.Transformer,
                     mesh) -> Any | None:
     """The weights of `config.model.hf_checkpoint` placed on `mesh`, or None."""
-    if not config.model.get("hf_checkpoint", ""):
+    if not config.model.hf_checkpoint:
         return None
     from arl.models import hf_import  # pylint: disable=g-import-not-at-top
     with checkpoint_errors_as_config_errors(config.model.hf_checkpoint):

@@ -1,7 +1,7 @@
-"""What the host loop (`arl.host.experiment`) needs from a trainer.
+"""What the experiment loop (`arl.runs.experiment`) needs from a trainer.
 
 Both trainers implement it: `TokenTrainer` (multi-turn token environments) and
-`VectorPPO` (vector environments). The host loop never looks at which one it has.
+`VectorPPO` (vector environments). The experiment loop never looks at which one it has.
 """
 
 from __future__ import annotations

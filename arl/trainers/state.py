@@ -14,7 +14,7 @@ from flax import struct
 
 from arl import sharding as sharding_lib
 from arl.models import transformer as transformer_lib
-from arl.trainers.credit import ProcessModels
+from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers.policy import Policy
 
 

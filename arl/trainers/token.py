@@ -7,8 +7,8 @@
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
 2. signals   : rewards -> advantages by the algorithm's row of the table
-               (`arl.trainers.signals`), StarPO-S and DAPO filters, KL-in-reward,
-               process rewards (`arl.trainers.credit`).
+               (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
+               process rewards (`arl.trainers.process_reward_models`).
 3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
                `arl.trainers.update`; skipped (parameters unchanged) when no advantage in
                the batch is non-zero and no auxiliary term carries gradient.
@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
@@ -36,9 +37,9 @@ from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
-from arl.trainers import signals as signals_lib
+from arl.trainers import credit_assignment as credit_lib
 from arl.trainers.tracing import trace_once
-from arl.trainers.credit import ProcessModels
+from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -54,7 +55,7 @@ class TokenTrainer:
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
         config_lib.validate(config, num_devices=jax.device_count())
-        self.algorithm = alg.get_algorithm(config.algorithm)
+        self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
                               f"the {self.algorithm.trainer} trainer, not TokenTrainer "
@@ -80,20 +81,20 @@ class TokenTrainer:
         self.shared_prompt = dict(
             group_size=config.rollout.group_size,
             prompt_len=(1 + self.env.prompt_len
-                        if config.updates.get("share_group_prompt", True) else 0))
+                        if config.updates.share_group_prompt else 0))
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(tuple(config.mesh))
         # The mesh the model's activation constraints follow (config.activation_sharding).
-        self.activation_mesh = self.mesh if config.get("activation_sharding", False) else None
+        self.activation_mesh = self.mesh if config.activation_sharding else None
         self.process_models = ProcessModels.from_config(config, self.policy,
                                                         **self.shared_prompt)
         self.uses_reference = (config.loss.kl_coef > 0
                                or self.process_models.uses_implicit_prm)
-        self.branch_turns = signals_lib.branch_turns(
+        self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models)
-        self.credit = signals_lib.CreditAssignment(
+        self.credit = credit_lib.CreditAssignment(
             self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
             branch_turns=self.branch_turns)
         self.learner = Learner(self.policy, self.optimizer, config.loss,
@@ -102,14 +103,14 @@ class TokenTrainer:
                                context_length=self.context_length,
                                agent_token_bound=self.env.max_turns * self.env.action_len,
                                observation_token_bound=self.env.max_turns * self.env.obs_len,
-                               shuffle=config.updates.get("shuffle", "rows"),
-                               reuse_activations=config.updates.get(
-                                   "reuse_rollout_activations", False),
+                               shuffle=config.updates.shuffle,
+                               reuse_activations=config.updates.reuse_rollout_activations,
+                               policy_loss=self.algorithm.policy_loss,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
-        if config.loss.sft_coef > 0 and config.loss.get("sft_dataset", ""):
+        if config.loss.sft_coef > 0 and config.loss.sft_dataset:
             try:
                 self.demonstrations = datasets_lib.load_demonstrations(
                     config.loss.sft_dataset, env_config=config.env,
@@ -288,7 +289,7 @@ class TokenTrainer:
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
 
-        metrics.update(signals_lib.rollout_metrics(traj, self.env_names))
+        metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
         metrics.update(signals.metrics)
         metrics.update(update_metrics)
         metrics["update_skipped"] = 1.0 - has_signal.astype(jnp.float32)
@@ -330,7 +331,7 @@ class TokenTrainer:
                     self.env, key, num_tasks=num_rows, group_size=1, model=self.model,
                     params=params, sampling=sampling,
                     env_params=self.task_params(num_rows, 1))
-            return signals_lib.rollout_metrics(traj, self.env_names), traj
+            return credit_lib.rollout_metrics(traj, self.env_names), traj
 
         return jax.jit(evaluate, static_argnames=("greedy",))
 

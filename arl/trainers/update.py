@@ -1,7 +1,7 @@
 """The update: the loss of a minibatch and a scan over epochs x minibatches of optimizer
 steps.
 
-    loss = policy (clipped, dual clip) + value_coef * value (critic algorithms)
+    loss = policy (the row's: PPO's clipped ratio by default) + value_coef * value (critic)
            + kl_coef * KL(pi || pi_ref) - entropy_coef * H + echo_coef * CE(observations)
            + alpha(step) * SFT(demonstrations)
 
@@ -31,7 +31,7 @@ the forward pass's projection matmuls.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +39,7 @@ import ml_collections
 import optax
 from flax import struct
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import sharding as sharding_lib
@@ -97,6 +98,8 @@ class Learner:
     # The rollout's recorded projection outputs are the forward values of the update's
     # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
     reuse_activations: bool = False
+    # The policy term: the algorithm row's `policy_loss` (`arl.algorithm_table`).
+    policy_loss: algorithm_table.PolicyLoss = algorithm_table.ppo_policy_loss
 
     def __post_init__(self):
         if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
@@ -156,9 +159,8 @@ class Learner:
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
-        pg, metrics = alg.policy_loss(
-            logp, mb.old_logp, mb.advantages, mask, clip_low=c.clip_low,
-            clip_high=c.clip_high, dual_clip=c.dual_clip or None, agg=c.agg, norm=norm)
+        pg, metrics = self.policy_loss(logp, mb.old_logp, mb.advantages, mask, c,
+                                       agg=c.agg, norm=norm)
         metrics = {f"policy/{k}": v for k, v in metrics.items()}
         total = pg
         metrics["loss/policy"] = pg
@@ -217,21 +219,36 @@ class Learner:
                 lambda: grad_fn(params, mb, step, base, projections, True),
                 lambda: grad_fn(params, mb, step, base, projections, False))
 
-        def epoch(carry, epoch_key):
-            params, opt_state = carry
-            shuffled = self.deal_minibatches(batch, epoch_key)
-
-            def minibatch(carry, mb):
-                params, opt_state = carry
-                mb = jax.lax.with_sharding_constraint(mb, batch_axes)
-                grads, metrics = gradients(params, mb)
-                updates, opt_state = self.optimizer.update(grads, opt_state, params)
-                params = optax.apply_updates(params, updates)
-                metrics["grad_norm"] = optax.global_norm(grads)
-                return (params, opt_state), metrics
-
-            return jax.lax.scan(minibatch, (params, opt_state), shuffled)
-
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (params, opt_state), jax.random.split(key, self.epochs))
+        (params, opt_state), metrics = scan_epochs(
+            lambda params, mb: gradients(
+                params, jax.lax.with_sharding_constraint(mb, batch_axes)),
+            self.optimizer, params, opt_state,
+            lambda epoch_key: self.deal_minibatches(batch, epoch_key), key, self.epochs)
         return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def scan_epochs(gradients: Callable, optimizer: optax.GradientTransformation, params,
+                opt_state, deal: Callable, key: jax.Array, epochs: int, *,
+                grad_norm: bool = True, pack: Callable | None = None):
+    """`epochs` x minibatches of optimizer steps, as two nested `lax.scan`s.
+
+    Epoch e deals its minibatches with `deal(key_e)` (a pytree whose leaves have a
+    leading minibatch axis; `key_e` from `jax.random.split(key, epochs)`); each minibatch
+    is one step: `gradients(params, mb) -> (grads, metrics)`, then the optimizer's
+    update. `grad_norm` adds the gradients' global norm to the metrics; `pack` maps a
+    step's metrics to what is stacked (default: the dict itself). Returns
+    ((params, opt_state), metrics stacked [epochs, minibatches, ...])."""
+
+    def minibatch(carry, mb):
+        params, opt_state = carry
+        grads, metrics = gradients(params, mb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        if grad_norm:
+            metrics["grad_norm"] = optax.global_norm(grads)
+        return (params, opt_state), metrics if pack is None else pack(metrics)
+
+    def epoch(carry, epoch_key):
+        return jax.lax.scan(minibatch, carry, deal(epoch_key))
+
+    return jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))

@@ -11,7 +11,7 @@ state, so consecutive steps continue the same episodes.
 The update runs on ONE flat parameter vector (`jax.flatten_util.ravel_pytree`): the
 gradient, the global-norm clip and Adam touch one [P] array per minibatch instead of one
 small array per layer, so a small update launches a few large kernels instead of many
-tiny ones (benchmarks/RESULTS.md, "PPO on CartPole-v1"). The loss still sees the usual
+tiny ones (docs/performance.md, "Vector PPO"). The loss still sees the usual
 parameter tree, and the train state keeps it; only the optimizer state is flat.
 """
 
@@ -23,16 +23,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
 from arl.optim import make_optimizer, rl_updates
 from arl.trainers.protocol import EvaluationReport
+from arl.trainers.update import scan_epochs
 from arl.models.mlp import ActorCritic
 
 
@@ -65,7 +66,7 @@ class VectorPPO:
 
     def __init__(self, config: ml_collections.ConfigDict):
         config_lib.validate(config, num_devices=jax.device_count())
-        if alg.get_algorithm(config.algorithm).trainer != "vector":
+        if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
                               "VectorPPO (use arl.trainers.build)")
         self.config = config
@@ -209,26 +210,17 @@ class VectorPPO:
         if c.vector.diagnostics:
             names = sorted(names + ["grad_norm"])
 
-        def epoch(carry, epoch_key):
+        def deal(epoch_key):
             perm = jax.random.permutation(epoch_key, self.batch_size)
-            shuffled = jax.tree.map(
+            return jax.tree.map(
                 lambda x: x[perm].reshape((num_mb, mb_size) + x.shape[1:]), batch)
 
-            def minibatch(carry, mb):
-                flat, opt_state = carry
-                grads, metrics = grad_fn(flat, mb)
-                updates, opt_state = self.optimizer.update(grads, opt_state, flat)
-                if c.vector.diagnostics:
-                    metrics["grad_norm"] = optax.global_norm(grads)
-                # One [M] vector per minibatch instead of M scalar outputs: fewer
-                # operations per iteration, which is what a small update costs on CPU.
-                packed = jnp.stack([metrics[k].astype(jnp.float32) for k in names])
-                return (optax.apply_updates(flat, updates), opt_state), packed
-
-            return jax.lax.scan(minibatch, carry, shuffled)
-
-        (flat_params, opt_state), packed = jax.lax.scan(
-            epoch, (flat_params, opt_state), jax.random.split(key, c.updates.epochs))
+        # One [M] vector per minibatch instead of M scalar outputs: fewer operations per
+        # iteration, which is what a small update costs on CPU.
+        (flat_params, opt_state), packed = scan_epochs(
+            grad_fn, self.optimizer, flat_params, opt_state, deal, key, c.updates.epochs,
+            grad_norm=c.vector.diagnostics,
+            pack=lambda metrics: jnp.stack([metrics[k].astype(jnp.float32) for k in names]))
         means = jnp.mean(packed, axis=(0, 1))
         return unravel(flat_params), opt_state, {k: means[i] for i, k in enumerate(names)}
 

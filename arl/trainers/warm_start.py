@@ -166,9 +166,7 @@ def _policy_shardings(param_shardings, params):
 
 def settings(config) -> dict[str, Any]:
     """`config.warm_start` resolved: steps, batch_size, learning_rate, source."""
-    ws = config.get("warm_start")
-    if ws is None:
-        return dict(steps=0, batch_size=None, learning_rate=None, source=None)
+    ws = config.warm_start
     return dict(steps=int(ws.sft_steps), batch_size=int(ws.sft_batch) or None,
                 learning_rate=float(ws.sft_lr) or None, source=ws.sft_source or None)
 

@@ -16,6 +16,7 @@ descriptor 1 at stderr, so whatever the libraries print cannot corrupt the proto
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -176,3 +177,21 @@ def parse_event(line: str):
     if not line.startswith(PROTOCOL_PREFIX):
         return None
     return json.loads(line[len(PROTOCOL_PREFIX):])
+
+
+def setting_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The comma-separated `--settings` of a benchmark, each one of SETTINGS."""
+    names = [s for s in text.split(",") if s]
+    if not names or any(s not in SETTINGS for s in names):
+        parser.error(f"--settings: {text!r}; choose from {sorted(SETTINGS)}")
+    return names
+
+
+def worker_arguments() -> argparse.Namespace:
+    """A worker's command line: --setting (a Setting's JSON), --checkpoint, --warmup, --seed."""
+    parser = argparse.ArgumentParser()
+    for flag in ("--setting", "--checkpoint"):
+        parser.add_argument(flag, required=True)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()

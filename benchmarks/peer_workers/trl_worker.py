@@ -22,7 +22,6 @@ with `env_mask` so the loss skips them.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -118,9 +117,6 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(seed)
-    threads = int(os.environ.get("ARL_PEERS_TORCH_THREADS", "0"))
-    if threads > 0:  # 0: torch's default, one intra-op thread per core
-        torch.set_num_threads(threads)
     multiturn = setting.turns > 0
     prefix = "c" if multiturn else "t"
     tokenizer = word_tokenizer(setting.vocab, prefix)
@@ -179,12 +175,7 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--setting", required=True)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = protocol.worker_arguments()
     channel = protocol.Channel()
     try:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

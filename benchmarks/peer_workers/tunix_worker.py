@@ -34,7 +34,6 @@ different episodes overlap).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -280,15 +279,10 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--setting", required=True)
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = protocol.worker_arguments()
     if os.environ.get("ARL_PEERS_INLINE_DISPATCH") == "1":
-        # What arl's training CLI does (`arl.host.allocator.run_computations_inline`),
-        # before JAX's backend starts: the driver's `--allocator=all`.
+        # What arl's training CLI does (`arl.runs.allocator.run_computations_inline`),
+        # before JAX's backend starts, as the driver asks for every side.
         import jax
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     channel = protocol.Channel()

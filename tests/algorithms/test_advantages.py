@@ -12,11 +12,8 @@ import pytest
 from absl.testing import parameterized
 
 from arl import algorithms as alg
-from arl import native
 
-# "native" is the C++ loop (arl.native), built on first use; without a compiler it is
-# left out here and tests/algorithms/test_native_gae.py says why (skipped, not passed).
-METHODS = ("scan", "associative") + (("native",) if native.available("gae") else ())
+METHODS = ("scan", "associative")
 
 
 # ---------------------------------------------------------------- NumPy references
@@ -210,7 +207,7 @@ class GaeTest(chex.TestCase):
     (dict(bootstrap_value=np.zeros((3,), np.float32)), r"`bootstrap_value`.*\[B\]"),
     (dict(gamma=1.5), r"`gamma` must be <= 1"),
     (dict(truncated=np.zeros((2, 3), bool)), r"`truncated` needs `next_values`"),
-    (dict(method="fast"), r"allowed values: 'auto', 'scan', 'associative', 'native'"),
+    (dict(method="fast"), r"allowed values: 'auto', 'scan', 'associative'"),
 ])
 def test_gae_bad_input_raises(kwargs, match):
     args = dict(rewards=np.zeros((2, 3), np.float32), values=np.zeros((2, 3), np.float32),

@@ -37,8 +37,6 @@ def _inputs():
 KERNELS = {
     "gae_scan": lambda x: alg.gae(x["rewards"], x["values"], x["mask"], gamma=0.9, lam=0.8,
                                   dones=x["dones"], method="scan"),
-    "gae_native": lambda x: alg.gae(x["rewards"], x["values"], x["mask"], gamma=0.9, lam=0.8,
-                                    dones=x["dones"], method="native"),
     "gae_associative": lambda x: alg.gae(x["rewards"], x["values"], x["mask"], gamma=0.9,
                                          lam=0.8, dones=x["dones"], method="associative"),
     "discounted_returns": lambda x: alg.discounted_returns(x["rewards"], x["mask"],

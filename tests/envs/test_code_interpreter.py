@@ -12,9 +12,10 @@ import pytest
 
 import arl
 from arl import rollout as rollout_lib
+from arl.envs import codec as codec_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
-from arl.envs.code_interpreter import FAMILIES, CodeInterpreter, notebook_cell
+from arl.envs.tasks.code_interpreter import FAMILIES, CodeInterpreter, notebook_cell
 from arl.rollout import branching
 from arl.tools import SandboxLimits, run_python
 
@@ -85,7 +86,7 @@ def test_turns_by_hand():
     assert replies[0] == tasks[0].answer
     assert replies[1] == str(eval(tasks[1].buggy))  # pylint: disable=eval-used
     assert replies[2:5] == ["correct", "wrong", "invalid"]
-    expected_error, _ = host.encode_reply(env.codec, "ZeroDivisionError: division by zero",
+    expected_error, _ = codec_lib.encode_reply(env.codec, "ZeroDivisionError: division by zero",
                                           env.obs_len)
     np.testing.assert_array_equal(ts.observation.tokens[5], expected_error)
     assert replies[5].endswith("..") and len(replies[5]) == env.obs_len

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arl.envs as E
-from arl.envs import countdown
+from arl.envs import arithmetic
 from arl.envs.base import TokenChunk
+from arl.envs.tasks import countdown
 from tests.envs.helpers import corrupted_turns
 
 BATCH = 256
@@ -482,8 +483,8 @@ def test_constructor_and_params_errors():
 def test_gcd_and_rational_helpers():
     a = jnp.asarray([12, -18, 0, 7, 0, 2**30], jnp.int32)
     b = jnp.asarray([18, 12, 5, 0, 0, 6], jnp.int32)
-    np.testing.assert_array_equal(countdown.gcd(a, b), [6, 6, 5, 7, 0, 2])
-    num, den = countdown.reduce_fraction(jnp.asarray([6, 3, 0]), jnp.asarray([-4, 9, -7]))
+    np.testing.assert_array_equal(arithmetic.gcd(a, b), [6, 6, 5, 7, 0, 2])
+    num, den = arithmetic.reduce_fraction(jnp.asarray([6, 3, 0]), jnp.asarray([-4, 9, -7]))
     np.testing.assert_array_equal(num, [-3, 1, 0])
     np.testing.assert_array_equal(den, [2, 3, 1])
 

@@ -21,7 +21,7 @@ import arl.envs as E
 from arl.data import text_tasks, word_problems
 from arl.envs import verifiers
 from arl.envs.base import TokenChunk
-from arl.envs.dataset_task import DatasetTask
+from arl.envs.tasks.dataset_task import DatasetTask
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODEC = E.CharCodec()

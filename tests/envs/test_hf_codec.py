@@ -10,7 +10,7 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from arl.envs import calculator, guess_number  # noqa: E402
+from arl.envs.tasks import calculator, guess_number  # noqa: E402
 from arl.envs.base import TokenChunk  # noqa: E402
 from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer  # noqa: E402
 
@@ -168,7 +168,7 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
     """Two compiled GRPO + SFT steps of the shipped config on CPU: finite metrics."""
     import importlib
 
-    from arl.host import experiment
+    from arl.runs import experiment
 
     config = importlib.import_module("configs.llama_calculator").get_config()
     config.train_steps, config.log_every, config.sample_every = 2, 1, 2

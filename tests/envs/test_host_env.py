@@ -20,8 +20,9 @@ from flax import struct
 import arl
 from arl import rollout as rollout_lib
 from arl.envs import CharCodec, Mixture, host
+from arl.envs import codec as codec_lib
 from arl.envs.base import TokenChunk
-from arl.envs.calculator import Calculator
+from arl.envs.tasks.calculator import Calculator
 from arl.envs.host import HostEnvironment, HostTurn
 from arl.rollout import branching
 
@@ -243,18 +244,18 @@ def test_rows_run_in_parallel():
 
 def test_reply_and_action_encoding():
     codec = CharCodec()
-    ids, length = host.encode_reply(codec, "abc", 8)
+    ids, length = codec_lib.encode_reply(codec, "abc", 8)
     assert codec.decode(ids[:length]) == "abc" and (ids[length:] == codec.pad_id).all()
-    ids, length = host.encode_reply(codec, "0123456789", 6)
+    ids, length = codec_lib.encode_reply(codec, "0123456789", 6)
     assert length == 6 and codec.decode(ids) == "0123.."
-    ids, length = host.encode_reply(codec, "a[b]{c}\t", 16)
+    ids, length = codec_lib.encode_reply(codec, "a[b]{c}\t", 16)
     assert codec.decode(ids[:length]) == "a?b??c??"
-    ids, length = host.encode_action(codec, "xyz", 8)
+    ids, length = codec_lib.encode_action(codec, "xyz", 8)
     assert list(ids[:length]) == codec.encode("xyz") + [codec.eot_id]
-    ids, length = host.encode_action(codec, "x" * 20, 8)
+    ids, length = codec_lib.encode_action(codec, "x" * 20, 8)
     assert length == 8 and codec.eot_id not in ids
     tokens = np.asarray(codec.encode("<py>1<eot>") + [0, 0])
-    assert host.decode_action(codec, tokens, 5) == "<py>1"
+    assert codec_lib.decode_action(codec, tokens, 5) == "<py>1"
 
 
 def test_branching_forks_a_host_state():

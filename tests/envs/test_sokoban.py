@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arl.envs as E
-from arl.envs import sokoban
+from arl.envs.tasks import sokoban
 from arl.envs.base import TokenChunk
 from tests.envs.helpers import corrupted_turns
 

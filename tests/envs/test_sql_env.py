@@ -11,9 +11,10 @@ import numpy as np
 
 import arl
 from arl import rollout as rollout_lib
+from arl.envs import codec as codec_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
-from arl.envs.sql_query import SqlQuery, single_cell
+from arl.envs.tasks.sql_query import SqlQuery, single_cell
 from arl.tools import make_sql_task, run_sql
 from arl.tools.sql import answers_match
 
@@ -67,7 +68,7 @@ def test_turns_by_hand():
     replies = [env.codec.decode(np.asarray(ts.observation.tokens[b])[
         :int(ts.observation.length[b])], stop_at_pad=False) for b in range(rows)]
     expected = run_sql(tasks[0].data.to_bytes(), tasks[0].solution).observation
-    assert replies[0] == host.decode_action(env.codec, *host.encode_reply(
+    assert replies[0] == codec_lib.decode_action(env.codec, *codec_lib.encode_reply(
         env.codec, expected, env.obs_len))
     assert replies[1].startswith("error: only read-only queries")
     assert replies[2] == "error: no such column: nope"

@@ -1,0 +1,68 @@
+"""`config.loss`: the policy loss's clipping and aggregation, the value, entropy and KL
+terms, and the auxiliary ECHO and SFT terms (arl.algorithms.losses)."""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from arl import algorithms as alg
+from arl.config.checks import check_choice, check_range, fail
+from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
+
+
+def defaults() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.clip_low = 0.2
+    c.clip_high = 0.2
+    c.dual_clip = 0.0  # 0 disables; e.g. 3.0
+    # The clip ranges of the policy losses of the "gspo" and "cispo" rows (checked by
+    # their rows, arl/algorithm_table.py): GSPO clips the sequence-level ratio (the
+    # paper's 3e-4 / 4e-4); CISPO its importance weight (low 1.0 = no lower bound).
+    c.gspo_clip_low = 3e-4
+    c.gspo_clip_high = 4e-4
+    c.cispo_clip_low = 1.0
+    c.cispo_clip_high = 0.28
+    c.agg = "token-mean"
+    c.norm = 0.0  # constant N for seq-mean-token-sum-norm; 0 = the context length
+    c.value_coef = 0.5
+    c.value_clip = 0.0  # 0 disables
+    c.entropy_coef = 0.0
+    c.kl_coef = 0.0
+    c.kl_kind = "k3"
+    c.kl_in_reward = False
+    c.echo_coef = 0.0  # ECHO: cross-entropy on environment observation tokens
+    c.sft_coef = 0.0  # RL + alpha * SFT on demonstrations
+    c.sft_coef_final = -1.0  # < 0: constant sft_coef; else linear decay to this value
+    c.sft_hold_steps = 0
+    c.sft_decay_steps = 100
+    c.sft_source = "demonstrator"
+    # Path of a demonstration set written by `arl.data.build_demonstrations`; empty
+    # means demonstrations are generated on the fly by `sft_source` inside the step.
+    c.sft_dataset = ""
+    return c
+
+
+def validate(config) -> None:
+    loss = config.loss
+    check_range(config, "loss.clip_low", 0.0, 1.0, low_open=True)
+    check_range(config, "loss.clip_high", 0.0, low_open=True)
+    if loss.dual_clip != 0.0:
+        check_range(config, "loss.dual_clip", 1.0, low_open=True)
+    check_choice(config, "loss.agg", alg.AGGREGATIONS)
+    if loss.norm and loss.agg != "seq-mean-token-sum-norm":
+        fail("loss.norm", loss.norm,
+             "a constant normaliser only applies to loss.agg='seq-mean-token-sum-norm'")
+    check_choice(config, "loss.kl_kind", alg.KL_KINDS)
+    for field in ("value_coef", "value_clip", "entropy_coef", "kl_coef", "echo_coef",
+                  "sft_coef", "norm"):
+        check_range(config, f"loss.{field}", 0.0)
+    check_choice(config, "loss.sft_source", SFT_SOURCES)
+    if not isinstance(loss.sft_dataset, str):
+        fail("loss.sft_dataset", loss.sft_dataset, "expected a path (str); empty = on the fly")
+    if loss.sft_dataset and not os.path.isdir(loss.sft_dataset):
+        fail("loss.sft_dataset", loss.sft_dataset,
+             "no such directory; write one with arl.data.build_demonstrations")
+    check_range(config, "loss.sft_hold_steps", 0, integer=True)
+    check_range(config, "loss.sft_decay_steps", 1, integer=True)

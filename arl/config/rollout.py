@@ -1,0 +1,58 @@
+"""`config.rollout`: tasks and samples per step, sampling, the horizon curriculum; and
+how the batch divides over the mesh and the update's minibatches."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from arl import algorithm_table
+from arl.config.checks import check_range, fail
+
+
+def defaults() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.num_tasks = 16  # distinct tasks per step
+    c.group_size = 8  # samples per task (GRPO group)
+    c.temperature = 1.0
+    c.top_k = 0
+    c.top_p = 1.0
+    # ScalingInter-RL horizon curriculum: h = rounds[min(step // every, len - 1)];
+    # empty rounds means the environment's max_turns throughout.
+    c.horizon_rounds = ()
+    c.horizon_every = 100
+    return c
+
+
+def validate(config, algorithm: algorithm_table.Algorithm) -> None:
+    r = config.rollout
+    check_range(config, "rollout.num_tasks", 1, integer=True)
+    check_range(config, "rollout.group_size", 1, integer=True)
+    if r.group_size < algorithm.min_group_size:
+        fail("rollout.group_size", r.group_size,
+             f"algorithm {config.algorithm!r} compares samples within a group: need >= "
+             f"{algorithm.min_group_size}")
+    check_range(config, "rollout.temperature", 0.0)
+    check_range(config, "rollout.top_k", 0, integer=True)
+    check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
+    check_range(config, "rollout.horizon_every", 1, integer=True)
+    if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
+        fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
+    mesh = tuple(config.mesh)
+    batch = r.num_tasks * r.group_size
+    data_shards = mesh[0] * mesh[1]
+    minibatches = config.updates.minibatches
+    if batch % data_shards:
+        fail("rollout.num_tasks", r.num_tasks,
+             f"batch num_tasks*group_size={batch} must be divisible by the mesh's "
+             f"data*fsdp={data_shards}")
+    if batch % minibatches:
+        fail("updates.minibatches", minibatches,
+             f"must divide the batch num_tasks*group_size={batch}")
+    if config.updates.shuffle == "groups" and r.num_tasks % minibatches:
+        fail("updates.minibatches", minibatches,
+             f"with updates.shuffle='groups' it must divide rollout.num_tasks={r.num_tasks} "
+             f"(each minibatch holds whole groups)")
+    if (batch // minibatches) % data_shards:
+        fail("updates.minibatches", minibatches,
+             f"minibatch size {batch // minibatches} must be divisible by "
+             f"the mesh's data*fsdp={data_shards}")

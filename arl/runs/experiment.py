@@ -1,0 +1,162 @@
+"""The experiment loop of an experiment: build, resume, train, log, sample, checkpoint, plot.
+
+    records = run(config, workdir)
+
+1. `config_lib.validate(config, workdir=...)` rejects bad settings before compiling.
+2. `arl.trainers.build(config)` returns the trainer of the algorithm's row (a
+   `TokenTrainer` or a `VectorPPO`); the loop uses only the `arl.trainers.Trainer`
+   protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
+   and the jitted, donating ``train_step(state) -> (state, metrics)``.
+3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
+   reported and skipped by `arl.runs.checkpoint.Checkpointer`); otherwise training starts
+   fresh, after the behaviour-cloning warm start when ``warm_start.sft_steps > 0`` (its
+   state is saved as checkpoint 0, so a resume skips it).
+4. Per step: ``train_step``; every ``log_every`` steps one `jax.device_get` of the metrics
+   into `MetricsWriter` (metrics.jsonl + TensorBoard); every ``sample_every`` steps an
+   evaluation report (``eval/*`` metrics, logged with that step, and transcripts saved to
+   ``samples/``); a checkpoint every ``checkpoint_every`` steps and at the end; a progress
+   bar on a TTY.
+5. ``curves.png`` from the whole metrics history.
+
+Exact resume: everything a step computes is a function of the train state (its PRNG key
+included) and the step number, so a run restarted from checkpoint k recomputes steps
+k+1... bit for bit; evaluation keys are ``fold_in(key(seed), step)``, not host state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+
+from arl import config as config_lib
+from arl import trainers as trainers_lib
+from arl.runs import allocator
+from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import writers as writers_lib
+
+CHECKPOINT_DIR = "checkpoints"
+CURVES_FILE = "curves.png"
+CURVE_KEYS = writers_lib.DEFAULT_CURVE_KEYS + ("eval/success_rate",)
+_EVAL_SALT = 0x5A3C  # separates evaluation keys from the training key stream
+
+
+def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    return json.loads(config.to_json_best_effort())
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    try:  # keys added to the schema since the checkpoint are not changes
+        saved = config_json(config_lib.with_defaults(saved))
+    except config_lib.ConfigError:
+        pass  # a key since removed: reported below as changed
+    saved_flat, current_flat = _flat(saved), _flat(current)
+    changed = sorted(k for k in set(saved_flat) | set(current_flat)
+                     if saved_flat.get(k) != current_flat.get(k))
+    if changed:
+        logging.warning("Resuming with a config that differs from the checkpoint's in: %s",
+                        ", ".join(f"{k} ({saved_flat.get(k)!r} -> {current_flat.get(k)!r})"
+                                  for k in changed))
+
+
+def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
+    """The key of the evaluation at `step`: a function of the seed and step only."""
+    return jax.random.fold_in(jax.random.key(config.seed ^ _EVAL_SALT), step)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        kill_after_step: int | None = None) -> list[dict[str, Any]]:
+    """Trains `config` in `workdir`, resuming from its newest good checkpoint.
+
+    Args:
+      config: an experiment config (see `arl.config.default_config`).
+      workdir: output directory; created if missing, resumed if it holds checkpoints.
+      kill_after_step: testing aid: after step k is fully processed (logged, sampled and,
+        if due, checkpointed and committed) the process sends itself SIGKILL.
+
+    Returns:
+      The metric records this call logged (one dict per logged step, with ``step``);
+      `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
+    """
+    config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
+    trainer = trainers_lib.build(config)  # may still refuse the config: before any output
+    os.makedirs(workdir, exist_ok=True)
+    total = config.train_steps
+    metadata = {"config": config_json(config)}
+
+    records = []
+    with checkpoint_lib.Checkpointer(
+            os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=config.keep_checkpoints,
+            save_every=config.checkpoint_every) as ckpt:
+        restored = ckpt.restore_latest(trainer.abstract_state())
+        if restored is None:
+            start, state = 0, trainer.init_state()
+            logging.info("Starting a fresh run in %s.", workdir)
+            if config.warm_start.sft_steps > 0:
+                state = trainer.warm_start(state, log=logging.info)
+                # Checkpoint 0 holds the post-SFT state: a resumed run restores it (or a
+                # later step) and never repeats the warm start.
+                ckpt.save(0, state, metadata=metadata, force=True)
+        else:
+            start, state, saved_metadata = restored
+            logging.info("Resumed from step %d of %s.", start, workdir)
+            _warn_config_changes(saved_metadata.get("config", {}), metadata["config"])
+        if start >= total:
+            logging.info("Checkpoint step %d >= train_steps=%d: nothing to do.", start, total)
+
+        writer = writers_lib.MetricsWriter(
+            workdir, resume_step=start if restored is not None else None)
+        progress = writers_lib.ProgressBar(total, initial=min(start, total),
+                                           log_every=config.log_every)
+        try:
+            for step in range(start + 1, total + 1):
+                state, metrics = trainer.train_step(state)  # `state` was donated
+                if step == start + 1:
+                    # From the second step on, reuse the first one's memory (compiling
+                    # measured no faster this way; the steps do).
+                    allocator.keep_freed_memory_unless_disabled()
+                sample_due = config.sample_every > 0 and step % config.sample_every == 0
+                if sample_due:
+                    report = trainer.evaluation_report(state, evaluation_key(config, step))
+                    metrics = {**metrics, **report.metrics}
+                    if report.transcript is not None:
+                        writer.write_text(step, "samples/sampled", report.transcript)
+                if step % config.log_every == 0 or step == total or sample_due:
+                    record = writer.write(step, metrics)
+                    records.append(record)
+                    progress.update(step, {k: record[k] for k in CURVE_KEYS if k in record})
+                else:
+                    progress.update(step)
+                ckpt.save(step, state, metadata=metadata, force=step == total)
+                if kill_after_step is not None and step == kill_after_step:
+                    writer.flush()
+                    logging.warning("--debug_kill_after_step=%d: sending SIGKILL.", step)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if start < total:
+                ckpt.save(total, state, metadata=metadata, force=True)
+        finally:
+            progress.close()
+            writer.close()
+
+    if jax.process_index() == 0:
+        try:
+            history = writers_lib.read_metrics(workdir)
+            writers_lib.plot_curves(history, os.path.join(workdir, CURVES_FILE), CURVE_KEYS,
+                                    title=f"{config.algorithm} on {config.env.name}")
+        except (OSError, ValueError) as error:  # e.g. no metrics logged at all
+            logging.warning("No curves plotted: %s", error)
+    return records
