@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from arl import algorithms as alg
+from arl import algorithm_table
 from arl import config as config_lib
 from arl.rollout.branching import BranchValues
 from arl.rollout.trajectory import Trajectory
-from arl.trainers.signals import CreditAssignment, rollout_metrics
+from arl.trainers.credit_assignment import CreditAssignment, rollout_metrics
 from tests.algorithms.test_advantages import (gae_reference, turn_level_gae_reference,
                                                whiten_reference)
 from tests.algorithms.test_filters import dapo_reference, starpo_reference
@@ -124,7 +124,7 @@ def credit_reference(c, t, rewards, old_values, process, implicit, branch, branc
     metrics = {"degenerate_group_fraction": degenerate[count > 0].mean(),
                "within_group_reward_std": std.mean(), "kept_fraction": keep.mean()}
     dense = np.zeros((B, S)) if process is None else process * turn_end
-    credit = alg.get_algorithm(c.algorithm).credit
+    credit = algorithm_table.get_algorithm(c.algorithm).credit
     returns = None
     if credit == "outcome":
         seq = outcome_reference(c.algorithm, scores, group_ids, t["env_ids"], keep, c)
@@ -172,7 +172,7 @@ def _check(c, *, process=False, implicit=False, branch_turns=(), seed=0):
     t = _np(traj)
     rewards = t["rewards"]
     rng = np.random.default_rng(seed + 100)
-    critic = alg.get_algorithm(c.algorithm).critic
+    critic = algorithm_table.get_algorithm(c.algorithm).critic
     old_values = rng.normal(size=(B, S)) * t["agent_mask"] if critic else None
     branch = None
     if branch_turns:
@@ -187,7 +187,7 @@ def _check(c, *, process=False, implicit=False, branch_turns=(), seed=0):
     process_in = (process if isinstance(process, np.ndarray) else
                   process_rewards if process else None)
     implicit_in = implicit_rewards if implicit else None
-    credit = CreditAssignment(alg.get_algorithm(c.algorithm), c, num_envs=NUM_ENVS,
+    credit = CreditAssignment(algorithm_table.get_algorithm(c.algorithm), c, num_envs=NUM_ENVS,
                               max_turns=MAX_TURNS, branch_turns=branch_turns)
     got = credit(traj, jnp.asarray(rewards, jnp.float32),
                  None if old_values is None else jnp.asarray(old_values, jnp.float32),
@@ -247,7 +247,7 @@ def test_monte_carlo_credit(branch_turns):
 def test_process_reward_weight_scales_the_dense_rewards():
     """The env's process rewards enter the credit with process.reward_weight
     (ProcessModels.process_rewards), and only on turn ends."""
-    from arl.trainers.credit import ProcessModels
+    from arl.trainers.process_reward_models import ProcessModels
 
     c = _config("grpo", process__reward_weight=0.5)
     traj, process, _ = _episodes(3)

@@ -37,6 +37,8 @@ class Mutation:
     why: str = ""
 
 
+PPO_CLIPS = ("clip_low=settings.clip_low,\n"
+             "                           clip_high=settings.clip_high,")
 UPDATE_ORACLE = ("tests/test_update_oracle.py::"
                  "test_loss_metrics_and_gradient_equal_the_oracle_in_each_aggregation[token-mean]")
 
@@ -45,16 +47,16 @@ MUTATIONS = (
              "total = total - c.entropy_coef * alg.aggregate(ent",
              "total = total + c.entropy_coef * alg.aggregate(ent", (UPDATE_ORACLE,),
              "the entropy bonus becomes a penalty"),
-    Mutation("clip_swap", "arl/trainers/update.py",
-             "clip_low=c.clip_low,\n            clip_high=c.clip_high,",
-             "clip_low=c.clip_high,\n            clip_high=c.clip_low,", (UPDATE_ORACLE,),
+    Mutation("clip_swap", "arl/algorithm_table.py",
+             PPO_CLIPS, PPO_CLIPS.replace("settings.clip_low", "settings.CLIP").replace(
+                 "settings.clip_high", "settings.clip_low").replace("CLIP", "clip_high"),
+             (UPDATE_ORACLE,),
              "clip_low and clip_high exchanged"),
-    Mutation("clips_x5", "arl/trainers/update.py",
-             "clip_low=c.clip_low,\n            clip_high=c.clip_high,",
-             "clip_low=5 * c.clip_low,\n            clip_high=5 * c.clip_high,",
+    Mutation("clips_x5", "arl/algorithm_table.py",
+             PPO_CLIPS, PPO_CLIPS.replace("=settings.", "=5 * settings."),
              (UPDATE_ORACLE,), "both policy clip ranges five times wider"),
-    Mutation("dual_clip_off", "arl/trainers/update.py",
-             "dual_clip=c.dual_clip or None,", "dual_clip=None,", (UPDATE_ORACLE,),
+    Mutation("dual_clip_off", "arl/algorithm_table.py",
+             "dual_clip=settings.dual_clip or None,", "dual_clip=None,", (UPDATE_ORACLE,),
              "loss.dual_clip ignored"),
     Mutation("value_clip_off", "arl/trainers/update.py",
              "clip=c.value_clip or None,", "clip=None,", (UPDATE_ORACLE,),
