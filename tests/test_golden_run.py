@@ -51,8 +51,8 @@ def compare(name: str, got: list[dict], here: str) -> tuple[list[str], str]:
                                f"on {closest}")
 
 
-# Five cases run with `pytest -m slow` (default-suite time budget; the eight default cases
-# take ~3 CPU-minutes): the calculator tool env, the ERPO mixture, the Llama config,
+# Five cases run with `pytest -m slow` (default-suite time budget; the nine default cases
+# take ~3.5 CPU-minutes, ppo_clipping ~20 CPU-s of it): the calculator tool env, the ERPO mixture, the Llama config,
 # Dr.GRPO and REINFORCE++ on frozen lake in bfloat16 (the longest case, ~70 s; the whole
 # CI run reached 14 of its 15 minutes with it), whose code paths default tests check
 # otherwise (tests/envs, tests/models, tests/algorithms, tests/test_train.py,
