@@ -119,7 +119,9 @@ def test_bfloat16_is_close_to_float32(q_len):
     half = cached_attention(q.astype(jnp.bfloat16), keys.astype(jnp.bfloat16),
                             values.astype(jnp.bfloat16), 0, jnp.asarray(slots), block_size=8)
     assert half.dtype == jnp.bfloat16
-    np.testing.assert_allclose(half.astype(jnp.float32), full, atol=0.05)
+    # Measured error 0.004-0.008 (seeds 0-2, both query lengths; mostly the inputs' and
+    # the output's rounding to bfloat16): about two and a half times that.
+    np.testing.assert_allclose(half.astype(jnp.float32), full, atol=0.02)
 
 
 def test_arguments_are_checked():

@@ -287,7 +287,8 @@ def test_bfloat16_activations_give_float32_logits_close_to_float32():
     assert out.logits.dtype == jnp.float32 and out.values.dtype == jnp.float32
     ref = jitted_forward(SMALL)(params, tokens)
     assert np.all(np.isfinite(out.logits))
-    np.testing.assert_allclose(out.logits, ref.logits, atol=0.05)
+    # Measured error 0.0018: about three times that.
+    np.testing.assert_allclose(out.logits, ref.logits, atol=0.006)
 
 
 @pytest.mark.slow  # two gradient compilations (~25 s on a busy 2-core CPU)
