@@ -3,45 +3,21 @@
 switched off in turn to show what it costs), of `run_sql` on a one-row query, and the
 throughput of a `ToolPool` at several batch sizes. Prints Markdown tables.
 
-With `--baseline REF` the sandbox of git revision REF (its arl/tools/sandbox.py and
-_sandbox_child.py, loaded side by side) runs interleaved with today's, call by call, and
 `--train-steps N` times N `code_interpreter` train steps (configs/grpo_code_interpreter.py,
-result cache off so that every cell is a sandboxed call) with each, alternating:
+result cache off so that every cell is a sandboxed call) with every layer on and with the
+kernel layers (namespaces, minimal root, seccomp) off, alternating:
 
-    python -m benchmarks.tools_overhead [--repeats 20] [--batches 1,8,64]
-        [--baseline b780f82 --train-steps 4]
+    python -m benchmarks.tools_overhead [--repeats 20] [--batches 1,8,64] [--train-steps 4]
 """
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 from arl.tools import ToolPool, run_sql, sandbox, sql
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_baseline(ref: str):
-    """The `arl.tools.sandbox` module of git revision `ref`, importable next to today's."""
-    directory = tempfile.mkdtemp(prefix="arl-sandbox-baseline-")
-    for name in ("sandbox.py", "_sandbox_child.py"):
-        source = subprocess.run(["git", "show", f"{ref}:arl/tools/{name}"], cwd=_REPO,
-                                capture_output=True, check=True).stdout
-        with open(os.path.join(directory, name), "wb") as f:
-            f.write(source)
-    spec = importlib.util.spec_from_file_location("arl_sandbox_baseline",
-                                                  os.path.join(directory, "sandbox.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def _interleaved_ms(calls: dict, repeats: int) -> dict:
     """name -> (median ms, min ms), the calls taken in turn, one of each per round."""
@@ -55,18 +31,17 @@ def _interleaved_ms(calls: dict, repeats: int) -> dict:
     return {name: (1000 * statistics.median(t), 1000 * min(t)) for name, t in times.items()}
 
 
-def _per_call_table(args, baseline) -> None:
+def _without_kernel_layers(capabilities):
+    """The same sandbox with only the layers that need no kernel support: uid drop,
+    rlimits and audit hooks."""
+    return sandbox.SandboxCapabilities(uid_drop=capabilities.uid_drop)
+
+
+def _per_call_table(args) -> None:
     python = os.path.realpath(sys.executable)
     capabilities = sandbox.sandbox_capabilities()
     limits = sandbox.SandboxLimits()
     calls = {}
-    if baseline is not None:
-        old_caps = baseline.sandbox_capabilities()
-        calls[f"before ({args.baseline}): run_python('pass')"] = lambda: baseline.run_python(
-            "pass", limits=baseline.SandboxLimits())
-        calls["  before, without namespaces"] = lambda: baseline._execute(
-            "pass", baseline.SandboxLimits(), python,
-            baseline.SandboxCapabilities(uid_drop=old_caps.uid_drop), True)
     variants = {
         "now: run_python('pass'), all layers": (capabilities, True),
         "  without audit hooks": (capabilities, False),
@@ -75,6 +50,7 @@ def _per_call_table(args, baseline) -> None:
                                    True),
         "  without any namespace": (sandbox.SandboxCapabilities(
             uid_drop=capabilities.uid_drop, seccomp=capabilities.seccomp), True),
+        "  without the kernel layers": (_without_kernel_layers(capabilities), True),
     }
     for name, (caps, hooks) in variants.items():
         calls[name] = (lambda caps=caps, hooks=hooks:
@@ -97,20 +73,21 @@ def _pool_table(args) -> None:
             print(f"| {size} | {pool.max_workers} | {elapsed:.2f} | {size / elapsed:.1f} |")
 
 
-def _train_step_table(args, baseline) -> None:
+def _train_step_table(args) -> None:
     import jax  # pylint: disable=import-outside-toplevel
     from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
     from configs import grpo_code_interpreter  # pylint: disable=import-outside-toplevel
 
     config = grpo_code_interpreter.get_config()
     config.env.kwargs.cache_size = 0  # every cell a sandboxed call
-    runs, counts = {}, {"before": 0, "now": 0}
-    for name in ("before", "now"):
+    python = os.path.realpath(sys.executable)
+    weak = _without_kernel_layers(sandbox.sandbox_capabilities())
+    runs, counts = {}, {"without kernel layers": 0, "every layer": 0}
+    for name in counts:
         trainer = TokenTrainer(config)
         inner = trainer.env.executor
-        if name == "before":
-            inner = lambda code, limits: baseline.run_python(
-                code, limits=baseline.SandboxLimits(**dataclasses.asdict(limits)))
+        if name == "without kernel layers":
+            inner = lambda code, limits: sandbox._execute(code, limits, python, weak, True)
 
         def counted(code, limits, name=name, inner=inner):
             counts[name] += 1
@@ -138,7 +115,8 @@ def _train_step_table(args, baseline) -> None:
         medians[name] = statistics.median(seconds)
         print(f"| {name} | {medians[name]:.2f} | {min(seconds):.2f} | "
               f"{statistics.median(c for _, c in times):.0f} |")
-    print(f"\nnow / before: {medians['now'] / medians['before']:.2f}")
+    print(f"\nevery layer / without kernel layers: "
+          f"{medians['every layer'] / medians['without kernel layers']:.2f}")
 
 
 def main(argv=None):
@@ -146,20 +124,15 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--baseline", default=None,
-                        help="git revision whose sandbox runs interleaved with today's")
     parser.add_argument("--train-steps", type=int, default=0,
-                        help="code_interpreter train steps per sandbox (needs --baseline)")
+                        help="code_interpreter train steps per sandbox variant")
     args = parser.parse_args(argv)
-    if args.train_steps and not args.baseline:
-        parser.error("--train-steps needs --baseline")
-    baseline = load_baseline(args.baseline) if args.baseline else None
     print(f"capabilities: {sandbox.sandbox_capabilities().describe()}")
     print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()}\n")
-    _per_call_table(args, baseline)
+    _per_call_table(args)
     _pool_table(args)
     if args.train_steps:
-        _train_step_table(args, baseline)
+        _train_step_table(args)
     print(f"\nload average at the end: {os.getloadavg()}")
 
 
