@@ -378,6 +378,10 @@ def test_world_readable_files_are_not_there(results, hooks):
                  "/proc/cpuinfo", SECRET_FILE, "/root/.bashrc",
                  "/proc/self/fd/0/../../../etc/passwd"):
         expected = "PermissionError" if hooks else ("FileNotFoundError", "NotADirectoryError")
+        if path == SECRET_FILE and path.startswith("/tmp/"):
+            # A checkout under /tmp: inside, that path names the program's own /tmp (the
+            # hooks allow it), which does not hold the file.
+            expected = "FileNotFoundError"
         assert out[path].startswith(expected), (path, out[path])
     if not hooks:
         # Every file the program can see belongs to the root's plan: the interpreter,
