@@ -17,7 +17,7 @@ from arl.sharding import MESH_AXES
 def uses_two_programs(config: ml_collections.ConfigDict) -> bool:
     """Whether the token trainer runs rollout and update as two programs
     (`arl.trainers.async_step`): a policy lag or a rollout mesh of its own."""
-    return config.rollout.get("policy_lag", 0) > 0 or bool(tuple(config.rollout.get("mesh", ())))
+    return config.rollout.policy_lag > 0 or bool(tuple(config.rollout.mesh))
 
 
 def validate(config, num_devices: int | None,
@@ -61,7 +61,7 @@ def validate(config, num_devices: int | None,
         fail("loss.off_policy_correction", "none",
              f"rollout.policy_lag={r.policy_lag} samples with parameters up to "
              f"{r.policy_lag} updates old: choose one of {alg.CORRECTIONS[1:]}")
-    if config.updates.get("reuse_rollout_activations", False):
+    if config.updates.reuse_rollout_activations:
         fail("updates.reuse_rollout_activations", True, "the rollout's activations stay "
              "on the rollout's side with rollout.policy_lag > 0 or a rollout.mesh: "
              "allowed value is False")
