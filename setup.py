@@ -19,6 +19,7 @@ TRAIN = [
     "safetensors>=0.4.3",  # Hugging Face checkpoint import/export (numpy API, no torch)
     "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
     "jinja2>=3.1.6",  # checkpoints' chat templates, rendered as transformers does
+    "filelock",  # JAX locks (and bounds) the persistent compilation cache with it (arl/caches.py)
 ]
 
 setuptools.setup(

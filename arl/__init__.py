@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 # and numpy, while `arl.build`, `arl.default_config` and the rest load their layer when
 # first touched.
 _SUBMODULES = frozenset({
-    "algorithm_table", "algorithms", "backend", "config", "data", "envs", "errors", "host",
-    "models", "optim", "rollout", "sharding", "tools", "trainers",
+    "algorithm_table", "algorithms", "backend", "caches", "config", "data", "envs", "errors",
+    "host", "models", "optim", "rollout", "sharding", "tools", "trainers",
 })
 _EXPORTS = {
     "Algorithm": "arl.algorithm_table",

@@ -48,8 +48,13 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
+    from arl import caches
     from arl import config as config_lib
     from arl.runs import allocator
+
+    # Compiled programs persist across runs (arl/caches.py: ARL_COMPILATION_CACHE=0 is
+    # the opt-out); before anything compiles.
+    caches.enable_compilation_cache()
 
     # Before JAX's backend starts: steps run on this thread, whose heap
     # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py). Not with

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from arl import caches
 from arl.data import records
 from arl.envs import verifiers
 from arl.envs.codec import CharCodec, Codec
@@ -49,7 +50,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "eval")
 MAX_PROMPT_LEN = 512
 MAX_ANSWER_LEN = 256
-CACHE_ENV = "ARL_CACHE_DIR"
+CACHE_ENV = caches.CACHE_ENV
 _FORMAT_VERSION = 1  # bump when the records change meaning (invalidates cached builds)
 _MAX_LISTED = 20  # bad lines listed in one error
 # What a .jsonl path built on use (DatasetTask(path="x.jsonl")) can do about long rows:
@@ -368,12 +369,9 @@ def load_text_tasks(path, split: str = "train") -> TextTasks:
 
 # ---------------------------------------------------------------------------- cache
 def cache_root() -> str:
-    """Where `cached_text_tasks` builds: $ARL_CACHE_DIR, else $XDG_CACHE_HOME/arl, else
-    ~/.cache/arl."""
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "arl")
+    """Where `cached_text_tasks` builds: arl's cache directory (`arl.caches.cache_root`:
+    $ARL_CACHE_DIR, else $XDG_CACHE_HOME/arl, else ~/.cache/arl)."""
+    return caches.cache_root()
 
 
 def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: float = 0.1,

@@ -31,6 +31,7 @@ import ml_collections
 
 from arl import algorithm_table
 from arl import algorithms as alg
+from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
@@ -67,6 +68,7 @@ class TokenTrainer:
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
         config_lib.validate(config, num_devices=jax.device_count())
+        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "

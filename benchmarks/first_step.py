@@ -1,0 +1,360 @@
+"""Time to the first logged step: where a short run's start-up goes, cold and warm cache.
+
+Three cases, each run in a fresh Python process (so imports count) twice in a row
+with one cache directory ($ARL_CACHE_DIR of the run, fresh per case): the first run
+finds an empty persistent compilation cache ("cold"), the second the programs of the
+first ("warm").
+
+* quickstart: README's Quickstart, `experiments.train --config=configs/grpo_bandit.py`
+  (through the CLI; `train_steps` = `log_every` = 5, so the first logged step is 5).
+* multiturn: the `multiturn` setting of `benchmarks/peers.py` through the public API as
+  a notebook builds it: `TokenTrainer(peers.arl_config(...))`, `init_state()` (which
+  loads the setting's Hugging Face checkpoint, written beforehand by this script, as
+  the peers load it), one `train_step` and its metrics on the host.
+* dataset: a new user's tiny `dataset_task` run through the CLI: `grpo_word_problems`
+  on a 20-line JSONL (built into a dataset on first use), 10 SFT warm-start steps, first
+  logged step 5.
+
+Phases: the process's start, imports, config (loading and validation; the CLI's flag
+parsing), building the trainer (environment, model), the initial state (init or
+checkpoint load), the warm start, the first step, the steps up to the first log,
+evaluation, and the rest (checkpoint manager, writers). Per phase: wall seconds, and of
+them the seconds JAX spent tracing, lowering to MLIR and compiling (or loading from the
+cache; JAX's monitoring events, overlapping spans merged), the programs compiled and
+those loaded from the persistent cache. A cache hit in the cold run is a program
+compiled a second time in the same process.
+
+    python benchmarks/first_step.py [--cases quickstart,multiturn,dataset]
+        [--runs 2] [--code DIR] [--record]
+
+`--code DIR` runs the cases on the arl checkout in DIR (e.g. an older commit, for a
+before / after); `ARL_COMPILATION_CACHE=0` runs them without arl's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+CASES = ("quickstart", "multiturn", "dataset")
+PHASES = ("python start", "imports", "config", "build trainer", "init state",
+          "warm start", "first step", "steps to first log", "evaluation", "other")
+_MARK = "@@first_step "
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+_LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+_COMPILE = "/jax/core/compile/backend_compile_duration"
+_HIT = "/jax/compilation_cache/cache_hits"
+DATASET_ROWS = 20
+
+
+# ---------------------------------------------------------------------------- child
+class Timeline:
+    """Contiguous named phases of one process, and JAX's compile events within them."""
+
+    def __init__(self, spawned: float):
+        self.phases = {"python start": {"wall": time.time() - spawned}}
+        self.current, self.since = "imports", time.perf_counter()
+        self.spans = {}  # phase -> event -> [(start, end)]
+        self.counts = {}  # phase -> {"compiled": n, "cache hits": n}
+        self.done = None  # perf_counter time of the first logged step
+
+    def enter(self, name: str) -> None:
+        now = time.perf_counter()
+        entry = self.phases.setdefault(self.current, {"wall": 0.0})
+        entry["wall"] += now - self.since
+        self.current, self.since = name, now
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """`name` while the block runs; then "other" (the loop between the phases)."""
+        self.enter(name)
+        try:
+            yield
+        finally:
+            self.enter("other")
+
+    def finish(self) -> None:
+        """The first step is logged: what follows is not start-up."""
+        self.done = time.perf_counter()
+        self.enter("after the first log")
+        self.enter = lambda name: None  # the loop's later phases are not counted
+
+    def listen(self):
+        import jax  # pylint: disable=import-outside-toplevel
+
+        def span(event, start, end, **_):
+            if event in (_TRACE, _LOWER, _COMPILE):
+                self.spans.setdefault(self.current, {}).setdefault(event, []).append(
+                    (start, end))
+            if event == _COMPILE:
+                counts = self.counts.setdefault(self.current, {})
+                counts["compiled"] = counts.get("compiled", 0) + 1
+
+        def hit(event, **_):
+            if event == _HIT:
+                counts = self.counts.setdefault(self.current, {})
+                counts["cache hits"] = counts.get("cache hits", 0) + 1
+
+        jax.monitoring.register_event_time_span_listener(span)  # pylint: disable=no-member
+        jax.monitoring.register_event_listener(hit)
+
+    def report(self) -> dict:
+        out = {}
+        for name, entry in self.phases.items():
+            spans = self.spans.get(name, {})
+            out[name] = dict(wall=entry["wall"], **self.counts.get(name, {}), **{
+                key: _union(spans.get(event, ()))
+                for key, event in (("trace", _TRACE), ("lower", _LOWER),
+                                   ("compile", _COMPILE))})
+        return out
+
+
+def _union(spans) -> float:
+    """Seconds covered by `spans` (nested traces overlap their callers')."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def _instrument(timeline: Timeline, steps_to_log: int):
+    """Wraps the experiment loop's trainer and writer so that their calls mark phases."""
+    from arl.runs import experiment  # pylint: disable=import-outside-toplevel
+    from arl.runs import writers  # pylint: disable=import-outside-toplevel
+
+    build = experiment.trainers_lib.build
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            with timeline.phase(name):
+                return fn(*args, **kwargs)
+        return call
+
+    def built(config, **kwargs):
+        with timeline.phase("build trainer"):
+            trainer = build(config, **kwargs)
+        trainer.init_state = timed("init state", trainer.init_state)
+        trainer.warm_start = timed("warm start", trainer.warm_start)
+        trainer.evaluation_report = timed("evaluation", trainer.evaluation_report)
+        step, calls = trainer.train_step, []
+
+        def train_step(state):
+            calls.append(None)
+            name = "first step" if len(calls) == 1 else "steps to first log"
+            with timeline.phase(name):
+                out = step(state)
+                import jax  # pylint: disable=import-outside-toplevel
+                return jax.block_until_ready(out)
+
+        trainer.train_step = train_step
+        return trainer
+
+    experiment.trainers_lib.build = built
+    write = writers.MetricsWriter.write
+
+    def first_write(self, step, metrics):
+        record = write(self, step, metrics)
+        if timeline.done is None and step >= steps_to_log:
+            timeline.finish()
+        return record
+
+    writers.MetricsWriter.write = first_write
+
+
+def _cli_case(timeline: Timeline, args) -> None:
+    from experiments import cli  # pylint: disable=import-outside-toplevel
+    from experiments import train  # pylint: disable=import-outside-toplevel
+    from arl.runs import experiment  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+    import arl  # pylint: disable=import-outside-toplevel
+    configs = os.path.join(os.path.dirname(os.path.dirname(arl.__file__)), "configs")
+    if args.child == "quickstart":
+        flags = [f"--config={os.path.join(configs, 'grpo_bandit.py')}"]
+    else:
+        flags = [f"--config={os.path.join(configs, 'grpo_word_problems.py')}",
+                 f"--config.env.kwargs.path={args.jsonl}",
+                  "--config.warm_start.sft_steps=10"]
+    _instrument(timeline, steps_to_log=5)
+    timeline.listen()
+    timeline.enter("config")
+    sys.argv = ["experiments.train", f"--workdir={args.workdir}", *flags,
+                "--config.train_steps=5", "--config.log_every=5"]
+    try:
+        cli.run(train.main)
+    except SystemExit as stop:
+        if stop.code:
+            raise
+    timeline.enter("other")
+
+
+def _api_case(timeline: Timeline, args) -> None:
+    sys.path.insert(0, BENCH_DIR)
+    import jax  # pylint: disable=import-outside-toplevel
+    import peers  # pylint: disable=import-outside-toplevel
+    from peer_workers import protocol  # pylint: disable=import-outside-toplevel
+    from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
+
+    timeline.listen()
+    timeline.enter("config")
+    config = peers.arl_config(protocol.SETTINGS["multiturn"], args.checkpoint)
+    timeline.enter("build trainer")
+    trainer = TokenTrainer(config)
+    timeline.enter("init state")
+    state = jax.block_until_ready(trainer.init_state())
+    timeline.enter("first step")
+    state, metrics = trainer.train_step(state)
+    metrics = jax.device_get(metrics)
+    timeline.finish()
+
+
+def child(args) -> None:
+    timeline = Timeline(args.spawned)
+    start = time.perf_counter()
+    (_api_case if args.child == "multiturn" else _cli_case)(timeline, args)
+    report = timeline.report()
+    first_log = (timeline.done - start) + report["python start"]["wall"]
+    print(_MARK + json.dumps(dict(phases=report, first_log=first_log)), flush=True)
+
+
+# --------------------------------------------------------------------------- parent
+def _write_inputs(case: str, root: str) -> dict:
+    """The case's inputs, outside its cache: the peers' checkpoint, the tiny JSONL."""
+    os.makedirs(root, exist_ok=True)
+    if case == "multiturn":
+        code = (f"import sys; sys.path.insert(0, {BENCH_DIR!r}); import peers; "
+                "from peer_workers import protocol; "
+                f"print(peers.write_checkpoint(protocol.SETTINGS['multiturn'], {root!r}))")
+        path = subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                              capture_output=True, env=_env(None, root)).stdout.split()[-1]
+        return {"checkpoint": path}
+    if case == "dataset":
+        path = os.path.join(root, "tiny.jsonl")
+        with open(os.path.join(REPO, "arl", "data", "arithmetic_word_problems.jsonl"),
+                  encoding="utf-8") as source, open(path, "w", encoding="utf-8") as out:
+            out.writelines(line for _, line in zip(range(DATASET_ROWS), source))
+        return {"jsonl": path}
+    return {}
+
+
+def _env(code: str | None, cache_root: str) -> dict:
+    env = dict(os.environ, ARL_CACHE_DIR=cache_root, JAX_PLATFORMS="cpu")
+    for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR"):  # XLA's defaults, arl's cache
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (code or REPO, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_case(case: str, runs: int, code: str | None) -> list[dict]:
+    """`runs` fresh processes of `case` sharing one fresh cache root: cold, then warm."""
+    root = tempfile.mkdtemp(prefix=f"arl-first-step-{case}-")
+    try:
+        inputs = _write_inputs(case, os.path.join(root, "inputs"))
+        cache_root = os.path.join(root, "cache")
+        results = []
+        for index in range(runs):
+            workdir = os.path.join(root, f"run{index}")  # a fresh workdir: no resume
+            command = [sys.executable, os.path.abspath(__file__), "--child", case,
+                       "--workdir", workdir, "--spawned", repr(time.time())]
+            command += [f"--{k}={v}" for k, v in inputs.items()]
+            load = os.getloadavg()[0]
+            done = subprocess.run(command, env=_env(code, cache_root), text=True,
+                                  capture_output=True, check=False)
+            lines = [l for l in done.stdout.splitlines() if l.startswith(_MARK)]
+            if done.returncode or not lines:
+                raise SystemExit(f"{case} run {index + 1} failed ({done.returncode}):\n"
+                                 + done.stderr[-3000:])
+            result = json.loads(lines[-1][len(_MARK):])
+            result["load"] = load
+            results.append(result)
+        return results
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def table(case: str, results: list[dict]) -> str:
+    labels = ["cold", "warm"] + [f"run {i + 1}" for i in range(2, len(results))]
+    header = ["phase"] + [f"{labels[i]}: s (trace / lower / compile)" for i in
+                          range(len(results))] + ["programs compiled (cache hits)"]
+    rows = []
+    for phase in PHASES:
+        cells, any_time = [], False
+        for result in results:
+            p = result["phases"].get(phase)
+            if p is None or p["wall"] < 0.005:
+                cells.append("")
+                continue
+            any_time = True
+            jit = (f" ({p['trace']:.1f} / {p['lower']:.1f} / {p['compile']:.1f})"
+                   if p["trace"] + p["lower"] + p["compile"] >= 0.05 else "")
+            cells.append(f"{p['wall']:.1f}{jit}")
+        counts = [result["phases"].get(phase, {}) for result in results]
+        programs = " / ".join(f"{c.get('compiled', 0)} ({c.get('cache hits', 0)})"
+                              for c in counts)
+        if any_time:
+            rows.append([phase, *cells, programs])
+    rows.append(["**first logged step**",
+                 *[f"**{r['first_log']:.1f}** (load {r['load']:.1f})" for r in results], ""])
+    return f"**{case}**\n\n" + markdown(header, rows)
+
+
+def markdown(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "|---|" + "|".join("---:" for _ in header[1:]) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |"
+                              for row in rows])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated, from {CASES}")
+    parser.add_argument("--runs", type=int, default=2,
+                        help="processes per case, one cache: cold, then warm (>= 1)")
+    parser.add_argument("--code", default=None,
+                        help="an arl checkout to run instead of this one")
+    parser.add_argument("--record", action="store_true",
+                        help="write the tables as a section of benchmarks/RESULTS.md")
+    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--spawned", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--jsonl", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    cases = [c for c in args.cases.split(",") if c]
+    if not cases or any(c not in CASES for c in cases) or args.runs < 1:
+        parser.error(f"--cases: from {CASES}; --runs >= 1")
+    blocks = []
+    for case in cases:
+        blocks.append(table(case, run_case(case, args.runs, args.code)))
+        print(blocks[-1] + "\n", flush=True)
+    sys.path.insert(0, BENCH_DIR)
+    import common  # pylint: disable=import-outside-toplevel
+    text = (common.heading("first_step.py")
+            + "Each case in fresh processes sharing one fresh cache directory: cold = "
+            "empty persistent compilation cache, warm = the cold run's programs. Seconds "
+            "of wall time per phase; in brackets the seconds JAX spent tracing / lowering "
+            "/ compiling or loading from the cache; programs compiled (cold / warm) with "
+            "the cache hits among them. First logged step: seconds from the process's "
+            "start, with the 1-minute load average before the run.\n\n"
+            + "\n\n".join(blocks))
+    if args.record:
+        print(f"recorded in {common.record_section('Time to the first step', text)}")
+    return None
+
+
+if __name__ == "__main__":
+    main()
