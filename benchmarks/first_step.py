@@ -25,10 +25,11 @@ those loaded from the persistent cache. A cache hit in the cold run is a program
 compiled a second time in the same process.
 
     python benchmarks/first_step.py [--cases quickstart,multiturn,dataset]
-        [--runs 2] [--code DIR] [--record]
+        [--runs 2] [--code DIR] [--before DIR] [--record]
 
-`--code DIR` runs the cases on the arl checkout in DIR (e.g. an older commit, for a
-before / after); `ARL_COMPILATION_CACHE=0` runs them without arl's cache.
+`--code DIR` runs the cases on the arl checkout in DIR; `--before DIR` first runs each
+case once on the checkout in DIR (e.g. `git archive` of an older commit), as a "before"
+column; `ARL_COMPILATION_CACHE=0` runs them without arl's cache.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class Timeline:
         self.spans = {}  # phase -> event -> [(start, end)]
         self.counts = {}  # phase -> {"compiled": n, "cache hits": n}
         self.done = None  # perf_counter time of the first logged step
+        self.programs = []  # [phase, program, compile or load seconds, from the cache]
+        self._hit = False
 
     def enter(self, name: str) -> None:
         now = time.perf_counter()
@@ -91,18 +94,22 @@ class Timeline:
     def listen(self):
         import jax  # pylint: disable=import-outside-toplevel
 
-        def span(event, start, end, **_):
+        def span(event, start, end, fun_name="", **_):
             if event in (_TRACE, _LOWER, _COMPILE):
                 self.spans.setdefault(self.current, {}).setdefault(event, []).append(
                     (start, end))
             if event == _COMPILE:
                 counts = self.counts.setdefault(self.current, {})
                 counts["compiled"] = counts.get("compiled", 0) + 1
+                # The hit event comes inside the compile's span; its end names the program.
+                self.programs.append([self.current, fun_name, end - start, self._hit])
+                self._hit = False
 
         def hit(event, **_):
             if event == _HIT:
                 counts = self.counts.setdefault(self.current, {})
                 counts["cache hits"] = counts.get("cache hits", 0) + 1
+                self._hit = True
 
         jax.monitoring.register_event_time_span_listener(span)  # pylint: disable=no-member
         jax.monitoring.register_event_listener(hit)
@@ -224,7 +231,8 @@ def child(args) -> None:
     (_api_case if args.child == "multiturn" else _cli_case)(timeline, args)
     report = timeline.report()
     first_log = (timeline.done - start) + report["python start"]["wall"]
-    print(_MARK + json.dumps(dict(phases=report, first_log=first_log)), flush=True)
+    print(_MARK + json.dumps(dict(phases=report, first_log=first_log,
+                                  programs=timeline.programs)), flush=True)
 
 
 # --------------------------------------------------------------------------- parent
@@ -256,20 +264,22 @@ def _env(code: str | None, cache_root: str) -> dict:
     return env
 
 
-def run_case(case: str, runs: int, code: str | None) -> list[dict]:
-    """`runs` fresh processes of `case` sharing one fresh cache root: cold, then warm."""
+def run_case(case: str, runs: int, code: str | None, before: str | None) -> list[dict]:
+    """`runs` fresh processes of `case` sharing one fresh cache root: cold, then warm;
+    first one process of the checkout `before` (its own fresh cache root) if given."""
     root = tempfile.mkdtemp(prefix=f"arl-first-step-{case}-")
     try:
         inputs = _write_inputs(case, os.path.join(root, "inputs"))
-        cache_root = os.path.join(root, "cache")
+        plan = ([(before, os.path.join(root, "cache-before"))] if before else [])
+        plan += [(code, os.path.join(root, "cache"))] * runs
         results = []
-        for index in range(runs):
+        for index, (checkout, cache_root) in enumerate(plan):
             workdir = os.path.join(root, f"run{index}")  # a fresh workdir: no resume
             command = [sys.executable, os.path.abspath(__file__), "--child", case,
                        "--workdir", workdir, "--spawned", repr(time.time())]
             command += [f"--{k}={v}" for k, v in inputs.items()]
             load = os.getloadavg()[0]
-            done = subprocess.run(command, env=_env(code, cache_root), text=True,
+            done = subprocess.run(command, env=_env(checkout, cache_root), text=True,
                                   capture_output=True, check=False)
             lines = [l for l in done.stdout.splitlines() if l.startswith(_MARK)]
             if done.returncode or not lines:
@@ -283,8 +293,9 @@ def run_case(case: str, runs: int, code: str | None) -> list[dict]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def table(case: str, results: list[dict]) -> str:
-    labels = ["cold", "warm"] + [f"run {i + 1}" for i in range(2, len(results))]
+def table(case: str, results: list[dict], before: bool) -> str:
+    labels = (["before"] if before else []) + ["cold", "warm"] + [
+        f"run {i + 1}" for i in range(2, len(results))]
     header = ["phase"] + [f"{labels[i]}: s (trace / lower / compile)" for i in
                           range(len(results))] + ["programs compiled (cache hits)"]
     rows = []
@@ -306,7 +317,35 @@ def table(case: str, results: list[dict]) -> str:
             rows.append([phase, *cells, programs])
     rows.append(["**first logged step**",
                  *[f"**{r['first_log']:.1f}** (load {r['load']:.1f})" for r in results], ""])
-    return f"**{case}**\n\n" + markdown(header, rows)
+    return (f"**{case}**\n\n" + markdown(header, rows) + "\n\n"
+            + programs_line(results[1:] if before else results))
+
+
+def programs_line(results: list[dict]) -> str:
+    """The programs that took a second or more to compile in the cold run, with their
+    seconds warm (loaded from the cache, or compiled again), and repeats (a program
+    compiled twice in one process)."""
+    def seconds(result):
+        out = {}
+        for phase, name, secs, hit in result["programs"]:
+            if phase in PHASES:
+                out.setdefault((phase, name), []).append((secs, hit))
+        return out
+
+    cold = seconds(results[0])
+    warm = seconds(results[1]) if len(results) > 1 else {}
+    parts = []
+    for (phase, name), runs in sorted(cold.items(), key=lambda kv: -sum(s for s, _ in kv[1])):
+        if sum(s for s, _ in runs) < 1.0:
+            continue
+        text = f"{name} ({phase}) {' + '.join(f'{s:.1f}' for s, _ in runs)} s"
+        if (phase, name) in warm:
+            text += " -> " + " + ".join(f"{s:.1f}{'' if h else ' (compiled)'}"
+                                        for s, h in warm[(phase, name)]) + " s"
+        parts.append(text)
+    repeats = sum(h for r in results[:1] for _, _, _, h in r["programs"])
+    return (f"Programs over 1 s (cold -> warm): {'; '.join(parts) or 'none'}. "
+            f"Programs compiled twice in the cold run: {repeats}.")
 
 
 def markdown(header, rows) -> str:
@@ -324,6 +363,9 @@ def main(argv=None):
                         help="processes per case, one cache: cold, then warm (>= 1)")
     parser.add_argument("--code", default=None,
                         help="an arl checkout to run instead of this one")
+    parser.add_argument("--before", default=None,
+                        help="an arl checkout (e.g. an older commit) run once per case "
+                             "first, as a 'before' column")
     parser.add_argument("--record", action="store_true",
                         help="write the tables as a section of benchmarks/RESULTS.md")
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
@@ -339,7 +381,8 @@ def main(argv=None):
         parser.error(f"--cases: from {CASES}; --runs >= 1")
     blocks = []
     for case in cases:
-        blocks.append(table(case, run_case(case, args.runs, args.code)))
+        results = run_case(case, args.runs, args.code, args.before)
+        blocks.append(table(case, results, before=bool(args.before)))
         print(blocks[-1] + "\n", flush=True)
     sys.path.insert(0, BENCH_DIR)
     import common  # pylint: disable=import-outside-toplevel

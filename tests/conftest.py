@@ -35,6 +35,10 @@ def pytest_configure(config):
     os.environ[_CACHE_ENV] = config._arl_jax_cache
     # Cache what takes a noticeable time to compile; tiny programs are cheaper to rebuild.
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    # A bound makes JAX lock the directory (filelock) around each read and write: the
+    # two workers often compile the same program at once, and unlocked, one may read the
+    # other's entry half written (JAX then warns and compiles again).
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 
 def pytest_unconfigure(config):

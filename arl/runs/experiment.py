@@ -84,6 +84,15 @@ def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(config.seed ^ _EVAL_SALT), step)
 
 
+def _compiling_note() -> str:
+    """What the silence before the first logged step is (a first run compiles for tens
+    of seconds on a small CPU; arl/caches.py)."""
+    cache = jax.config.jax_compilation_cache_dir
+    if not cache:
+        return "compiling the train step first."
+    return f"compiling the train step first (or loading it from the cache in {cache})."
+
+
 def _fused_steps(trainer, state):
     """(state, metrics) of each `trainer.train_step`, which donates `state`."""
     while True:
@@ -123,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             lambda state: two.checkpoint(state, history))
         if restored is None:
             start, state = 0, trainer.init_state()
-            logging.info("Starting a fresh run in %s.", workdir)
+            logging.info("Starting a fresh run in %s; %s", workdir, _compiling_note())
             if config.warm_start.sft_steps > 0:
                 state = trainer.warm_start(state, log=logging.info)
                 # Checkpoint 0 holds the post-SFT state: a resumed run restores it (or a
@@ -133,7 +142,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             start, state, saved_metadata = restored
             if two is not None:
                 state, history = two.restored(state)
-            logging.info("Resumed from step %d of %s.", start, workdir)
+            logging.info("Resumed from step %d of %s; %s", start, workdir, _compiling_note())
             _warn_config_changes(saved_metadata.get("config", {}), metadata["config"])
         if start >= total:
             logging.info("Checkpoint step %d >= train_steps=%d: nothing to do.", start, total)

@@ -71,6 +71,25 @@ def _json_to_scalar(value: Any) -> Any:
     return value
 
 
+def _import_tensorboardx():
+    """tensorboardX, imported without torch unless torch is already loaded.
+
+    tensorboardX imports torch, where it is installed, only to name `torch.Tensor` in
+    its annotations (it converts torch tensors by importing torch again when given one):
+    1.5-5 s of the quickstart's start-up on the 2-core CPU for nothing a run writes
+    (`benchmarks/first_step.py`, "other")."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+        return tensorboardX
+    sys.modules["torch"] = None  # `import torch` raises ImportError while this is set
+    try:
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return tensorboardX
+
+
 class MetricsWriter:
     """Appends scalar metrics to ``metrics.jsonl`` and mirrors them to TensorBoard.
 
@@ -109,8 +128,7 @@ class MetricsWriter:
         if needs_newline:
             self._metrics_file.write("\n")
         if tensorboard:
-            import tensorboardX  # pylint: disable=g-import-not-at-top
-
+            tensorboardX = _import_tensorboardx()
             purge_step = None if resume_step is None else int(resume_step) + 1
             self._tensorboard = tensorboardX.SummaryWriter(
                 os.path.join(self._workdir, TENSORBOARD_DIR), purge_step=purge_step
