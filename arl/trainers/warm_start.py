@@ -67,6 +67,14 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     if init_state is None:
         del state
     opt_state = optimizer.init(params)
+    # Placed as the step returns it (the optimizer's scalars, e.g. Adam's count,
+    # replicated on the mesh), so that the first call compiles the program every later
+    # call runs: an unplaced count made the second call trace and compile the SFT step
+    # again (27-31 s of a tiny dataset run's start on the 2-core CPU,
+    # benchmarks/first_step.py).
+    opt_state = jax.device_put(opt_state, sharding_lib.opt_state_shardings(
+        optimizer, opt_state, jax.tree.map(lambda p: p.sharding, params),
+        sharding_lib.replicated(trainer.mesh)))
     env_params = trainer.task_params(batch_size, 1)
 
     def loss_fn(p, tokens, mask):
