@@ -4,8 +4,8 @@
     caches.enable_compilation_cache()   # the CLI and every trainer call it; idempotent
 
 The compiled train step is most of a short run's start-up (`benchmarks/first_step.py`):
-the quickstart's step compiles in 20-35 s on a 2-core CPU and loads from the cache in
-well under a second. So `experiments.train` and the trainers (`TokenTrainer`,
+the quickstart's step compiled in 32-103 s on a busy 2-core CPU and loaded from the
+cache in 2.5-5 s. So `experiments.train` and the trainers (`TokenTrainer`,
 `VectorPPO`) turn on JAX's persistent compilation cache, in this order of precedence:
 
 1. ``ARL_COMPILATION_CACHE=0`` (or ``off``, ``false``, ``no``) turns it off; any other
@@ -21,7 +21,7 @@ and the devices' topology (on the CPU its fingerprint changes with the instructi
 `--xla_cpu_max_isa`), so a shared home directory on processors of different kinds does
 not load one's code on the other. An entry is the compiled program: a hit runs the same
 machine code as a fresh compile, so no number changes (the golden runs pass with a warm
-cache; docs/performance.md, "Start-up"). Arl caches every program that takes more than
+cache; docs/performance.md, "Start-up and the compilation cache"). Arl caches every program that takes more than
 `MIN_COMPILE_SECS` to compile (JAX's default, 1 s, would leave out the small programs a
 run starts with) and bounds the directory at `MAX_CACHE_BYTES`, least recently used out
 first; under that bound JAX also locks the directory, so parallel runs (pytest-xdist

@@ -67,8 +67,8 @@ class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
-        config_lib.validate(config, num_devices=jax.device_count())
         caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
+        config_lib.validate(config, num_devices=jax.device_count())
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "

@@ -66,8 +66,8 @@ class VectorPPO:
     """Static pieces and the jitted `train_step` of PPO on a (gymnax) vector env."""
 
     def __init__(self, config: ml_collections.ConfigDict):
-        config_lib.validate(config, num_devices=jax.device_count())
         caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
+        config_lib.validate(config, num_devices=jax.device_count())
         if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
                               "VectorPPO (use arl.trainers.build)")
