@@ -392,7 +392,9 @@ def main(argv=None):
             "of wall time per phase; in brackets the seconds JAX spent tracing / lowering "
             "/ compiling or loading from the cache; programs compiled (cold / warm) with "
             "the cache hits among them. First logged step: seconds from the process's "
-            "start, with the 1-minute load average before the run.\n\n"
+            "start, with the 1-minute load average before the run."
+            + (" Before: one process of the older checkout." if args.before else "")
+            + "\n\n"
             + "\n\n".join(blocks))
     if args.record:
         print(f"recorded in {common.record_section('Time to the first step', text)}")
