@@ -118,7 +118,8 @@ class TokenTrainer:
                                observation_token_bound=self.env.max_turns
                                * rollout_lib.observation_length(self.env),
                                shuffle=config.updates.shuffle,
-                               reuse_activations=config.updates.reuse_rollout_activations,
+                               reuse_activations=config_lib.reuses_rollout_activations(
+                                   config),
                                policy_loss=self.algorithm.policy_loss,
                                **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
