@@ -39,6 +39,7 @@ from arl.optim import make_optimizer, rl_updates
 from arl.data import datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
+from arl.runs import allocator
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
@@ -62,11 +63,24 @@ class StepKeys(NamedTuple):
     branch: jax.Array
 
 
+def _runs_two_programs(config) -> bool:
+    """`config_lib.uses_two_programs` before validation: a config too malformed to tell
+    counts as two programs (nothing set; `validate` then names the field)."""
+    try:
+        return config_lib.uses_two_programs(config)
+    except (AttributeError, KeyError, TypeError):
+        return True
+
+
 class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
+        # The CPU host settings (arl.runs.allocator), the first before any device query.
+        set_inline = allocator.trainer_settings_before_backend(
+            two_programs=_runs_two_programs(config))
         config_lib.validate(config, num_devices=jax.device_count())
+        allocator.trainer_settings_after_backend(set_inline=set_inline)
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
