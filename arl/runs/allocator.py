@@ -143,6 +143,11 @@ def keep_process_defaults() -> None:
     _process_defaults_kept = True
 
 
+def applied() -> tuple[bool, bool]:
+    """(CPU computations run inline, glibc keeps freed memory) in this process now."""
+    return not jax.config.read("jax_cpu_enable_async_dispatch"), _freed_memory_kept
+
+
 def _disabled() -> bool:
     return _process_defaults_kept or os.environ.get(ENV_VAR, "1").strip().lower() in (
         "0", "false", "no", "off")
