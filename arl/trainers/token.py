@@ -76,11 +76,14 @@ class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
-        # The CPU host settings (arl.runs.allocator), the first before any device query.
+        # The CPU host settings (arl.runs.allocator), the first before any device query;
+        # the second (and the line saying what was set) even when validation fails.
         set_inline = allocator.trainer_settings_before_backend(
             two_programs=_runs_two_programs(config))
-        config_lib.validate(config, num_devices=jax.device_count())
-        allocator.trainer_settings_after_backend(set_inline=set_inline)
+        try:
+            config_lib.validate(config, num_devices=jax.device_count())
+        finally:
+            allocator.trainer_settings_after_backend(set_inline=set_inline)
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
