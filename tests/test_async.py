@@ -271,6 +271,79 @@ def test_sigkilled_cli_run_at_lag_two_resumes_exactly(tmp_path):
     assert {name.split("/")[0] for name in final[0]} == {"state", "behaviour"}
     assert {name.split("/")[1] for name in final[0] if name.startswith("behaviour")} == {
         "0", "1"}  # the versions of rollouts 7 and 8
+    # Evaluation and export read the policy out of such a checkpoint.
+    from arl import trainers
+    from arl.runs import evaluation
+    step, params = evaluation.restore_params(trainers.build(_experiment_config()),
+                                             str(tmp_path / "resumed"))
+    assert step == 7 and leaves_equal(params, _final_state(tmp_path / "resumed", 7)[
+        "state"]["params"])
     at_resume = _flat_arrays(_final_state(tmp_path / "resumed", 4))
     assert any(not np.array_equal(at_resume[name], final[1][name]) for name in final[1]
                if name.startswith("state/params")), "vacuous: the params did not move"
+
+
+# Placement across processes (arl.trainers.placement), with the eight devices of this
+# process standing for two processes of four: the plan of each move and its refusals.
+def _two_processes(device):
+    return device.id // 4
+
+
+def _mesh(ids):
+    from arl import sharding as sharding_lib
+    by_id = {d.id: d for d in jax.devices()}
+    return sharding_lib.make_mesh((len(ids), 1, 1), [by_id[i] for i in ids])
+
+
+def test_meshes_sharing_every_process_move_inside_each_process():
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    training, rollout = _mesh([0, 4]), _mesh([1, 5])  # device 0 and 1 of each "process"
+    plan = placement.local_plan(sharding_lib.batch_sharding(rollout),
+                                sharding_lib.batch_sharding(training), (8, 3), _two_processes)
+    assert {d.id: (s.id, block) for d, (s, block) in plan.items()} == {
+        0: (1, (slice(0, 4), slice(0, 3))), 4: (5, (slice(0, 4), slice(0, 3)))}
+    # A target block inside a larger source block is sliced out of it.
+    plan = placement.local_plan(sharding_lib.replicated(_mesh([1, 5])),
+                                sharding_lib.batch_sharding(_mesh([0, 2, 4, 6])), (8,),
+                                _two_processes)
+    assert {d.id: (s.id, block) for d, (s, block) in plan.items()} == {
+        0: (1, (slice(0, 2),)), 2: (1, (slice(2, 4),)), 4: (5, (slice(4, 6),)),
+        6: (5, (slice(6, 8),))}
+
+
+@pytest.mark.parametrize("training,rollout", [
+    ([0, 1], [4, 5]),  # training in one process, rollout in the other
+    ([0, 4], [5, 1]),  # both on every process, but the rows of process 0 sample in 1
+])
+def test_a_move_across_processes_is_a_one_line_config_error(training, rollout):
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    with pytest.raises(ConfigError, match=r"^config\.rollout\.mesh=\(2, 1, 1\) is invalid: "
+                       r"the trajectory rows cannot move between the meshes inside each "
+                       r"process \(device .* needs the block") as error:
+        placement.check_local("rollout.mesh", (2, 1, 1),
+                              sharding_lib.batch_sharding(_mesh(rollout)),
+                              sharding_lib.batch_sharding(_mesh(training)), (8,),
+                              "the trajectory rows", _two_processes)
+    assert "\n" not in str(error.value)
+
+
+def test_shard_by_shard_move_is_device_put():
+    """The cross-process move, run here in one process: the same arrays as
+    `jax.device_put`, typed keys included, on buffers of their own."""
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    source, target = _mesh([1, 5]), _mesh([0, 2, 4, 6])
+    x = jax.device_put(jnp.arange(24.0).reshape(8, 3), sharding_lib.batch_sharding(source))
+    keys = jax.device_put(jax.random.split(jax.random.key(1), 8),
+                          sharding_lib.batch_sharding(source))
+    replicated = jax.device_put(x, sharding_lib.replicated(source))
+    for array, sharding in ((x, sharding_lib.batch_sharding(target)),
+                            (replicated, sharding_lib.replicated(target)),
+                            (replicated, sharding_lib.batch_sharding(target)),
+                            (keys, sharding_lib.batch_sharding(target))):
+        moved = placement._move_leaf(array, sharding)  # pylint: disable=protected-access
+        assert moved.sharding == sharding
+        assert leaves_equal(moved, jax.device_put(array, sharding))
+        assert {d.id for d in moved.devices()} == {0, 2, 4, 6}
