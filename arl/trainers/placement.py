@@ -28,9 +28,8 @@ from arl import sharding as sharding_lib
 from arl.errors import invalid_field
 
 _WHY_PER_PROCESS = ("the two programs exchange parameters and trajectories inside each "
-                    "process only (across processes jax.device_put reshards only between "
-                    "equal device sets, and the CPU backend moves arrays between processes "
-                    "only with jax_cross_host_transfer_socket_address set)")
+                    "process only (across processes jax.device_put does not reshard between "
+                    "meshes of different devices)")
 
 
 def _share(config, field: str, shape: tuple, processes: int, local_devices: int) -> int:
@@ -39,9 +38,8 @@ def _share(config, field: str, shape: tuple, processes: int, local_devices: int)
     if size % processes:
         raise invalid_field(field, shape, f"with {processes} processes the training and "
                             f"rollout meshes each take the same number of devices from "
-                            f"every process ({size} devices would leave a mesh on some "
-                            f"processes only, and {_WHY_PER_PROCESS}): allowed are shapes "
-                            f"of a multiple of {processes} devices")
+                            f"every process, as {_WHY_PER_PROCESS}: allowed are shapes of "
+                            f"a multiple of {processes} devices")
     if math.prod(config.mesh) // processes + math.prod(config.rollout.mesh) // processes > (
             local_devices):
         raise invalid_field(field, shape, f"the training mesh {tuple(config.mesh)} and the "
