@@ -53,15 +53,8 @@ def _params(workdir, steps=2):
     return jax.tree.map(np.asarray, params)
 
 
-@pytest.mark.slow  # three processes each compile the train step: minutes on 2 cores
-def test_two_processes_match_one_process_with_four_devices(tmp_path):
-    port = _free_port()
-    multi = tmp_path / "multi"
-    processes = [
-        _start(tmp_path / "single", 4),
-        *[_start(multi, 2, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                 f"--process_id={i}") for i in range(2)],
-    ]
+def _run_all(commands, flags=_RUN_FLAGS):
+    processes = [_start(*command, flags=flags) for command in commands]
     outputs = []
     try:
         for process in processes:
@@ -70,9 +63,22 @@ def test_two_processes_match_one_process_with_four_devices(tmp_path):
         for process in processes:
             if process.poll() is None:
                 process.kill()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
-    assert "Rank 1 is connected" in outputs[2]  # really two cooperating processes
+    return [(process.returncode, output) for process, output in zip(processes, outputs)]
+
+
+def _two_processes(workdir, local_devices, *extra):
+    port = _free_port()
+    return [(workdir, local_devices, f"--coordinator_address=127.0.0.1:{port}",
+             "--num_processes=2", f"--process_id={i}", *extra) for i in range(2)]
+
+
+@pytest.mark.slow  # three processes each compile the train step: minutes on 2 cores
+def test_two_processes_match_one_process_with_four_devices(tmp_path):
+    multi = tmp_path / "multi"
+    results = _run_all([(tmp_path / "single", 4), *_two_processes(multi, 2)], flags=_FLAGS)
+    for returncode, output in results:
+        assert returncode == 0, output[-3000:]
+    assert "Rank 1 is connected" in results[2][1]  # really two cooperating processes
 
     single = writers.read_metrics(tmp_path / "single")
     multi_records = writers.read_metrics(multi)  # written by process 0 only
@@ -95,25 +101,6 @@ _ASYNC_FLAGS = ("--config.mesh=(2,1,1)", "--config.rollout.mesh=(2,1,1)",
                 "--config.loss.off_policy_correction=tis")
 
 
-def _run_all(commands):
-    processes = [_start(*command, flags=_RUN_FLAGS) for command in commands]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=900)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    return [(process.returncode, output) for process, output in zip(processes, outputs)]
-
-
-def _two_processes(workdir, local_devices, *extra):
-    port = _free_port()
-    return [(workdir, local_devices, f"--coordinator_address=127.0.0.1:{port}",
-             "--num_processes=2", f"--process_id={i}", *extra) for i in range(2)]
-
-
 @pytest.mark.slow  # five processes each compile two programs: minutes on 2 cores
 def test_async_rollouts_on_meshes_over_both_processes(tmp_path):
     """Lag 0 over two processes logs the metrics and parameters of one process with the
@@ -127,6 +114,7 @@ def test_async_rollouts_on_meshes_over_both_processes(tmp_path):
     ])
     for returncode, output in results:
         assert returncode == 0, output[-3000:]
+    assert "Rank 1 is connected" in results[2][1]  # really two cooperating processes
     single = writers.read_metrics(tmp_path / "single")
     lag0 = writers.read_metrics(tmp_path / "lag0")
     lag1 = writers.read_metrics(tmp_path / "lag1")
