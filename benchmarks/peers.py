@@ -26,6 +26,20 @@ and, as in `benchmarks/agentic_step.py`, the rollout alone under its own `jax.ji
 (`arl.rollout.rollout`, same sizes): update time = step - rollout. The peers time
 their own generation (TRL: `GRPOTrainer._generate`; tunix: `RLCluster.generate`).
 
+arl's row is its DEFAULT configuration built as a notebook user builds it:
+`arl.config.default_config()` with only the equal-work settings above (`arl_config`:
+the env and sizes, learning rate 1e-5, gradient clip 1, no KL, every update taken; none
+of them a speed setting), passed to `TokenTrainer` through the public API. The trainer
+itself applies the library's CPU host settings (`arl.runs.allocator`: computations run
+inline, glibc keeps freed memory), which it can only do as this process's first use of
+JAX: the checkpoints are written by a child process, and nothing else touches JAX
+before the first setting's trainer is built. The peers get the same host settings from
+their environment (GLIBC_TUNABLES; tunix's computations inline). There is no tuned row:
+no setting beyond the defaults is known to make arl's step faster at these sizes (each
+measured option of docs/performance.md is either the default or slower here, e.g.
+`model.layer_unroll=1`, `model.attention=blocked`); `--arl_set KEY=VALUE` measures an
+override, and then arl's row is no longer the default configuration.
+
 FLOPs (model FLOPs of the useful work, the same formula for every side, so FLOP/s ratios
 are speed ratios): with P = parameters used in matmuls (all but the embedding table:
 attention and MLP projections and the LM head; biases and norms ignored), L layers,
@@ -38,15 +52,16 @@ its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the 
 work, as in MFU, not what each side executes: arl's update reads each group's prompt
 once (`updates.share_group_prompt`) and skips the LM head at the prompt, and its forward
 pass takes the layers' projection outputs from the rollout instead of recomputing them
-(`updates.reuse_rollout_activations`; `--arl_set
-updates.reuse_rollout_activations=False` turns that off). So arl's
+(`updates.reuse_rollout_activations`, on by default here; `--arl_set
+updates.reuse_rollout_activations=False` turns it off). So arl's
 FLOP/s is its speed on the counted work, not the hardware's utilisation; the column
 "executed of peak" gives the latter for arl: the FLOPs of the matrix products its update
 program contains (`common.matmul_flops` over the step's jaxpr: its update branch, with
 the shared-prompt branch that these settings take) per second of update. The update's
 FLOP/s is reported against the float32 matmul peak of a large `jnp.dot` measured in this run:
-the best of its measurements at the start and after each setting (one measurement at the
-start alone read 222-383 GFLOP/s in three runs within ten minutes on the 2-core machine).
+the best of its measurements once the first setting's sides are ready and after each
+setting (one measurement alone read 222-383 GFLOP/s in three runs within ten minutes on
+the 2-core machine).
 
     python benchmarks/peers.py [--settings=toy,modest,multiturn] [--peers=arl,trl,tunix]
         [--rounds=15] [--cache_dir=~/.cache/arl-bench-peers] [--record]
@@ -59,6 +74,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import select
@@ -175,11 +191,15 @@ def model_config(setting: protocol.Setting, max_len: int) -> transformer_lib.Tra
         norm_eps=setting.norm_eps, qkv_bias=True)
 
 
+def checkpoint_path(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
+    tag = hashlib.sha1(f"{setting.to_json()}-{seed}".encode()).hexdigest()[:10]
+    return os.path.join(cache_dir, "checkpoints", f"{setting.name}-{tag}")
+
+
 def write_checkpoint(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
     """The setting's randomly initialised Qwen2 checkpoint (config.json + safetensors),
     written once under `cache_dir` and loaded by every side."""
-    tag = hashlib.sha1(f"{setting.to_json()}-{seed}".encode()).hexdigest()[:10]
-    path = os.path.join(cache_dir, "checkpoints", f"{setting.name}-{tag}")
+    path = checkpoint_path(setting, cache_dir, seed)
     if os.path.isfile(os.path.join(path, "model.safetensors")):
         return path
     config = model_config(setting, max_len=512)
@@ -215,9 +235,12 @@ def rollout_flops(setting: protocol.Setting, context: int) -> float:
 
 # ------------------------------------------------------------------------- arl runner
 def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
-    """arl's config of `setting`: GRPO without KL, one epoch of one minibatch, the update
-    reusing the rollout's activations (`updates.reuse_rollout_activations`); then
-    `overrides` ({"section.key": value}, as on the training CLI's command line)."""
+    """arl's config of `setting`: `default_config()` with the equal-work settings (the
+    setting's env, sizes and checkpoint; GRPO without KL, one epoch of one minibatch,
+    learning rate, gradient clip, every update taken) and nothing tuned for speed (the
+    defaults reuse the rollout's activations, `updates.reuse_rollout_activations`
+    "auto"); then `overrides` ({"section.key": value}, as on the training CLI's command
+    line)."""
     c = config_lib.default_config()
     c.algorithm = "grpo"
     if setting.turns:
@@ -238,7 +261,6 @@ def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
     c.loss.kl_coef = 0.0
     c.updates.epochs = 1
     c.updates.minibatches = 1
-    c.updates.reuse_rollout_activations = True
     c.filters.skip_zero_advantage = False  # always time a real update
     for key, value in (overrides or {}).items():
         node = c
@@ -439,8 +461,32 @@ class WorkerRunner:
 
 
 # --------------------------------------------------------------------------- measuring
-def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) -> dict:
-    """Builds every side for one setting, then interleaves `args.rounds` rounds."""
+def write_checkpoints(settings, cache_dir: str) -> None:
+    """`write_checkpoint` of each setting whose checkpoint is missing, in a child
+    process: this one's JAX backend then starts with arl's first trainer."""
+    missing = [s for s in settings
+               if not os.path.isfile(os.path.join(checkpoint_path(s, cache_dir),
+                                                  "model.safetensors"))]
+    if not missing:
+        return
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=_write_checkpoints, args=(missing, cache_dir))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise SystemExit(f"writing the checkpoints of {[s.name for s in missing]} failed "
+                         f"(exit status {child.exitcode})")
+
+
+def _write_checkpoints(settings, cache_dir: str) -> None:
+    for setting in settings:
+        write_checkpoint(setting, cache_dir)
+
+
+def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures,
+                on_ready=None) -> dict:
+    """Builds every side for one setting, then interleaves `args.rounds` rounds;
+    `on_ready()` runs once every side is ready, before the rounds."""
     checkpoint = write_checkpoint(setting, args.cache_dir)
     runners = []
     for peer in peers:
@@ -473,6 +519,8 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures) 
         alive.append(runner)
         log(f"[{setting.name}] {runner.name}: ready {json.dumps(runner.ready, default=str)}")
 
+    if on_ready is not None:
+        on_ready()
     records = {r.name: [] for r in alive}
     load = {"before": common.load_average()}
     for round_index in range(args.rounds):
@@ -603,19 +651,13 @@ def main(argv=None):
     def log(text):
         print(text, flush=True)
 
-    # As the training CLI: computations inline from the start (before anything starts
-    # JAX's backend), freed memory kept mapped; the peers get the same (WorkerRunner).
-    runs_inline = allocator.run_computations_inline()
-    allocator_line = (f"every side keeps freed memory mapped (arl: `arl.runs.allocator`; the "
-                      f"peers: GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and runs JAX "
-                      f"computations inline (arl, tunix; torch does)")
-    if not allocator.keep_freed_memory():
-        allocator_line += " (not applied: the C library is not glibc)"
-    if not runs_inline:
-        allocator_line += " (arl's steps dispatched asynchronously: JAX had already started)"
-    log(f"allocator: {allocator_line}")
+    # arl's side is built as a notebook builds it: its first TokenTrainer is the first
+    # use of JAX in this process, so the trainer applies the library's host settings
+    # itself (`arl.runs.allocator`); the checkpoints are written by a child process, and
+    # the machine line and the first peak measurement wait for the first setting's
+    # trainers. The peers get the same settings from their environment (WorkerRunner).
+    write_checkpoints([protocol.SETTINGS[name] for name in settings], args.cache_dir)
     load_start = common.load_average()
-    log(f"machine: {common.machine_line()}")
     if load_start > LOAD_WARNING:
         log(f"WARNING: 1-minute load average {load_start:.2f} > {LOAD_WARNING}: other jobs "
             "share this machine; read the ratios of the interleaved rounds, not the times")
@@ -637,17 +679,33 @@ def main(argv=None):
         log(f"float32 matmul peak ({args.peak_size}^2 jnp.dot): {peaks[-1] / 1e9:.1f} GFLOP/s"
             f" (best so far {max(peaks) / 1e9:.1f})")
 
-    measure_peak()
+    def first_ready():
+        log(f"machine: {common.machine_line()}")
+        measure_peak()
+
     results = []
     for name in settings:
         setting = protocol.SETTINGS[name]
         log(f"== {setting_line(setting)}")
-        result = run_setting(setting, peers, args, log, pythons, failures)
+        result = run_setting(setting, peers, args, log, pythons, failures,
+                             on_ready=None if results else first_ready)
         results.append(result)
         measure_peak()
         log(table(result, max(peaks)))
     peak = max(peaks)
     load_end = common.load_average()
+    inline, kept = allocator.applied()
+    allocator_line = (
+        f"arl: the library's defaults as `TokenTrainer` applies them (`arl.runs.allocator`"
+        f": computations {'inline' if inline else 'dispatched asynchronously'}, freed "
+        f"memory {'kept mapped' if kept else 'returned (glibc defaults)'}); the peers: "
+        f"freed memory kept mapped (GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and JAX "
+        f"computations inline (tunix; torch runs inline)")
+    log(f"allocator: {allocator_line}")
+    arl_line = ("`default_config()` with the equal-work settings only (`arl_config`), "
+                "built by `TokenTrainer` as in a notebook")
+    if args.arl_set:
+        arl_line += f", overridden by {', '.join(args.arl_set)} (not the defaults)"
 
     blocks = []
     for result in results:
@@ -666,14 +724,16 @@ def main(argv=None):
             f"start, {load_end:.2f} at the end"
             f"{f' (ABOVE {LOAD_WARNING}: other jobs were running)' if loaded else ''}. "
             f"Versions: {versions_line(results)}. Peer environments: {environments}.\n\n"
+            f"arl's configuration: {arl_line}.\n\n"
             f"Median of {args.rounds} interleaved rounds after {args.warmup} warm-up steps per "
             f"side; TRL's torch threads: one per core; host allocator: {allocator_line}; "
             f"rollout = generation alone (arl: its "
             f"rollout compiled on its own), update = step - rollout. FLOP/s: model FLOPs of "
             f"the update (3 x trained tokens x (2 x matmul params + 4 x layers x length x d)) "
             f"/ update time, against the float32 matmul peak of {peak / 1e9:.1f} GFLOP/s, "
-            f"the best of {len(peaks)} measurements in this run (at the start and after each "
-            f"setting: {min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}); executed of peak (arl): the "
+            f"the best of {len(peaks)} measurements in this run (once the first setting's "
+            f"sides were ready and after each setting: "
+            f"{min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}); executed of peak (arl): the "
             f"matmul FLOPs its update program contains (the reused forward products and the "
             f"groups' repeated prompts are not in it) / update time. Compile|setup: arl's lower + "
             f"compile seconds; the peers' trainer construction seconds.\n\n"

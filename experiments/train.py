@@ -56,12 +56,14 @@ def main(argv):
     # the opt-out); before anything compiles.
     caches.enable_compilation_cache()
 
-    # Before JAX's backend starts: steps run on this thread, whose heap
-    # `experiment.run` then keeps mapped between steps (arl/runs/allocator.py). Not with
-    # asynchronous rollouts: a one-device program run inline would block the host loop
-    # that overlaps rollout and update (docs/async.md).
+    # Before JAX's backend starts: steps run on this thread, whose heap is kept mapped
+    # between steps (arl/runs/allocator.py; the trainer would set both itself, with a
+    # log line meant for notebooks). Not with asynchronous rollouts: a one-device program
+    # run inline would block the host loop that overlaps rollout and update
+    # (docs/async.md).
     if not config_lib.uses_two_programs(config):
         allocator.run_computations_inline_unless_disabled()
+    allocator.keep_freed_memory_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(

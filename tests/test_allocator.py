@@ -127,3 +127,99 @@ def test_environment_switch_disables_it(monkeypatch, setting):
 def test_without_glibc_it_is_a_no_op(monkeypatch):
     monkeypatch.setattr(allocator, "_glibc", lambda: None)
     assert allocator.keep_freed_memory() is False
+
+
+# A notebook's flow: import, build a TokenTrainer (nothing else touched JAX before), then
+# observe glibc (a freed 48 MiB block reused without faults) and JAX's dispatch setting.
+_NOTEBOOK_PROGRAM = r"""
+import ctypes, json, resource, sys
+import jax
+from arl.config import default_config
+from arl.runs import allocator
+from arl.trainers import TokenTrainer
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 48 << 20
+
+def faults_of_one_block():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(SIZE)
+    ctypes.memset(block, 1, SIZE)
+    libc.free(block)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+if sys.argv[1] == "opt_out":
+    allocator.keep_process_defaults()
+c = default_config()
+c.rollout.num_tasks, c.rollout.group_size = 2, 2
+if sys.argv[1] == "two_programs":
+    c.rollout.policy_lag, c.loss.off_policy_correction = 1, "tis"
+TokenTrainer(c)
+print(json.dumps(dict(async_dispatch=jax.config.read("jax_cpu_enable_async_dispatch"),
+                      faults=[faults_of_one_block() for _ in range(3)])))
+"""
+
+
+def _notebook(mode):
+    env = {k: v for k, v in os.environ.items() if k != allocator.ENV_VAR}
+    return subprocess.Popen([sys.executable, "-c", _NOTEBOOK_PROGRAM, mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
+                    reason="glibc malloc only")
+def test_a_token_trainer_applies_the_host_settings_itself():
+    """Built in a fresh process, `TokenTrainer` runs computations inline and keeps freed
+    memory (one warning line says so and how to opt out); with two programs it keeps
+    asynchronous dispatch."""
+    runs = {mode: _notebook(mode) for mode in ("fused", "two_programs")}
+    out = {}
+    for mode, process in runs.items():
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-2000:]
+        out[mode] = (json.loads(stdout.strip().splitlines()[-1]),
+                     [line for line in stderr.splitlines() if "TokenTrainer set" in line])
+    fused, lines = out["fused"]
+    assert fused["async_dispatch"] is False
+    # The heap keeps the freed block (glibc's default maps it afresh: ~12,000 faults).
+    assert max(fused["faults"][1:]) < 50, fused
+    assert len(lines) == 1 and "jax_cpu_enable_async_dispatch=False" in lines[0]
+    assert "glibc keeps freed memory" in lines[0] and "ARL_KEEP_FREED_MEMORY=0" in lines[0]
+    two, lines = out["two_programs"]
+    assert two["async_dispatch"] is True
+    assert max(two["faults"][1:]) < 50, two
+    assert len(lines) == 1 and "async_dispatch" not in lines[0]
+
+
+@pytest.mark.parametrize("opt_out", ["environment", "function"])
+def test_opting_out_keeps_the_trainer_from_changing_the_settings(monkeypatch, opt_out):
+    """ARL_KEEP_FREED_MEMORY=0 or `keep_process_defaults()`: the trainer's two halves
+    change neither setting and log nothing (here on a backend not yet started, as in a
+    fresh notebook); without either they would."""
+    changed = []
+    monkeypatch.setattr(allocator, "_backends_started", lambda: False)
+    monkeypatch.setattr(allocator.jax.config, "update",
+                        lambda *args: changed.append(args))
+    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: changed.append("kept") or True)
+    monkeypatch.setattr(allocator, "_freed_memory_kept", False)
+    monkeypatch.setattr(allocator, "_process_defaults_kept", False)
+    monkeypatch.delenv(allocator.ENV_VAR, raising=False)
+    logged = []
+    monkeypatch.setattr(allocator.logging, "warning", lambda *args: logged.append(args))
+    monkeypatch.setattr(allocator, "_trainer_line_logged", False)
+    assert allocator.trainer_settings_before_backend(two_programs=True) is False
+    if opt_out == "environment":
+        monkeypatch.setenv(allocator.ENV_VAR, "0")
+    else:
+        allocator.keep_process_defaults()
+    assert allocator.trainer_settings_before_backend(two_programs=False) is False
+    allocator.trainer_settings_after_backend(set_inline=False)
+    assert not changed and not logged
+    monkeypatch.setattr(allocator, "_process_defaults_kept", False)
+    monkeypatch.delenv(allocator.ENV_VAR, raising=False)
+    assert allocator.trainer_settings_before_backend(two_programs=False) is True
+    allocator.trainer_settings_after_backend(set_inline=True)
+    assert changed == [("jax_cpu_enable_async_dispatch", False), "kept"]
+    assert len(logged) == 1

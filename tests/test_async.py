@@ -198,15 +198,12 @@ def test_vector_trainer_refuses_a_lag():
         config_lib.validate(c, num_devices=1)
 
 
-class _Interrupted(Exception):
-    pass
-
-
 def _experiment_config():
+    """A tiny bandit run at lag 2, disaggregated; `_EXPERIMENT_FLAGS` on the command line."""
     from configs import grpo_bandit
 
     c = grpo_bandit.get_config()
-    c.train_steps, c.log_every, c.checkpoint_every, c.sample_every = 6, 1, 2, 3
+    c.train_steps, c.log_every, c.checkpoint_every, c.sample_every = 7, 1, 2, 3
     c.rollout.num_tasks, c.rollout.group_size = 4, 2
     c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
     c.model.num_heads = c.model.num_kv_heads = 2
@@ -219,32 +216,134 @@ def _experiment_config():
     return c
 
 
-def test_interrupted_run_at_lag_two_resumes_exactly(tmp_path, monkeypatch):
-    """Checkpoints hold the behaviour parameters of the rollouts not yet trained on; the
-    resumed run recomputes those rollouts and ends bitwise where an uninterrupted run
-    does (metrics and final checkpoint)."""
+_EXPERIMENT_FLAGS = (
+    "--config=configs/grpo_bandit.py", "--config.train_steps=7", "--config.log_every=1",
+    "--config.checkpoint_every=2", "--config.sample_every=3",
+    "--config.rollout.num_tasks=4", "--config.rollout.group_size=2",
+    "--config.model.d_model=32", "--config.model.num_layers=1", "--config.model.mlp_dim=64",
+    "--config.model.num_heads=2", "--config.model.num_kv_heads=2",
+    "--config.warm_start.sft_steps=0", "--config.loss.echo_coef=0.1",
+    "--config.rollout.policy_lag=2", "--config.rollout.mesh=(1,1,1)",
+    "--config.loss.off_policy_correction=decoupled", "--config.loss.off_policy_level=sequence",
+)
+
+
+def test_sigkilled_cli_run_at_lag_two_resumes_exactly(tmp_path):
+    """`experiments.train` at lag 2, killed with SIGKILL after step 5 (checkpoint 4
+    committed; rollout 5 in flight, versions 3-5 held on the rollout side), restarted on
+    the same workdir, ends bit for bit where an uninterrupted run ends: metrics of every
+    step, params, optimizer state, key, and the behaviour versions in the last
+    checkpoint. Checkpoints hold the behaviour parameters of the rollouts not yet trained
+    on; the resumed run recomputes those rollouts (docs/async.md, "Exactness")."""
+    import json
+    import os
+    import signal
+
     from arl.runs import experiment, writers
+    from tests.test_experiment import _final_state, _flat_arrays, _train
 
+    # The uninterrupted run in this process (the same XLA flags as the CLI runs, which
+    # inherit them), the interrupted one through the CLI.
     reference = experiment.run(_experiment_config(), str(tmp_path / "reference"))
-    update = writers.ProgressBar.update
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", tmp_path / "jax_cache")
+    killed = _train(tmp_path / "resumed", _EXPERIMENT_FLAGS, cache,
+                    "--debug_kill_after_step=5")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
+    assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["2", "4"]
+    resumed = _train(tmp_path / "resumed", _EXPERIMENT_FLAGS, cache)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "Resumed from step 4" in resumed.stdout
+    assert "differs from the checkpoint" not in resumed.stdout
 
-    def interrupt_after_four(self, step, *args, **kwargs):
-        update(self, step, *args, **kwargs)
-        if step == 5:  # after checkpoint 4 was committed and step 5 was logged
-            raise _Interrupted
-
-    monkeypatch.setattr(writers.ProgressBar, "update", interrupt_after_four)
-    with pytest.raises(_Interrupted):
-        experiment.run(_experiment_config(), str(tmp_path / "resumed"))
-    monkeypatch.setattr(writers.ProgressBar, "update", update)
-    resumed = experiment.run(_experiment_config(), str(tmp_path / "resumed"))
-    assert [r["step"] for r in resumed] == [5, 6]
+    raw = [json.loads(line) for line in
+           (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw] == [1, 2, 3, 4, 5, 5, 6, 7]  # 5 logged twice
+    assert raw[4] == raw[5]  # recomputed bitwise from the checkpointed behaviour versions
     assert writers.read_metrics(tmp_path / "resumed") == writers.read_metrics(
-        tmp_path / "reference")
-    assert [r["off_policy/staleness"] for r in reference] == [0, 1, 2, 2, 2, 2]
-    assert reference[-1]["eval/success_rate"] >= 0  # evaluation runs on the async path
-    import orbax.checkpoint as ocp
-    final = [ocp.PyTreeCheckpointer().restore(str(tmp_path / run / "checkpoints/6/state"))
-             for run in ("reference", "resumed")]
-    assert leaves_equal(*final)
-    assert len(final[0]["behaviour"]) == 2  # the versions of rollouts 6 and 7
+        tmp_path / "reference") == reference  # every metric of every step, bitwise
+    assert [r["off_policy/staleness"] for r in reference] == [0, 1, 2, 2, 2, 2, 2]
+    assert "eval/success_rate" in reference[5]  # evaluation runs on the async path
+
+    final = [_flat_arrays(_final_state(tmp_path / run, 7)) for run in ("reference", "resumed")]
+    assert sorted(final[0]) == sorted(final[1])
+    for name, value in final[0].items():
+        assert value.dtype == final[1][name].dtype and np.array_equal(value, final[1][name]), name
+    assert {name.split("/")[0] for name in final[0]} == {"state", "behaviour"}
+    assert {name.split("/")[1] for name in final[0] if name.startswith("behaviour")} == {
+        "0", "1"}  # the versions of rollouts 7 and 8
+    # Evaluation and export read the policy out of such a checkpoint.
+    from arl import trainers
+    from arl.runs import evaluation
+    step, params = evaluation.restore_params(trainers.build(_experiment_config()),
+                                             str(tmp_path / "resumed"))
+    assert step == 7 and leaves_equal(params, _final_state(tmp_path / "resumed", 7)[
+        "state"]["params"])
+    at_resume = _flat_arrays(_final_state(tmp_path / "resumed", 4))
+    assert any(not np.array_equal(at_resume[name], final[1][name]) for name in final[1]
+               if name.startswith("state/params")), "vacuous: the params did not move"
+
+
+# Placement across processes (arl.trainers.placement), with the eight devices of this
+# process standing for two processes of four: the plan of each move and its refusals.
+def _two_processes(device):
+    return device.id // 4
+
+
+def _mesh(ids):
+    from arl import sharding as sharding_lib
+    by_id = {d.id: d for d in jax.devices()}
+    return sharding_lib.make_mesh((len(ids), 1, 1), [by_id[i] for i in ids])
+
+
+def test_meshes_sharing_every_process_move_inside_each_process():
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    training, rollout = _mesh([0, 4]), _mesh([1, 5])  # device 0 and 1 of each "process"
+    plan = placement.local_plan(sharding_lib.batch_sharding(rollout),
+                                sharding_lib.batch_sharding(training), (8, 3), _two_processes)
+    assert {d.id: (s.id, block) for d, (s, block) in plan.items()} == {
+        0: (1, (slice(0, 4), slice(0, 3))), 4: (5, (slice(0, 4), slice(0, 3)))}
+    # A target block inside a larger source block is sliced out of it.
+    plan = placement.local_plan(sharding_lib.replicated(_mesh([1, 5])),
+                                sharding_lib.batch_sharding(_mesh([0, 2, 4, 6])), (8,),
+                                _two_processes)
+    assert {d.id: (s.id, block) for d, (s, block) in plan.items()} == {
+        0: (1, (slice(0, 2),)), 2: (1, (slice(2, 4),)), 4: (5, (slice(4, 6),)),
+        6: (5, (slice(6, 8),))}
+
+
+@pytest.mark.parametrize("training,rollout", [
+    ([0, 1], [4, 5]),  # training in one process, rollout in the other
+    ([0, 4], [5, 1]),  # both on every process, but the rows of process 0 sample in 1
+])
+def test_a_move_across_processes_is_a_one_line_config_error(training, rollout):
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    with pytest.raises(ConfigError, match=r"^config\.rollout\.mesh=\(2, 1, 1\) is invalid: "
+                       r"the trajectory rows cannot move between the meshes inside each "
+                       r"process \(device .* needs the block") as error:
+        placement.check_local("rollout.mesh", (2, 1, 1),
+                              sharding_lib.batch_sharding(_mesh(rollout)),
+                              sharding_lib.batch_sharding(_mesh(training)), (8,),
+                              "the trajectory rows", _two_processes)
+    assert "\n" not in str(error.value)
+
+
+def test_shard_by_shard_move_is_device_put():
+    """The cross-process move, run here in one process: the same arrays as
+    `jax.device_put`, typed keys included, on buffers of their own."""
+    from arl import sharding as sharding_lib
+    from arl.trainers import placement
+    source, target = _mesh([1, 5]), _mesh([0, 2, 4, 6])
+    x = jax.device_put(jnp.arange(24.0).reshape(8, 3), sharding_lib.batch_sharding(source))
+    keys = jax.device_put(jax.random.split(jax.random.key(1), 8),
+                          sharding_lib.batch_sharding(source))
+    replicated = jax.device_put(x, sharding_lib.replicated(source))
+    for array, sharding in ((x, sharding_lib.batch_sharding(target)),
+                            (replicated, sharding_lib.replicated(target)),
+                            (replicated, sharding_lib.batch_sharding(target)),
+                            (keys, sharding_lib.batch_sharding(target))):
+        moved = placement._move_leaf(array, sharding)  # pylint: disable=protected-access
+        assert moved.sharding == sharding
+        assert leaves_equal(moved, jax.device_put(array, sharding))
+        assert {d.id for d in moved.devices()} == {0, 2, 4, 6}

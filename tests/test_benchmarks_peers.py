@@ -77,7 +77,9 @@ def test_arl_config_takes_overrides_and_refuses_unknown_keys(peers):
                                                                      3e-4)]))
     assert config.updates.reuse_rollout_activations is False
     assert config.optim.learning_rate == 3e-4
-    assert peers.arl_config(setting, "checkpoint").updates.reuse_rollout_activations is True
+    default = peers.arl_config(setting, "checkpoint")
+    assert default.updates.reuse_rollout_activations == "auto"
+    assert peers.config_lib.reuses_rollout_activations(default)
     with pytest.raises(SystemExit, match="updates.no_such_key"):
         peers.arl_config(setting, "checkpoint", {"updates.no_such_key": 1})
     with pytest.raises(SystemExit, match="updates.epochs='two'"):
@@ -95,6 +97,36 @@ def test_ab_runner_compares_an_option_that_keeps_the_sampled_tokens(peers, tmp_p
     assert [row[0] for row in rows] == ["tiny"]
     assert rows[0][-1] == "yes", rows
     assert all(float(cell) > 0 for cell in rows[0][1:3] + rows[0][4:6]), rows
+
+
+# The keys arl_config may set away from default_config(): the equal-work settings (the
+# task, the sizes, the checkpoint and the optimisation every side runs), none for speed.
+_EQUAL_WORK_KEYS = {
+    "algorithm", "env.name", "env.kwargs", "rollout.num_tasks", "rollout.group_size",
+    "model.hf_checkpoint", "model.dtype", "optim.learning_rate", "optim.max_grad_norm",
+    "loss.kl_coef", "updates.epochs", "updates.minibatches", "filters.skip_zero_advantage"}
+
+
+@pytest.mark.parametrize("setting_name", ["modest", "multiturn"])
+def test_arl_row_is_the_default_configuration(peers, setting_name):
+    """Every key of arl's config that differs from `default_config()` is an equal-work
+    setting: the headline row measures the defaults."""
+    config = peers.arl_config(peers.protocol.SETTINGS[setting_name], "checkpoint")
+    default = peers.config_lib.default_config()
+
+    def flat(c, prefix=""):
+        out = {}
+        for key in c.keys():
+            if isinstance(c[key], type(c)) and f"{prefix}{key}" != "env.kwargs":
+                out.update(flat(c[key], f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = c[key]
+        return out
+
+    got, want = flat(config), flat(default)
+    changed = {key for key in got if got[key] != want.get(key)}
+    assert changed <= _EQUAL_WORK_KEYS, changed - _EQUAL_WORK_KEYS
+    assert {"model.hf_checkpoint", "optim.learning_rate"} <= changed  # it sees changes
 
 
 def test_target_token_reward_is_the_share_of_target_ids(peers):

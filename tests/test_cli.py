@@ -53,6 +53,12 @@ CATALOGUE = {
     "negative_learning_rate": Case(
         (_BANDIT, "--config.optim.learning_rate=-0.001"),
         ("config.optim.learning_rate=-0.001 is invalid: must be > 0",)),
+    # The text "True" parsed as the bool (a string would be refused as not a setting).
+    "reuse_activations_with_two_epochs": Case(
+        (_BANDIT, "--config.updates.reuse_rollout_activations=True",
+         "--config.updates.epochs=2"),
+        ("config.updates.reuse_rollout_activations=True is invalid: needs "
+         "updates.epochs = 1",)),
     "bad_schedule": Case(
         (_BANDIT, "--config.optim.schedule=step"),
         ("config.optim.schedule='step' is invalid: allowed values are", "'cosine'")),

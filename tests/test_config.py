@@ -338,17 +338,75 @@ def test_default_config_is_valid(tmp_path):
     config_lib.validate(config_lib.default_config(), num_devices=1, workdir=str(tmp_path))
 
 
-def test_reuse_rollout_activations_with_one_update_step_is_valid(tmp_path):
-    """The token trainer's default single epoch and minibatch take the reuse; the vector
-    trainer is fine with it off (the default)."""
+def _vector(c):
+    c.algorithm, c.env.name = "ppo_vector", "gymnax:CartPole-v1"
+
+
+def _lag(c):
+    c.rollout.policy_lag, c.loss.off_policy_correction = 1, "tis"
+
+
+# (test id, change to a default config, whether the trainer can reuse the rollout's
+# activations there, whether "auto" turns the reuse on)
+_REUSE_CASES = [
+    ("defaults", lambda c: None, True, True),
+    ("two_epochs", lambda c: setattr(c.updates, "epochs", 2), False, False),
+    ("two_minibatches", lambda c: setattr(c.updates, "minibatches", 2), False, False),
+    ("policy_lag", _lag, False, False),
+    ("rollout_mesh", lambda c: setattr(c.rollout, "mesh", (1, 1, 1)), False, False),
+    ("vector_trainer", _vector, False, False),
+    # valid, but the recorded buffers would undo rematerialisation's memory saving
+    ("remat", lambda c: setattr(c.model, "remat", True), True, False),
+]
+
+
+@pytest.mark.parametrize("change,valid,auto", [case[1:] for case in _REUSE_CASES],
+                         ids=[case[0] for case in _REUSE_CASES])
+def test_reuse_rollout_activations_resolves(change, valid, auto):
+    """`updates.reuse_rollout_activations`: "auto" (the default) is on exactly where the
+    trainer can reuse the activations (and without remat) and is never an error; False
+    is off everywhere; True is on where valid and a one-line error naming the field
+    elsewhere."""
     config = config_lib.default_config()
-    assert config.updates.reuse_rollout_activations is False
+    assert config.updates.reuse_rollout_activations == "auto"
+    change(config)
+    config_lib.validate(config, num_devices=2)
+    assert config_lib.reuses_rollout_activations(config) is auto
+    config.updates.reuse_rollout_activations = False
+    config_lib.validate(config, num_devices=2)
+    assert config_lib.reuses_rollout_activations(config) is False
     config.updates.reuse_rollout_activations = True
-    assert (config.updates.epochs, config.updates.minibatches) == (1, 1)
-    config_lib.validate(config, num_devices=1, workdir=str(tmp_path))
-    vector = config_lib.default_config()
-    vector.algorithm, vector.env.name = "ppo_vector", "gymnax:CartPole-v1"
-    config_lib.validate(vector, num_devices=1)
+    if valid:
+        config_lib.validate(config, num_devices=2)
+        assert config_lib.reuses_rollout_activations(config) is True
+    else:
+        with pytest.raises(config_lib.ConfigError,
+                           match=r"^config\.updates\.reuse_rollout_activations=True is "
+                                 r"invalid: .*allowed values are \('auto', False\)\.$"):
+            config_lib.validate(config, num_devices=2)
+
+
+def test_reuse_rollout_activations_from_the_command_line(tmp_path):
+    """The training CLI's config flag (experiments/train.py's definition) parses the
+    setting's text as the bool or "auto"; a stored config's setting reads back."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
+                        "grpo_bandit.py")
+    for text, want in (("False", False), ("false", False), ("True", True), ("auto", "auto")):
+        argv = ["train", f"--config={path}",
+                f"--config.updates.reuse_rollout_activations={text}"]
+        flag_values = flags.FlagValues()
+        config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                        lock_config=False, accept_new_attributes=True,
+                                        sys_argv=argv)
+        flag_values(argv)
+        got = flag_values.config.updates.reuse_rollout_activations
+        assert got == want and type(got) is type(want), (text, got)
+        stored = json.loads(flag_values.config.to_json())
+        assert config_lib.with_defaults(stored).updates.reuse_rollout_activations == want
+        assert config_lib.reuses_rollout_activations(flag_values.config) is (want is not False)
 
 
 _SHIPPED = ["ppo_cartpole", "grpo_bandit", "grpo_guess_number", "grpo_calculator",

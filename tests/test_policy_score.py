@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from arl import algorithms as alg
+from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.models import Transformer
 from arl.trainers.policy import Policy, same_prompts
@@ -115,8 +116,10 @@ def test_entropy_can_be_skipped_and_arguments_are_checked():
 
 
 def loss_config(**overrides):
-    """The Learner's loss settings of these tests (ECHO on unless overridden)."""
-    c = ml_collections.ConfigDict(dict(
+    """The Learner's loss settings of these tests (ECHO on unless overridden): the
+    library's defaults with these tests' values."""
+    c = config_lib.default_config().loss
+    c.update(dict(
         clip_low=0.2, clip_high=0.2, dual_clip=0.0, agg="token-mean", norm=0.0,
         value_coef=0.5, value_clip=0.0, entropy_coef=0.01, kl_coef=0.05, kl_kind="k3",
         kl_in_reward=False, echo_coef=0.1, sft_coef=0.3, sft_coef_final=-1.0,

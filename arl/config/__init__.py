@@ -46,12 +46,13 @@ from arl.config.off_policy import uses_two_programs
 from arl.config.run import import_modules
 from arl.config.schema import (check_key_path, check_known_keys, default_config,
                                unknown_key_error, with_defaults)
-from arl.config.updates import MINIBATCH_SHUFFLES
+from arl.config.updates import MINIBATCH_SHUFFLES, reuses_rollout_activations
 from arl.errors import ConfigError
 
 __all__ = ["ConfigError", "FLOAT_DTYPES", "FREE_FORM_SECTIONS", "MINIBATCH_SHUFFLES",
            "check_key_path", "check_known_keys", "default_config", "import_modules",
-           "unknown_key_error", "uses_two_programs", "validate", "with_defaults"]
+           "reuses_rollout_activations", "unknown_key_error", "uses_two_programs",
+           "validate", "with_defaults"]
 
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
@@ -72,6 +73,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
     filters_section.validate(config)
     updates_section.validate(config)
     off_policy_section.validate(config, num_devices, algorithm)
+    updates_section.validate_reuse(config)
     if algorithm.trainer == "vector":
         vector_section.validate(config)
     else:

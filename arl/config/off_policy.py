@@ -61,10 +61,6 @@ def validate(config, num_devices: int | None,
         fail("loss.off_policy_correction", "none",
              f"rollout.policy_lag={r.policy_lag} samples with parameters up to "
              f"{r.policy_lag} updates old: choose one of {alg.CORRECTIONS[1:]}")
-    if config.updates.reuse_rollout_activations:
-        fail("updates.reuse_rollout_activations", True, "the rollout's activations stay "
-             "on the rollout's side with rollout.policy_lag > 0 or a rollout.mesh: "
-             "allowed value is False")
     if config.process.mc_samples > 0:
         fail("process.mc_samples", config.process.mc_samples, "Monte Carlo branching "
              "needs the fused step (rollout.policy_lag=0, rollout.mesh=()): allowed "

@@ -43,10 +43,6 @@ def validate(config) -> None:
     if config.updates.shuffle != "rows":
         fail("updates.shuffle", config.updates.shuffle,
              "the vector trainer has no groups: allowed value is 'rows'")
-    if config.updates.reuse_rollout_activations:
-        fail("updates.reuse_rollout_activations", True,
-             "the vector trainer's MLP keeps no rollout activations: allowed value is "
-             "False")
     batch = config.vector.num_envs * config.vector.num_steps
     if batch % config.updates.minibatches:
         fail("updates.minibatches", config.updates.minibatches,

@@ -24,6 +24,7 @@ from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs.experiment import CHECKPOINT_DIR
+from arl.trainers import async_step
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
@@ -41,15 +42,26 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     return step, config_lib.with_defaults(metadata["config"])
 
 
+def _abstract_checkpoint(trainer):
+    """What `trainer`'s runs checkpoint: the state, and with asynchronous rollouts the
+    behaviour parameters besides (`arl.trainers.async_step`), here on the training mesh."""
+    if not config_lib.uses_two_programs(trainer.config):
+        return trainer.abstract_state()
+    return async_step.abstract_checkpoint(trainer, trainer.layout.param_shardings,
+                                          trainer.config.rollout.policy_lag)
+
+
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:
     """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
     skipped); under LoRA the base with the adapters merged in."""
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state())
+        restored = ckpt.restore_latest(_abstract_checkpoint(trainer))
     if restored is None:
         raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
     step, state, _ = restored
+    if isinstance(state, async_step.AsyncCheckpoint):
+        state = state.state
     return step, trainer.policy_params(state)
 
 

@@ -45,6 +45,7 @@ from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs import writers as writers_lib
 from arl.trainers import async_step
+from arl.trainers import placement
 
 CHECKPOINT_DIR = "checkpoints"
 CURVES_FILE = "curves.png"
@@ -115,7 +116,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
-    trainer = trainers_lib.build(config)  # may still refuse the config: before any output
+    # Across processes a rollout mesh of its own takes a share of every process's
+    # devices, and so does the training mesh (arl.trainers.placement); None: the default.
+    trainer = trainers_lib.build(config, mesh=placement.training_mesh(config))
     two = async_step.build(trainer)  # two programs at a policy lag, or None: fused
     os.makedirs(workdir, exist_ok=True)
     total = config.train_steps

@@ -9,8 +9,10 @@
 * `update(state, trajectory, behaviour_version) -> (state, metrics)` on the training mesh:
   `TokenTrainer.learn`, the fused step's signals + update, donating the state.
 
-Parameters move training -> rollout mesh and trajectories rollout -> training mesh with
-`jax.device_put` to the other mesh's `NamedSharding`s. The host loop (`steps`) dispatches
+Parameters move training -> rollout mesh and trajectories rollout -> training mesh onto
+the other mesh's `NamedSharding`s (`placement.move`: `jax.device_put` in one process,
+shard copies inside each process across several; `arl.trainers.placement` also says
+where the meshes lie). The host loop (`steps`) dispatches
 rollout t+1 before update t and never waits on either: JAX dispatch is asynchronous, so
 the two run concurrently wherever they can (disjoint devices; a host tool's wall time).
 Rollout t samples with the parameters after max(t - k, 0) updates (k =
@@ -25,7 +27,6 @@ activations need the fused step (`arl.config` refuses them here).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterator
 
 import jax
@@ -35,9 +36,9 @@ from flax import struct
 
 from arl import config as config_lib
 from arl import sharding as sharding_lib
-from arl.errors import invalid_field
 from arl.models import transformer as transformer_lib
 from arl.rollout import Trajectory
+from arl.trainers import placement
 from arl.trainers.state import TrainState
 
 
@@ -59,24 +60,14 @@ def build(trainer) -> "TwoProgramTrainer | None":
     return TwoProgramTrainer(trainer)
 
 
-def rollout_mesh(config, training_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
-    """`config.rollout.mesh` over the devices after the training mesh's, or the training
-    mesh itself when it is () (colocated)."""
-    shape = tuple(config.rollout.mesh)
-    if not shape:
-        return training_mesh
-    if jax.process_count() > 1:
-        # Across processes JAX moves arrays only between shardings of equal device counts
-        # and shard shapes (GPU/TPU), which a split of the devices does not give.
-        raise invalid_field("rollout.mesh", shape, f"a rollout mesh of its own is not "
-                            f"supported across {jax.process_count()} processes yet; use () "
-                            "(the rollout on the training mesh)")
-    used = {d.id for d in training_mesh.devices.flat}
-    free = [d for d in jax.devices() if d.id not in used]
-    if math.prod(shape) > len(free):
-        raise invalid_field("rollout.mesh", shape, f"needs {math.prod(shape)} devices "
-                            f"besides the training mesh's {len(used)}; {len(free)} are left")
-    return sharding_lib.make_mesh(shape, free)
+def abstract_checkpoint(trainer, param_shardings, policy_lag: int) -> AsyncCheckpoint:
+    """The restore target of a two-program run's checkpoint, with the behaviour
+    parameters on `param_shardings` (the rollout mesh's, or any other: orbax reshards)."""
+    state = trainer.abstract_state()
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        jax.eval_shape(trainer.layout.policy_params, state), param_shardings)
+    return AsyncCheckpoint(state=state, behaviour=(params,) * policy_lag)
 
 
 class TwoProgramTrainer:
@@ -93,11 +84,22 @@ class TwoProgramTrainer:
         if self.policy_lag < 0:
             raise ValueError(f"TwoProgramTrainer: policy_lag must be >= 0, got "
                              f"{self.policy_lag}")
-        self.mesh = rollout_mesh(c, trainer.mesh) if mesh is None else mesh
-        self.param_shardings = transformer_lib.param_shardings(
-            transformer_lib.abstract_params(trainer.model), self.mesh)
+        self.mesh = placement.rollout_mesh(c, trainer.mesh) if mesh is None else mesh
+        abstract_params = transformer_lib.abstract_params(trainer.model)
+        self.param_shardings = transformer_lib.param_shardings(abstract_params, self.mesh)
         self.trajectory_shardings = sharding_lib.batch_sharding(self.mesh)
         self.training_trajectory_shardings = sharding_lib.batch_sharding(trainer.mesh)
+        if jax.process_count() > 1:  # every move stays inside a process (placement.py)
+            for leaf, source, target in zip(
+                    jax.tree.leaves(abstract_params),
+                    jax.tree.leaves(trainer.layout.param_shardings),
+                    jax.tree.leaves(self.param_shardings)):
+                placement.check_local("rollout.mesh", tuple(c.rollout.mesh), source, target,
+                                      leaf.shape, "the parameters")
+            placement.check_local("rollout.mesh", tuple(c.rollout.mesh),
+                                  self.trajectory_shardings,
+                                  self.training_trajectory_shardings,
+                                  (trainer.batch_size,), "the trajectory rows")
         replicated = sharding_lib.replicated(self.mesh)
         self._replicated = replicated
         self.rollout = jax.jit(self._rollout, out_shardings=self.trajectory_shardings)
@@ -141,15 +143,15 @@ class TwoProgramTrainer:
         params = state.params
         if self.trainer.lora is not None:  # merged: new arrays already
             params = self._policy_params(state)
-        return jax.device_put(params, self.param_shardings, may_alias=False)
+        return placement.move(params, self.param_shardings)
 
     def to_training(self, traj: Trajectory) -> Trajectory:
         """`traj` resharded onto the training mesh (rows over its data x fsdp)."""
-        return jax.device_put(traj, self.training_trajectory_shardings)
+        return placement.move(traj, self.training_trajectory_shardings)
 
     def state_key(self, state: TrainState) -> jax.Array:
         """A copy of `state.key` on the rollout mesh."""
-        return jax.device_put(state.key, self._replicated, may_alias=False)
+        return placement.move(state.key, self._replicated)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self, state: TrainState, history: dict[int, Any]) -> AsyncCheckpoint:
@@ -162,11 +164,7 @@ class TwoProgramTrainer:
 
     def abstract_checkpoint(self) -> AsyncCheckpoint:
         """Shapes, dtypes and shardings of `checkpoint` (orbax restore target)."""
-        state = self.trainer.abstract_state()
-        params = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            jax.eval_shape(self.trainer.layout.policy_params, state), self.param_shardings)
-        return AsyncCheckpoint(state=state, behaviour=(params,) * self.policy_lag)
+        return abstract_checkpoint(self.trainer, self.param_shardings, self.policy_lag)
 
     def restored(self, checkpoint: AsyncCheckpoint) -> tuple[TrainState, dict[int, Any]]:
         """(state, history) to resume `steps` from."""

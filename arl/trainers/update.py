@@ -72,7 +72,7 @@ def off_policy_inputs(loss_config: ml_collections.ConfigDict, mb: UpdateBatch):
     advantages times the correction's constant weight w (the policy loss is positively
     homogeneous in the advantage, so this is w times the loss)."""
     c = loss_config
-    correction = c.get("off_policy_correction", "none")
+    correction = c.off_policy_correction
     if not alg.off_policy.needs_proximal(correction):
         return mb.old_logp, mb.advantages, {}
     weights, metrics = alg.off_policy_weights(
@@ -239,8 +239,7 @@ class Learner:
                              f"reuse_activations (= {self.reuse_activations}); got "
                              f"{'some' if projections is not None else 'None'}")
         batch_axes = sharding_lib.batch_sharding(self.mesh)
-        if alg.off_policy.needs_proximal(self.loss_config.get("off_policy_correction",
-                                                              "none")):
+        if alg.off_policy.needs_proximal(self.loss_config.off_policy_correction):
             batch = batch.replace(prox_logp=self.proximal_logp(params, batch, base))
         grad_fn = jax.grad(self.loss, has_aux=True)
 
