@@ -72,9 +72,11 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
     # call runs: an unplaced count made the second call trace and compile the SFT step
     # again (27-31 s of a tiny dataset run's start on the 2-core CPU,
     # benchmarks/first_step.py).
-    opt_state = jax.device_put(opt_state, sharding_lib.opt_state_shardings(
-        optimizer, opt_state, jax.tree.map(lambda p: p.sharding, params),
-        sharding_lib.replicated(trainer.mesh)))
+    placed = jax.tree.leaves(params)[0].sharding
+    if isinstance(placed, jax.sharding.NamedSharding):  # as a trainer's state always is
+        opt_state = jax.device_put(opt_state, sharding_lib.opt_state_shardings(
+            optimizer, opt_state, jax.tree.map(lambda p: p.sharding, params),
+            sharding_lib.replicated(placed.mesh)))
     env_params = trainer.task_params(batch_size, 1)
 
     def loss_fn(p, tokens, mask):
