@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,6 +25,7 @@ from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs.experiment import CHECKPOINT_DIR
+from arl.trainers import async_step
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
@@ -41,16 +43,27 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     return step, config_lib.with_defaults(metadata["config"])
 
 
+def checkpoint_target(trainer) -> tuple[Any, Callable[[Any], Any]]:
+    """The restore target of `trainer`'s checkpoints and the function that takes the
+    train state out of a restored one: a run at a policy lag saves the pending rollouts'
+    behaviour parameters next to the state (`async_step.AsyncCheckpoint`)."""
+    two = async_step.build(trainer)
+    if two is None:
+        return trainer.abstract_state(), lambda restored: restored
+    return two.abstract_checkpoint(), lambda restored: restored.state
+
+
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:
     """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
     skipped); under LoRA the base with the adapters merged in."""
+    target, train_state = checkpoint_target(trainer)
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state())
+        restored = ckpt.restore_latest(target)
     if restored is None:
         raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
-    step, state, _ = restored
-    return step, trainer.policy_params(state)
+    step, checkpoint, _ = restored
+    return step, trainer.policy_params(train_state(checkpoint))
 
 
 @functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))
