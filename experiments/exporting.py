@@ -57,8 +57,9 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
             if step not in steps:
                 raise app.UsageError(f"--step={step} is not a checkpoint of "
                                      f"{workdir!r} (steps: {steps})")
-            state, _ = ckpt.restore(step, trainer.abstract_state())
-        params = trainer.policy_params(state)
+            target, train_state = evaluation.checkpoint_target(trainer)
+            checkpoint, _ = ckpt.restore(step, target)
+        params = trainer.policy_params(train_state(checkpoint))
     path = hf_export.export_checkpoint(out, jax.device_get(params), trainer.model.config,
                                        source, dtype=dtype)
     return step, path, hf_export.changed_fields(source, path)

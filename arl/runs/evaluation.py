@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -42,27 +43,29 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     return step, config_lib.with_defaults(metadata["config"])
 
 
-def _abstract_checkpoint(trainer):
-    """What `trainer`'s runs checkpoint: the state, and with asynchronous rollouts the
-    behaviour parameters besides (`arl.trainers.async_step`), here on the training mesh."""
+def checkpoint_target(trainer) -> tuple[Any, Callable[[Any], Any]]:
+    """The restore target of `trainer`'s checkpoints and the function that takes the
+    train state out of a restored one: a run at a policy lag saves the pending rollouts'
+    behaviour parameters next to the state (`async_step.AsyncCheckpoint`), restored
+    here on the training mesh."""
     if not config_lib.uses_two_programs(trainer.config):
-        return trainer.abstract_state()
-    return async_step.abstract_checkpoint(trainer, trainer.layout.param_shardings,
-                                          trainer.config.rollout.policy_lag)
+        return trainer.abstract_state(), lambda restored: restored
+    target = async_step.abstract_checkpoint(trainer, trainer.layout.param_shardings,
+                                            trainer.config.rollout.policy_lag)
+    return target, lambda restored: restored.state
 
 
 def restore_params(trainer, workdir: str) -> tuple[int, Any]:
     """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
     skipped); under LoRA the base with the adapters merged in."""
+    target, train_state = checkpoint_target(trainer)
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:
-        restored = ckpt.restore_latest(_abstract_checkpoint(trainer))
+        restored = ckpt.restore_latest(target)
     if restored is None:
         raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
-    step, state, _ = restored
-    if isinstance(state, async_step.AsyncCheckpoint):
-        state = state.state
-    return step, trainer.policy_params(state)
+    step, checkpoint, _ = restored
+    return step, trainer.policy_params(train_state(checkpoint))
 
 
 @functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))
