@@ -50,7 +50,6 @@ TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "eval")
 MAX_PROMPT_LEN = 512
 MAX_ANSWER_LEN = 256
-CACHE_ENV = caches.CACHE_ENV
 _FORMAT_VERSION = 1  # bump when the records change meaning (invalidates cached builds)
 _MAX_LISTED = 20  # bad lines listed in one error
 # What a .jsonl path built on use (DatasetTask(path="x.jsonl")) can do about long rows:
@@ -368,18 +367,13 @@ def load_text_tasks(path, split: str = "train") -> TextTasks:
 
 
 # ---------------------------------------------------------------------------- cache
-def cache_root() -> str:
-    """Where `cached_text_tasks` builds: arl's cache directory (`arl.caches.cache_root`:
-    $ARL_CACHE_DIR, else $XDG_CACHE_HOME/arl, else ~/.cache/arl)."""
-    return caches.cache_root()
-
-
 def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: float = 0.1,
                       seed: int = 0, max_prompt_len: int = MAX_PROMPT_LEN,
                       max_answer_len: int = MAX_ANSWER_LEN, cache_dir=None) -> str:
     """The dataset of `jsonl_path`, built on first use into
-    ``<cache_dir or cache_root()>/text_tasks/<key>`` (key: a hash of the file's bytes,
-    the tokenizer and the settings), so a changed file or tokenizer builds anew.
+    ``<cache_dir or arl.caches.cache_root()>/text_tasks/<key>`` (key: a hash of the
+    file's bytes, the tokenizer and the settings), so a changed file or tokenizer builds
+    anew.
     Concurrent callers (test workers) each build into a private directory and the first
     rename wins."""
     codec = CharCodec() if codec is None else codec
@@ -388,7 +382,7 @@ def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: 
                 "max_prompt_len": max_prompt_len, "max_answer_len": max_answer_len,
                 "format_version": _FORMAT_VERSION}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:24]
-    root = os.path.join(os.fspath(cache_dir or cache_root()), "text_tasks")
+    root = os.path.join(os.fspath(cache_dir or caches.cache_root()), "text_tasks")
     final = os.path.join(root, key)
     if not os.path.isdir(final):
         os.makedirs(root, exist_ok=True)

@@ -170,8 +170,7 @@ def trainer_settings_before_backend(*, two_programs: bool) -> bool:
     if (_disabled() or two_programs or _backends_started()
             or not jax.config.read("jax_cpu_enable_async_dispatch")):
         return False
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return True
+    return run_computations_inline()
 
 
 def trainer_settings_after_backend(*, set_inline: bool) -> None:

@@ -114,8 +114,9 @@ class TwoProgramTrainer:
                                  out_shardings=replicated)
         self._policy_params = jax.jit(trainer.layout.policy_params,
                                       out_shardings=trainer.layout.param_shardings)
-        activation_sharding = c.get("activation_sharding", False)
-        self._activation_mesh = self.mesh if activation_sharding else None
+        # The rollout mesh for the model's activation constraints, where the trainer
+        # has them on its own mesh (config.activation_sharding).
+        self._activation_mesh = self.mesh if trainer.activation_mesh is not None else None
 
     # ------------------------------------------------------------------ programs
     def _rollout(self, behaviour_params, state_key, step) -> Trajectory:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import arl.envs as E
+from arl import caches
 from arl.data import text_tasks, word_problems
 from arl.envs import verifiers
 from arl.envs.base import TokenChunk
@@ -354,7 +355,7 @@ def test_bad_arguments_name_the_argument(shipped_dataset):
 
 
 def test_default_env_is_the_shipped_problems_cached_once(tmp_path, monkeypatch):
-    monkeypatch.setenv(text_tasks.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(caches.CACHE_ENV, str(tmp_path))
     env = E.make("dataset_task")
     assert env.tasks.path.startswith(str(tmp_path)) and env.num_rows == 270
     assert env.tasks.metadata["source"]["file"] == "arithmetic_word_problems.jsonl"
