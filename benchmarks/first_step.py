@@ -293,32 +293,42 @@ def run_case(case: str, runs: int, code: str | None, before: str | None) -> list
         shutil.rmtree(root, ignore_errors=True)
 
 
-def table(case: str, results: list[dict], before: bool) -> str:
+# A phase shorter than this in every run of a case is left out of the table (the first
+# logged step, its last row, counts it).
+SHOWN_PHASE_SECS = 0.5
+
+
+def columns(results: list[dict], before: bool) -> list[str]:
     labels = (["before"] if before else []) + ["cold", "warm"] + [
         f"run {i + 1}" for i in range(2, len(results))]
-    header = ["phase"] + [f"{labels[i]}: s (trace / lower / compile)" for i in
-                          range(len(results))] + ["programs compiled (cache hits)"]
-    rows = []
+    return ["case", "phase"] + [f"{labels[i]}: s (trace / lower / compile)"
+                                for i in range(len(results))] + [
+        "programs compiled (cache hits)"]
+
+
+def rows(case: str, results: list[dict]) -> list[list[str]]:
+    """One case's rows of the table: its phases of SHOWN_PHASE_SECS or more in some run,
+    then its first logged step."""
+    out = []
     for phase in PHASES:
-        cells, any_time = [], False
+        cells, shown = [], False
         for result in results:
             p = result["phases"].get(phase)
             if p is None or p["wall"] < 0.005:
                 cells.append("")
                 continue
-            any_time = True
+            shown = shown or p["wall"] >= SHOWN_PHASE_SECS
             jit = (f" ({p['trace']:.1f} / {p['lower']:.1f} / {p['compile']:.1f})"
                    if p["trace"] + p["lower"] + p["compile"] >= 0.05 else "")
             cells.append(f"{p['wall']:.1f}{jit}")
         counts = [result["phases"].get(phase, {}) for result in results]
         programs = " / ".join(f"{c.get('compiled', 0)} ({c.get('cache hits', 0)})"
                               for c in counts)
-        if any_time:
-            rows.append([phase, *cells, programs])
-    rows.append(["**first logged step**",
-                 *[f"**{r['first_log']:.1f}** (load {r['load']:.1f})" for r in results], ""])
-    return (f"**{case}**\n\n" + markdown(header, rows) + "\n\n"
-            + programs_line(results[1:] if before else results))
+        if shown:
+            out.append([case, phase, *cells, programs])
+    out.append([case, "**first logged step**",
+                *[f"**{r['first_log']:.1f}** (load {r['load']:.1f})" for r in results], ""])
+    return out
 
 
 def programs_line(results: list[dict]) -> str:
@@ -348,11 +358,12 @@ def programs_line(results: list[dict]) -> str:
             f"Programs compiled twice in the cold run: {repeats}.")
 
 
-def markdown(header, rows) -> str:
+def markdown(header, body) -> str:
+    """A table whose first two columns (case, phase) are text and the others numbers."""
     lines = ["| " + " | ".join(header) + " |",
-             "|---|" + "|".join("---:" for _ in header[1:]) + "|"]
+             "|---|---|" + "|".join("---:" for _ in header[2:]) + "|"]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |"
-                              for row in rows])
+                              for row in body])
 
 
 def main(argv=None):
@@ -379,11 +390,14 @@ def main(argv=None):
     cases = [c for c in args.cases.split(",") if c]
     if not cases or any(c not in CASES for c in cases) or args.runs < 1:
         parser.error(f"--cases: from {CASES}; --runs >= 1")
-    blocks = []
+    table_rows, notes, header = [], [], None
     for case in cases:
         results = run_case(case, args.runs, args.code, args.before)
-        blocks.append(table(case, results, before=bool(args.before)))
-        print(blocks[-1] + "\n", flush=True)
+        header = columns(results, before=bool(args.before))
+        case_rows = rows(case, results)
+        table_rows += case_rows
+        notes.append(f"{case}: " + programs_line(results[1:] if args.before else results))
+        print(markdown(header, case_rows) + "\n\n" + notes[-1] + "\n", flush=True)
     sys.path.insert(0, BENCH_DIR)
     import common  # pylint: disable=import-outside-toplevel
     text = (common.heading("first_step.py")
@@ -394,8 +408,8 @@ def main(argv=None):
             "the cache hits among them. First logged step: seconds from the process's "
             "start, with the 1-minute load average before the run."
             + (" Before: one process of the older checkout." if args.before else "")
-            + "\n\n"
-            + "\n\n".join(blocks))
+            + f" Phases under {SHOWN_PHASE_SECS} s in every run are left out."
+            + "\n\n" + markdown(header, table_rows) + "\n\n" + "\n\n".join(notes))
     if args.record:
         print(f"recorded in {common.record_section('Time to the first step', text)}")
     return None

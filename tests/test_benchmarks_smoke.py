@@ -187,3 +187,30 @@ def test_dots_counted_from_a_profile_drop_the_branch_not_taken():
         lambda: jax.block_until_ready(compiled(args[0], args[1], args[2], jnp.asarray(False))))
     counted = {(dot["rhs"], dot["runs"]) for dot in matmul_ceiling.hlo_dots(text, executed)}
     assert counted == {((24, 24), 7), ((24, 3), 1)}, counted
+
+
+def test_first_step_table_has_one_row_per_shown_phase_of_each_case():
+    """benchmarks/first_step.py: one table over the cases; a phase shorter than
+    SHOWN_PHASE_SECS in every run is left out, the first logged step always shown."""
+    first_step = import_benchmark("first_step")
+
+    def phase(wall, compile_s=0.0, compiled=0, hits=0):
+        return {"wall": wall, "trace": 0.0, "lower": 0.0, "compile": compile_s,
+                "compiled": compiled, "cache hits": hits}
+
+    results = [{"phases": {"imports": phase(5.0), "config": phase(0.3),
+                           "first step": phase(39.7, 31.8, 1)},
+                "first_log": 54.7, "load": 1.0, "programs": []},
+               {"phases": {"imports": phase(4.9), "config": phase(0.6),
+                           "first step": phase(11.6, 2.5, 1, 1)},
+                "first_log": 20.7, "load": 1.0, "programs": []}]
+    rows = first_step.rows("quickstart", results)
+    assert [row[:2] for row in rows] == [
+        ["quickstart", "imports"], ["quickstart", "config"], ["quickstart", "first step"],
+        ["quickstart", "**first logged step**"]]
+    assert rows[2][2:] == ["39.7 (0.0 / 0.0 / 31.8)", "11.6 (0.0 / 0.0 / 2.5)",
+                           "1 (0) / 1 (1)"]
+    results[1]["phases"]["config"] = phase(0.4)  # under 0.5 s in both runs: left out
+    assert "config" not in [row[1] for row in first_step.rows("quickstart", results)]
+    table = first_step.markdown(first_step.columns(results, before=False), rows)
+    assert table.splitlines()[1] == "|---|---|---:|---:|---:|"
