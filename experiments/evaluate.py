@@ -35,7 +35,7 @@ def main(argv):
     del argv
     import jax
 
-    from arl import algorithm_table, rollout, trainers
+    from arl import algorithm_table, rollout
     from arl import config as config_lib
     from arl.runs import evaluation
 
@@ -50,12 +50,10 @@ def main(argv):
     if algorithm_table.get_algorithm(config.algorithm).trainer == "vector":
         raise app.UsageError("evaluate.py evaluates token-environment policies; vector-env "
                              "runs log episode_return in metrics.jsonl during training.")
-    if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:
-        config.mesh = (1, 1, 1)  # evaluation needs no particular layout
     if _SPLIT.value is not None and config.env.name != "dataset_task":
         raise app.UsageError(f"--split={_SPLIT.value!r} plays the rows of a dataset; the run's "
                              f"env is {config.env.name!r}, not 'dataset_task'")
-    trainer = trainers.build(config)
+    trainer = evaluation.trainer_for_checkpoint(config)
     step, params = evaluation.restore_params(trainer, _WORKDIR.value)
     key = jax.random.key(_SEED.value)  # the same tasks for every policy
     env, play = trainer.env, None

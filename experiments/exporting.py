@@ -20,11 +20,9 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
     Bad input is an `app.UsageError` (one line, exit 2 under experiments.cli)."""
     import jax
 
-    from arl import algorithm_table, trainers
+    from arl import algorithm_table
     from arl import config as config_lib
-    from arl.runs import checkpoint as checkpoint_lib
     from arl.runs import evaluation
-    from arl.runs.experiment import CHECKPOINT_DIR
     from arl.models import hf_export
 
     check_target(out)
@@ -45,21 +43,12 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
     config_lib.import_modules(config)
     if algorithm_table.get_algorithm(config.algorithm).trainer == "vector":
         raise app.UsageError("experiments.export exports token-environment policies")
-    if jax.device_count() < config.mesh[0] * config.mesh[1] * config.mesh[2]:
-        config.mesh = (1, 1, 1)
-    trainer = trainers.build(config)
-    if step is None:
-        step, params = evaluation.restore_params(trainer, workdir)
-    else:
-        with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                                         read_only=True) as ckpt:
-            steps = ckpt.all_steps()
-            if step not in steps:
-                raise app.UsageError(f"--step={step} is not a checkpoint of "
-                                     f"{workdir!r} (steps: {steps})")
-            target, train_state = evaluation.checkpoint_target(trainer)
-            checkpoint, _ = ckpt.restore(step, target)
-        params = trainer.policy_params(train_state(checkpoint))
+    trainer = evaluation.trainer_for_checkpoint(config)
+    try:
+        step, params = evaluation.restore_params(trainer, workdir, step)
+    except FileNotFoundError as error:
+        raise app.UsageError(f"--step={step}: {error}" if step is not None
+                             else f"--workdir={workdir!r}: {error}") from error
     path = hf_export.export_checkpoint(out, jax.device_get(params), trainer.model.config,
                                        source, dtype=dtype)
     return step, path, hf_export.changed_fields(source, path)

@@ -133,3 +133,20 @@ def test_restore_params_of_a_run_at_a_policy_lag(tmp_path):
     assert jax.tree.structure(params) == jax.tree.structure(expected)
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_restore_params_of_a_given_step_or_a_one_line_error(workdir):
+    """`restore_params(..., step)` (experiments.export --step): that checkpoint, or
+    FileNotFoundError naming the steps there are; the trainer for a stored config whose
+    mesh this machine cannot hold runs on one device."""
+    _, config = evaluation.checkpoint_config(str(workdir))
+    config.mesh = (jax.device_count() + 1, 1, 1)
+    trainer = evaluation.trainer_for_checkpoint(config)
+    assert tuple(trainer.config.mesh) == (1, 1, 1)
+    step, params = evaluation.restore_params(trainer, str(workdir), 3)
+    assert step == 3
+    for got, want in zip(jax.tree.leaves(params),
+                         jax.tree.leaves(evaluation.restore_params(trainer, str(workdir))[1])):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint 4 in .* \(steps: \[3\]\)"):
+        evaluation.restore_params(trainer, str(workdir), 4)

@@ -13,6 +13,7 @@ environment (mixture member) and over all tasks.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -55,16 +56,35 @@ def checkpoint_target(trainer) -> tuple[Any, Callable[[Any], Any]]:
     return target, lambda restored: restored.state
 
 
-def restore_params(trainer, workdir: str) -> tuple[int, Any]:
-    """Policy parameters of the newest good checkpoint of `workdir` (corrupt ones
-    skipped); under LoRA the base with the adapters merged in."""
+def trainer_for_checkpoint(config: ml_collections.ConfigDict):
+    """The trainer of a run's stored `config` on this machine's devices: a mesh larger
+    than the machine holds becomes one device (playing or exporting a policy needs no
+    particular layout; orbax reshards the checkpoint on restore)."""
+    from arl import trainers  # pylint: disable=import-outside-toplevel
+
+    if jax.device_count() < math.prod(config.mesh):
+        config.mesh = (1, 1, 1)
+    return trainers.build(config)
+
+
+def restore_params(trainer, workdir: str, step: int | None = None) -> tuple[int, Any]:
+    """(step, policy parameters) of checkpoint `step` of `workdir`, by default the newest
+    good one (corrupt ones skipped); under LoRA the base with the adapters merged in.
+    Raises FileNotFoundError when there is no such checkpoint."""
     target, train_state = checkpoint_target(trainer)
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:
-        restored = ckpt.restore_latest(target)
-    if restored is None:
-        raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
-    step, checkpoint, _ = restored
+        if step is None:
+            restored = ckpt.restore_latest(target)
+            if restored is None:
+                raise FileNotFoundError(f"no readable checkpoint under {workdir!r}")
+            step, checkpoint, _ = restored
+        else:
+            steps = ckpt.all_steps()
+            if step not in steps:
+                raise FileNotFoundError(f"no checkpoint {step} in {workdir!r} "
+                                        f"(steps: {steps})")
+            checkpoint, _ = ckpt.restore(step, target)
     return step, trainer.policy_params(train_state(checkpoint))
 
 
