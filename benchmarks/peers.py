@@ -196,11 +196,15 @@ def checkpoint_path(setting: protocol.Setting, cache_dir: str, seed: int = 0) ->
     return os.path.join(cache_dir, "checkpoints", f"{setting.name}-{tag}")
 
 
+def checkpoint_written(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "model.safetensors"))
+
+
 def write_checkpoint(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
     """The setting's randomly initialised Qwen2 checkpoint (config.json + safetensors),
     written once under `cache_dir` and loaded by every side."""
     path = checkpoint_path(setting, cache_dir, seed)
-    if os.path.isfile(os.path.join(path, "model.safetensors")):
+    if checkpoint_written(path):
         return path
     config = model_config(setting, max_len=512)
     model = transformer_lib.Transformer(config)
@@ -464,9 +468,7 @@ class WorkerRunner:
 def write_checkpoints(settings, cache_dir: str) -> None:
     """`write_checkpoint` of each setting whose checkpoint is missing, in a child
     process: this one's JAX backend then starts with arl's first trainer."""
-    missing = [s for s in settings
-               if not os.path.isfile(os.path.join(checkpoint_path(s, cache_dir),
-                                                  "model.safetensors"))]
+    missing = [s for s in settings if not checkpoint_written(checkpoint_path(s, cache_dir))]
     if not missing:
         return
     context = multiprocessing.get_context("spawn")
