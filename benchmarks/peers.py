@@ -40,6 +40,28 @@ measured option of docs/performance.md is either the default or slower here, e.g
 `model.layer_unroll=1`, `model.attention=blocked`); `--arl_set KEY=VALUE` measures an
 override, and then arl's row is no longer the default configuration.
 
+Time to the first step from launch (the table's last column but one), measured the same
+way for every side: the wall seconds from launching a fresh Python process until its
+first training step has finished, as a user running a short script sees it, timed by
+this script from just before the launch to reading the child's line that the step is
+done (interpreter start, imports, building the trainer, loading the checkpoint,
+compiling, the step). arl's child (`peer_workers/arl_first_step.py`) does what a
+notebook's first cell does: `TokenTrainer(arl_config(...))`, `init_state()`, one
+`train_step` compiled at its call, its reward read on the host; TRL's and tunix's are
+their workers run up to the end of their first step (one warm-up step, then "quit").
+Each side runs twice, interleaved with the others: a first run with arl's persistent
+compilation cache in a fresh empty temporary directory (never the user's
+~/.cache/arl), then a rerun with that directory as the first run left it (TRL and tunix
+as their libraries come: no persistent compilation cache). The phase runs after each
+setting's step rounds, when every process of the rounds has exited, so it cannot
+disturb the step timings, the machine is otherwise idle, and every side's libraries
+have just been read once: Python's bytecode and the OS's file cache are warm for all
+sides alike, and a first run differs from its rerun only by the compilation cache. The
+parts of each side's time (arl: imports, building the trainer, the initial state, the
+first step and JAX's trace / lower / compile-or-load seconds in it; the peers: up to
+the first step's start, and the first step) are a line of prose under the table.
+`--first_step_runs N` takes N pairs (medians); 0 skips the phase.
+
 FLOPs (model FLOPs of the useful work, the same formula for every side, so FLOP/s ratios
 are speed ratios): with P = parameters used in matmuls (all but the embedding table:
 attention and MLP projections and the LM head; biases and norms ignored), L layers,
@@ -64,7 +86,8 @@ setting (one measurement alone read 222-383 GFLOP/s in three runs within ten min
 the 2-core machine).
 
     python benchmarks/peers.py [--settings=toy,modest,multiturn] [--peers=arl,trl,tunix]
-        [--rounds=15] [--cache_dir=~/.cache/arl-bench-peers] [--record]
+        [--rounds=15] [--first_step_runs=1] [--cache_dir=~/.cache/arl-bench-peers]
+        [--record]
 """
 
 from __future__ import annotations
@@ -82,6 +105,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -93,6 +117,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
 
+from arl import caches  # noqa: E402
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
 from arl.runs import allocator  # noqa: E402
@@ -110,6 +135,12 @@ REQUIREMENTS = {
     "tunix": ["google-tunix"],
 }
 LOAD_WARNING = 1.5  # 1-minute load average above which timings are flagged
+# A user's own JAX compilation cache settings (arl.caches leaves them alone when set):
+# no part of a measured process's start.
+JAX_CACHE_ENVS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                  "JAX_COMPILATION_CACHE_MAX_SIZE")
+ARL_FIRST_STEP = os.path.join(WORKER_DIR, "arl_first_step.py")
+FIRST_STEP_RUNS = ("first run", "rerun")
 
 
 # ------------------------------------------------------------------ arl's single-turn env
@@ -389,35 +420,48 @@ def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
     return python, f"installed in {seconds:.0f} s"
 
 
+def peer_environment() -> dict:
+    """A peer worker's environment: this one's, less what belongs to arl's process (its
+    path, the tests' fake devices, a JAX compilation cache: a peer runs with its
+    library's defaults), plus the host settings every side gets."""
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "XLA_FLAGS", *JAX_CACHE_ENVS):
+        env.pop(name, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
+    # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
+    # inline (torch runs every op on the calling thread anyway).
+    env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
+    env["ARL_PEERS_INLINE_DISPATCH"] = "1"
+    return env
+
+
 class WorkerRunner:
     """A peer's worker process; `step()` asks for one training step and returns its
     timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
 
     def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
-                 warmup: int, log_path: str, timeout: float, script: str | None = None):
+                 warmup: int, log_path: str, timeout: float, script: str | None = None,
+                 env: dict | None = None):
         self.name = peer
         self.timeout = timeout
         self._log = open(log_path, "w", encoding="utf-8")
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)
-        env.pop("XLA_FLAGS", None)  # the tests' fake devices are no part of a peer
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
-        # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
-        # inline (torch runs every op on the calling thread anyway).
-        env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
-        env["ARL_PEERS_INLINE_DISPATCH"] = "1"
+        command = [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"),
+                   "--setting", setting.to_json(), "--checkpoint", checkpoint,
+                   "--warmup", str(warmup)]
+        env = peer_environment() if env is None else env
+        self.launched = time.perf_counter()  # `ready_s` counts from here
         self.proc = subprocess.Popen(
-            [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"), "--setting",
-             setting.to_json(), "--checkpoint", checkpoint, "--warmup", str(warmup)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-            bufsize=1, env=env)
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            text=True, bufsize=1, env=env)
         self.log_path = log_path
         self.ready = None
+        self.ready_s = None  # seconds from the launch to reading the "ready" line
 
     def wait_ready(self, timeout: float) -> dict:
         self.ready = self._expect("ready", timeout)
+        self.ready_s = self._received - self.launched
         return self.ready
 
     def _expect(self, event: str, timeout: float) -> dict:
@@ -434,6 +478,7 @@ class WorkerRunner:
                                        f"(log: {self.log_path})")
                 continue
             line = self.proc.stdout.readline()
+            self._received = time.perf_counter()
             if not line:
                 self.proc.wait()
                 raise RuntimeError(f"worker exited with code {self.proc.returncode} "
@@ -570,11 +615,162 @@ def summarise(setting: protocol.Setting, recs, ready) -> dict:
         compile_s=ready.get("compile_s"), ready=ready, rounds=recs)
 
 
+# ---------------------------------------------------------- first step from launch
+def arl_first_step_environment(cache: str) -> dict:
+    """The arl child's environment: this process's (arl's path, the XLA flags arl's
+    in-process side runs under), with arl's caches in `cache` and no JAX cache setting
+    of the user's, so the trainer's `arl.caches` picks `cache`/jax as it picks the
+    default cache for a user who set none (and ~/.cache/arl is never touched)."""
+    env = dict(os.environ)
+    for name in JAX_CACHE_ENVS:
+        env.pop(name, None)
+    env[caches.CACHE_ENV] = cache
+    env[caches.COMPILATION_CACHE_ENV] = os.path.join(cache, "jax")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def time_first_step(side: str, python: str, setting: protocol.Setting, checkpoint: str,
+                    env: dict, log_path: str, timeout: float) -> dict:
+    """One fresh process of `side` run up to the end of its first training step (a
+    peer's worker with one warm-up step; arl's `peer_workers/arl_first_step.py`):
+    `total_s`, the seconds from just before its launch to reading its "ready" line, and
+    its parts (`parts`: seconds, and for arl the programs compiled and loaded)."""
+    runner = WorkerRunner(side, python, setting, checkpoint, 1, log_path, timeout,
+                          script=ARL_FIRST_STEP if side == "arl" else None, env=env)
+    try:
+        ready = runner.wait_ready(timeout)
+    finally:
+        runner.close()
+    total = runner.ready_s
+    if side != "arl":
+        parts = {"to the step's start": total - ready["first_step_s"],
+                 "of it building the trainer (imports included)": ready["setup_s"],
+                 "first step": ready["first_step_s"]}
+        return dict(total_s=total, parts=parts)
+    phases = ready["phases"]
+    step = phases["first step"]
+    parts = {"python start": total - sum(p["wall"] for p in phases.values())}
+    parts.update((name, phases[name]["wall"]) for name in
+                 ("imports", "build trainer", "init state", "first step") if name in phases)
+    parts.update({"trace": step["trace"], "lower": step["lower"],
+                  "XLA compile or cache load": step["compile"],
+                  "programs": sum(p.get("compiled", 0) for p in phases.values()),
+                  "from the cache": sum(p.get("cache hits", 0) for p in phases.values())})
+    return dict(total_s=total, parts=parts, reward_mean=ready["reward_mean"])
+
+
+def first_step_phase(setting: protocol.Setting, sides, args, log, pythons,
+                     failures) -> dict:
+    """Time to the first step from launch: `args.first_step_runs` pairs of fresh
+    processes per side (`time_first_step`), the sides interleaved: first run (arl's
+    compilation cache an empty temporary directory), then rerun (the same directory,
+    as the first run left it). {side: {"first run": s, "rerun": s (medians over the
+    pairs), "parts": {run: {part: median}}, "runs": [records]}}; a side that fails is
+    reported in `failures` and left out."""
+    checkpoint = checkpoint_path(setting, args.cache_dir)
+    sides = [side for side in sides if side == "arl" or pythons.get(side) is not None]
+    records = {side: [] for side in sides}
+    failed = set()
+    for pair in range(args.first_step_runs):
+        cache = tempfile.mkdtemp(prefix="arl-peers-first-step-")
+        try:
+            for run in FIRST_STEP_RUNS:
+                for side in sides:
+                    if side in failed:
+                        continue
+                    log_dir = os.path.join(args.cache_dir, side)
+                    os.makedirs(log_dir, exist_ok=True)
+                    log_path = os.path.join(
+                        log_dir, f"first-step-{setting.name}-{run.replace(' ', '-')}.log")
+                    arl = side == "arl"
+                    try:
+                        record = time_first_step(
+                            side, sys.executable if arl else pythons[side], setting,
+                            checkpoint, arl_first_step_environment(cache) if arl
+                            else peer_environment(), log_path, args.ready_timeout)
+                    except (RuntimeError, KeyError) as e:
+                        failed.add(side)
+                        failures.append((setting.name, side,
+                                         f"first step from launch ({run}): {e}"))
+                        log(f"[{setting.name}] {side}: {failures[-1][2]}")
+                        continue
+                    record.update(run=run, pair=pair, load=common.load_average())
+                    if arl:  # the cache the rerun finds
+                        record["cache_files"] = sum(
+                            len(files) for _, _, files in os.walk(os.path.join(cache, "jax")))
+                    records[side].append(record)
+                    log(f"[{setting.name}] first step from launch, {run}: {side} "
+                        f"{record['total_s']:.1f} s " + json.dumps(
+                            {k: round(v, 2) for k, v in record["parts"].items()}))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    out = {}
+    for side, recs in records.items():
+        if side in failed or not recs:
+            continue
+        out[side] = {"runs": recs, "parts": {}}
+        for run in FIRST_STEP_RUNS:
+            mine = [r for r in recs if r["run"] == run]
+            out[side][run] = statistics.median(r["total_s"] for r in mine)
+            out[side]["parts"][run] = {key: statistics.median(r["parts"][key] for r in mine)
+                                       for key in mine[0]["parts"]}
+    return out
+
+
+FIRST_STEP_PROSE = (
+    "First step from launch: wall seconds from launching a fresh Python process to the "
+    "end of its first training step, timed by this script around the process (so the "
+    "interpreter's start, every import, building the trainer and loading the checkpoint "
+    "count on every side): arl as a notebook's first cell (`TokenTrainer(arl_config(...))"
+    "`, `init_state()`, one `train_step` compiled at its call, its reward read on the "
+    "host), TRL and tunix their workers up to the end of their first step. Run after "
+    "the setting's rounds with nothing else running, the sides interleaved: first run "
+    "with arl's persistent compilation cache in an empty directory, then a rerun with "
+    "that directory as the first run left it (TRL and tunix as their libraries come: no "
+    "persistent compilation cache). Python's bytecode and the OS's file cache are warm "
+    "on every side (each side's libraries were just loaded for the rounds).")
+
+
+def first_step_cell(first_steps, name: str) -> str:
+    if first_steps is None:
+        return "not run"
+    side = first_steps.get(name)
+    return "n/a" if side is None else f"{side['first run']:.1f} / {side['rerun']:.1f}"
+
+
+def first_step_details(first_steps) -> str:
+    """The parts of each side's time to the first step, first run / rerun, as prose."""
+    if not first_steps:
+        return ""
+
+    def pair(part, values, digits):
+        return f"{part} " + " / ".join(f"{values[run][part]:.{digits}f}"
+                                      for run in FIRST_STEP_RUNS)
+
+    sides = []
+    for name, side in first_steps.items():
+        values = side["parts"]
+        if name == "arl":
+            steps = ", ".join(pair(p, values, 1) for p in (
+                "trace", "lower", "XLA compile or cache load"))
+            main = ", ".join(pair(p, values, 1) for p in (
+                "python start", "imports", "build trainer", "init state", "first step")
+                if p in values[FIRST_STEP_RUNS[0]])
+            text = (f"{main} (of it {steps}); {pair('programs', values, 0)}, "
+                    f"{pair('from the cache', values, 0)}")
+        else:
+            text = ", ".join(pair(p, values, 1) for p in values[FIRST_STEP_RUNS[0]])
+        sides.append(f"{name}: {text}")
+    return ("First step from launch, its parts (s, first run / rerun; medians over "
+            f"{len(next(iter(first_steps.values()))['runs']) // len(FIRST_STEP_RUNS)} "
+            "pair(s) of runs): " + "; ".join(sides) + ".")
+
+
 def table(result: dict, peak: float) -> str:
     rows = []
     for name, r in result["results"].items():
-        compile_note = (f"{r['compile_s']:.1f} + {r['first_step_s']:.2f}" if name == "arl"
-                        else f"{r['setup_s']:.1f} + {r['first_step_s']:.2f}")
         rows.append((
             name, f"{r['step_s']:.3f}", f"{r['step_min']:.3f}-{r['step_max']:.3f}",
             f"{r['rollout_s']:.3f}", f"{r['update_s']:.3f}",
@@ -582,12 +778,13 @@ def table(result: dict, peak: float) -> str:
             f"{r['update_flops_per_s'] / 1e9:.2f}",
             f"{100 * r['update_flops_per_s'] / peak:.1f}%",
             ("n/a" if r.get("executed_flops_per_s") is None
-             else f"{100 * r['executed_flops_per_s'] / peak:.1f}%"), compile_note,
+             else f"{100 * r['executed_flops_per_s'] / peak:.1f}%"),
+            first_step_cell(result.get("first_step"), name),
             f"{r['reward_mean']:.3f}"))
     return common.markdown_table(
         ["side", "s/step (median)", "min-max", "rollout s", "update s", "generated tok/s",
          "trained tok/s", "update GFLOP/s", "of peak", "executed of peak",
-         "compile|setup + first step (s)",
+         "first step from launch (s): first run / rerun",
          "reward mean"],
         rows)
 
@@ -638,6 +835,11 @@ def main(argv=None):
     parser.add_argument("--arl_set", "--arl-set", action="append", default=[],
                         metavar="KEY=VALUE", help="a config override of arl's side, e.g. "
                         "updates.reuse_rollout_activations=False (repeatable)")
+    parser.add_argument("--first_step_runs", "--first-step-runs", type=int, default=1,
+                        help="pairs of fresh processes per side and setting timed from "
+                             "launch to the end of their first step (first run with an "
+                             "empty arl compilation cache, rerun with it filled), after "
+                             "the setting's rounds; 0 skips them")
     parser.add_argument("--record", action="store_true",
                         help="write the tables as the Peers section of benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
@@ -647,6 +849,9 @@ def main(argv=None):
         parser.error(f"--peers: {args.peers!r}; allowed values are {PEERS}")
     if args.rounds < 1 or args.warmup < 1:
         parser.error("--rounds and --warmup must be >= 1")
+    if args.first_step_runs < 0:
+        parser.error(f"--first_step_runs: {args.first_step_runs}; must be >= 0 (0 skips "
+                     "the time to the first step)")
     args.cache_dir = os.path.abspath(os.path.expanduser(args.cache_dir))
     os.makedirs(args.cache_dir, exist_ok=True)
 
@@ -693,7 +898,16 @@ def main(argv=None):
                              on_ready=None if results else first_ready)
         results.append(result)
         measure_peak()
+        if args.first_step_runs:
+            load = common.load_average()
+            result["first_step"] = first_step_phase(setting, peers, args, log, pythons,
+                                                    failures)
+            result["first_step_load"] = (load, common.load_average())
+        else:
+            result["first_step"] = None
         log(table(result, max(peaks)))
+        if result["first_step"]:
+            log(first_step_details(result["first_step"]))
     peak = max(peaks)
     load_end = common.load_average()
     inline, kept = allocator.applied()
@@ -711,9 +925,13 @@ def main(argv=None):
 
     blocks = []
     for result in results:
+        details = first_step_details(result["first_step"])
+        if details:
+            before, after = result["first_step_load"]
+            details = f"\n{details} Load {before:.2f} -> {after:.2f}.\n"
         blocks.append(f"{setting_line(protocol.SETTINGS[result['setting']['name']])} "
                       f"(load {result['load']['before']:.2f} -> {result['load']['after']:.2f})"
-                      f"\n\n{table(result, peak)}\n")
+                      f"\n\n{table(result, peak)}\n{details}")
     def without_log(reason):  # the recorded text names no machine paths
         return re.sub(r" [(]log: [^)]*[)]", "", reason)
 
@@ -737,12 +955,12 @@ def main(argv=None):
             f"sides were ready and after each setting: "
             f"{min(peaks) / 1e9:.0f}-{peak / 1e9:.0f}); executed of peak (arl): the "
             f"matmul FLOPs its update program contains (the reused forward products and the "
-            f"groups' repeated prompts are not in it) / update time. Compile|setup: arl's lower + "
-            f"compile seconds; the peers' trainer construction seconds.\n\n"
+            f"groups' repeated prompts are not in it) / update time. {FIRST_STEP_PROSE}\n\n"
             + "\n".join(blocks)
             + (f"\nNot compared:\n\n{failure_lines}" if failures else ""))
     common.publish("Peers: arl vs TRL vs tunix, equal-work GRPO step", text, args.record)
-    return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end))
+    return dict(results=results, failures=failures, peak=peak, load=(load_start, load_end),
+                text=text)
 
 
 if __name__ == "__main__":

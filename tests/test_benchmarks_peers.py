@@ -2,6 +2,7 @@
 size, the driver's worker protocol against a stand-in worker, the FLOP count, and the
 peers' plain-Python guess_number against arl's environment."""
 
+import argparse
 import json
 import os
 import sys
@@ -45,6 +46,12 @@ def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp
         hf = json.load(f)
     assert hf["model_type"] == "qwen2" and hf["vocab_size"] == setting.vocab
     assert hf["num_key_value_heads"] == setting.num_kv_heads
+    # The time to the first step from launch: a fresh arl process, cold then warm cache.
+    first = result["first_step"]["arl"]
+    assert 0 < first["rerun"] and 0 < first["first run"]
+    assert f"| {first['first run']:.1f} / {first['rerun']:.1f} |" in out["text"]
+    assert "first step from launch (s): first run / rerun" in out["text"]
+    assert peers.FIRST_STEP_PROSE in out["text"] and "arl: python start" in out["text"]
 
 
 @pytest.mark.slow  # compiles arl's step and rollout (~15 s): default suite budget
@@ -66,6 +73,44 @@ def test_executed_update_flops_equal_the_dots_a_profile_sees_run(peers, tmp_path
     rollout = flops(runner.rollout_program, runner._run_rollout)  # pylint: disable=protected-access
     assert runner.ready["executed_update_flops"] > 0
     assert step - rollout == pytest.approx(runner.ready["executed_update_flops"], rel=1e-9)
+
+
+def test_first_step_from_launch_times_a_fresh_arl_process_then_reuses_its_cache(
+        peers, tmp_path, monkeypatch):
+    """The arl child runs from launch to its first step twice on one fresh cache
+    directory: the first run finds it empty and fills it, the rerun loads from it; the
+    user's own caches (here the suite's JAX cache, a stand-in ~/.cache) stay untouched."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    monkeypatch.delenv("ARL_CACHE_DIR", raising=False)
+    setting = peers.protocol.SETTINGS["tiny"]
+    peers.write_checkpoint(setting, str(tmp_path))
+    args = argparse.Namespace(cache_dir=str(tmp_path), first_step_runs=1, ready_timeout=120)
+    logs, failures = [], []
+    out = peers.first_step_phase(setting, ["arl", "trl"], args, logs.append, {}, failures)
+    assert failures == [] and list(out) == ["arl"], (failures, logs)  # trl not installed
+    first, rerun = out["arl"]["runs"]
+    assert (first["run"], rerun["run"]) == peers.FIRST_STEP_RUNS
+    for record in (first, rerun):
+        parts = record["parts"]
+        assert 0 < parts["first step"] < record["total_s"]
+        assert parts["python start"] > 0  # the launch is outside the child's own phases
+        assert 0.0 <= record["reward_mean"] <= 1.0
+    # The first run compiled into the empty directory; the rerun found those entries.
+    assert first["parts"]["from the cache"] == 0 and first["cache_files"] > 0
+    assert rerun["parts"]["from the cache"] > 0
+    assert rerun["cache_files"] == first["cache_files"]
+    assert not (tmp_path / "home-cache").exists()
+    assert out["arl"]["first run"] == first["total_s"]
+
+    step = dict(step_s=0.5, rollout_s=0.25, generated_tokens=16, trained_tokens=32,
+                reward_mean=0.5)
+    result = {"results": {"arl": peers.summarise(setting, [step], {})}, "first_step": out}
+    text = peers.table(result, peak=1e9)
+    assert "first step from launch (s): first run / rerun" in text
+    assert f"| {first['total_s']:.1f} / {rerun['total_s']:.1f} |" in text
+    details = peers.first_step_details(out)
+    assert details.startswith("First step from launch, its parts")
+    assert "from the cache 0 / " in details and "arl: python start" in details
 
 
 def test_arl_config_takes_overrides_and_refuses_unknown_keys(peers):
