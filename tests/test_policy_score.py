@@ -95,6 +95,31 @@ def test_scoring_selected_positions_equals_full_scoring(chunk, bound):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_scoring_known_within_bound_equals_full_scoring_without_the_fallback():
+    """`scored_within_bound=True`: the same scores and gradients as full scoring, and
+    the program has no full-vocabulary way left in it (no `lax.cond` between the two)."""
+    policy, params = _policy()
+    scored = _scored_mask()  # at most 9 positions a row
+    logp0, ent0, _ = _plain_scores(params, TOKENS, 0.7)
+    score = lambda p, **kw: policy.score(p, TOKENS, scored=scored, max_scored=9, **kw)  # noqa: E731
+    known = jax.jit(lambda p: score(p, scored_within_bound=True))(params)
+    np.testing.assert_allclose(known.logp, logp0 * scored, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(known.entropy, ent0 * scored, rtol=1e-5, atol=1e-5)
+    weights = jax.random.normal(jax.random.key(4), (B, S)) * scored
+
+    def loss(p, **kw):
+        return jnp.sum(score(p, **kw).logp * weights)
+
+    g_known = jax.jit(jax.grad(lambda p: loss(p, scored_within_bound=True)))(params)
+    g_checked = jax.jit(jax.grad(loss))(params)
+    for got, want in zip(jax.tree.leaves(g_known), jax.tree.leaves(g_checked)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    primitives = lambda **kw: str(jax.make_jaxpr(lambda p: score(p, **kw).logp)(params))  # noqa: E731
+    assert " cond[" in primitives() and " cond[" not in primitives(scored_within_bound=True)
+    with pytest.raises(ValueError, match="scored_within_bound must be True or False"):
+        score(params, scored_within_bound=1)
+
+
 def test_a_row_over_the_bound_falls_back_to_full_scoring():
     policy, params = _policy()
     scored = _scored_mask()  # a row with 9 positions, bound 6
@@ -145,21 +170,24 @@ def test_learner_loss_with_token_bounds_equals_full_scoring(echo_coef):
         ref_logp=-jax.random.uniform(keys[2], (B, S), minval=0.5, maxval=5.0) * agent,
         demo_tokens=jnp.flip(TOKENS, axis=0), demo_mask=jnp.flip(agent, axis=0))
 
-    def learner(agent_bound, obs_bound):
+    def learner(agent_bound, obs_bound, rows_within_bounds=False):
         return Learner(policy, optax.sgd(0.1), loss_config(echo_coef=echo_coef), epochs=1,
                        minibatches=1, mesh=None, context_length=S,
-                       agent_token_bound=agent_bound, observation_token_bound=obs_bound)
+                       agent_token_bound=agent_bound, observation_token_bound=obs_bound,
+                       rows_within_bounds=rows_within_bounds)
 
     def grads(lrn):
         return jax.jit(jax.grad(lrn.loss, has_aux=True))(params, mb, 0)
 
     g_full, m_full = grads(learner(0, 0))
-    g_sel, m_sel = grads(learner(8, 4))
-    assert set(m_full) == set(m_sel)
-    for key in m_full:
-        np.testing.assert_allclose(m_sel[key], m_full[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    for got, want in zip(jax.tree.leaves(g_sel), jax.tree.leaves(g_full)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # Bounds checked on the data, and known to hold (the trainer's rollouts).
+    for g_sel, m_sel in (grads(learner(8, 4)), grads(learner(8, 4, True))):
+        assert set(m_full) == set(m_sel)
+        for key in m_full:
+            np.testing.assert_allclose(m_sel[key], m_full[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=key)
+        for got, want in zip(jax.tree.leaves(g_sel), jax.tree.leaves(g_full)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def _reference_forward(params, tokens, config):

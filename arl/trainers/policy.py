@@ -157,7 +157,8 @@ class Policy:
     def score(self, params: Any, tokens: jax.Array, *, scored: jax.Array | None = None,
               max_scored: int = 0, entropy: bool = True, group_size: int = 1,
               prompt_len: int = 0, projections: dict[str, jax.Array] | None = None,
-              prompts_equal: bool | None = None) -> TokenScores:
+              prompts_equal: bool | None = None,
+              scored_within_bound: bool = False) -> TokenScores:
         """Per-token log-probs (at the sampling temperature), entropies and values of
         `tokens` [B, S] under the full parameter tree `params`.
 
@@ -170,6 +171,10 @@ class Policy:
           computation up to float summation order. Should a row exceed K, the whole batch
           falls back to the full computation (same numbers, no saving). Position 0 has no
           prediction and is never scored. Values are always computed at every position.
+        scored_within_bound: True when the caller knows no row exceeds K (e.g. the rows
+          of a rollout, whose agent tokens never do): the fallback is then not traced,
+          saving its program (under differentiation, its forward and backward pass).
+          A row that did exceed K would be scored at its first K positions only.
         entropy: False skips the entropies (`TokenScores.entropy` is None) for callers that
           read only log-probs.
         group_size, prompt_len: the rows are consecutive groups of `group_size` rows whose
@@ -203,6 +208,9 @@ class Policy:
         if prompts_equal is not None and not isinstance(prompts_equal, bool):
             raise ValueError(f"Policy.score: prompts_equal must be None, True or False, got "
                              f"{prompts_equal!r}")
+        if not isinstance(scored_within_bound, bool):
+            raise ValueError(f"Policy.score: scored_within_bound must be True or False, got "
+                             f"{scored_within_bound!r}")
         if not select and not self.logprob_chunk and not share:
             return self._full_score(params, tokens, entropy, projections)
         if share and prompts_equal is None:
@@ -217,7 +225,10 @@ class Policy:
         else:
             hidden, values = self._forward(params, tokens, projections)
         hidden, targets = hidden[:, :-1], tokens[:, 1:]
-        if select:
+        if select and scored_within_bound:
+            logp, ent = self._selected_stats(params, hidden, targets, scored[:, 1:] > 0,
+                                             max_scored)
+        elif select:
             wanted = scored[:, 1:] > 0
             logp, ent = jax.lax.cond(
                 jnp.max(jnp.sum(wanted, axis=1)) <= max_scored,

@@ -140,7 +140,7 @@ class TokenTrainer:
                                reuse_activations=config_lib.reuses_rollout_activations(
                                    config),
                                policy_loss=self.algorithm.policy_loss,
-                               **self.shared_prompt)
+                               rows_within_bounds=True, **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
         self.demonstrations = None
@@ -255,8 +255,10 @@ class TokenTrainer:
     def learn(self, state: TrainState, traj: rollout_lib.Trajectory, keys: StepKeys,
               horizon, behaviour_params=None) -> tuple[TrainState, dict[str, jax.Array]]:
         """The step after its rollout (traceable): signals, update, metrics and the next
-        state. `behaviour_params`: the parameters `traj` was sampled with, which Monte
-        Carlo branching continues from (None: no branching)."""
+        state. `traj`: a trajectory of `rollout`, whose rows stay within the env's token
+        bounds; the update relies on it without checking (`Learner.rows_within_bounds`).
+        `behaviour_params`: the parameters `traj` was sampled with, which Monte Carlo
+        branching continues from (None: no branching)."""
         c = self.config
         p = c.process
         key, demo_key, update_key, branch_key = keys.next, keys.demo, keys.update, keys.branch

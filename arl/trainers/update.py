@@ -115,6 +115,11 @@ class Learner:
     # "rows": each epoch deals shuffled rows into the minibatches; "groups": shuffled
     # whole groups of `group_size` consecutive rows, in order within each group.
     shuffle: str = "rows"
+    # No row has more agent (observation) tokens than the bounds above, as in any
+    # rollout: not checked on the data, so the loss traces no full-vocabulary fallback
+    # (`Policy.score(..., scored_within_bound=)`), whose forward and backward pass every
+    # step's program would otherwise compile and never run.
+    rows_within_bounds: bool = False
     # The rollout's recorded projection outputs are the forward values of the update's
     # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
     reuse_activations: bool = False
@@ -175,7 +180,8 @@ class Learner:
                                   else (1, 0))
         scores = self.policy.score(params, mb.tokens, scored=scored, max_scored=max_scored,
                                    group_size=group_size, prompt_len=prompt_len,
-                                   projections=projections, prompts_equal=prompts_equal)
+                                   projections=projections, prompts_equal=prompts_equal,
+                                   scored_within_bound=self.rows_within_bounds)
         logp, ent = scores.logp, scores.entropy
         mask = mb.mask
         norm = self.norm
@@ -224,7 +230,7 @@ class Learner:
         scores = self.policy.score(self.policy.merge(params, base), batch.tokens,
                                    scored=batch.mask, max_scored=self.agent_token_bound,
                                    group_size=group_size, prompt_len=prompt_len,
-                                   entropy=False)
+                                   entropy=False, scored_within_bound=self.rows_within_bounds)
         return jax.lax.stop_gradient(scores.logp)
 
     def update(self, params, opt_state, batch: UpdateBatch, key, step, base=None,
