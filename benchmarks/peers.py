@@ -420,15 +420,22 @@ def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
     return python, f"installed in {seconds:.0f} s"
 
 
+def child_environment(*dropped: str) -> dict:
+    """A measured child process's environment: this one's without `dropped` and a
+    user's JAX compilation cache settings, its output unbuffered, JAX on the CPU."""
+    env = dict(os.environ)
+    for name in (*dropped, *JAX_CACHE_ENVS):
+        env.pop(name, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
 def peer_environment() -> dict:
     """A peer worker's environment: this one's, less what belongs to arl's process (its
     path, the tests' fake devices, a JAX compilation cache: a peer runs with its
     library's defaults), plus the host settings every side gets."""
-    env = dict(os.environ)
-    for name in ("PYTHONPATH", "XLA_FLAGS", *JAX_CACHE_ENVS):
-        env.pop(name, None)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    env = child_environment("PYTHONPATH", "XLA_FLAGS")
     # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
     # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
     # inline (torch runs every op on the calling thread anyway).
@@ -611,8 +618,7 @@ def summarise(setting: protocol.Setting, recs, ready) -> dict:
         update_flops_per_s=update_flops(setting, trained) / update_s,
         executed_flops_per_s=(ready["executed_update_flops"] / update_s
                               if ready.get("executed_update_flops") else None),
-        first_step_s=ready.get("first_step_s"), setup_s=ready.get("setup_s"),
-        compile_s=ready.get("compile_s"), ready=ready, rounds=recs)
+        ready=ready, rounds=recs)
 
 
 # ---------------------------------------------------------- first step from launch
@@ -621,13 +627,9 @@ def arl_first_step_environment(cache: str) -> dict:
     in-process side runs under), with arl's caches in `cache` and no JAX cache setting
     of the user's, so the trainer's `arl.caches` picks `cache`/jax as it picks the
     default cache for a user who set none (and ~/.cache/arl is never touched)."""
-    env = dict(os.environ)
-    for name in JAX_CACHE_ENVS:
-        env.pop(name, None)
+    env = child_environment()
     env[caches.CACHE_ENV] = cache
     env[caches.COMPILATION_CACHE_ENV] = os.path.join(cache, "jax")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("JAX_PLATFORMS", "cpu")
     return env
 
 

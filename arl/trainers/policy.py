@@ -225,11 +225,11 @@ class Policy:
         else:
             hidden, values = self._forward(params, tokens, projections)
         hidden, targets = hidden[:, :-1], tokens[:, 1:]
-        if select and scored_within_bound:
-            logp, ent = self._selected_stats(params, hidden, targets, scored[:, 1:] > 0,
-                                             max_scored)
-        elif select:
+        if select:
             wanted = scored[:, 1:] > 0
+        if select and scored_within_bound:
+            logp, ent = self._selected_stats(params, hidden, targets, wanted, max_scored)
+        elif select:
             logp, ent = jax.lax.cond(
                 jnp.max(jnp.sum(wanted, axis=1)) <= max_scored,
                 lambda h: self._selected_stats(params, h, targets, wanted, max_scored),
