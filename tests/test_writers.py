@@ -108,6 +108,17 @@ def test_float32_values_round_trip_bitwise(tmp_path):
     assert np.array_equal(read, values)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float8_e5m2])
+def test_low_precision_floats_are_written_exactly(tmp_path, dtype):
+    values = [1.5, -0.25, float("inf")]
+    with writers.MetricsWriter(tmp_path, tensorboard=True) as writer:
+        for step, value in enumerate(values):
+            writer.write(step, {"x": jnp.asarray(value, dtype), "y": np.asarray(value, dtype)})
+    records = writers.read_metrics(tmp_path)
+    assert [r["x"] for r in records] == values
+    assert [r["y"] for r in records] == values
+
+
 @pytest.mark.parametrize(
     "metrics, message",
     [

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
@@ -53,11 +54,12 @@ def _scalar_to_json(name: str, value: Any) -> int | float | str:
     array = array.reshape(())
     if array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer):
         return int(array)
-    if not np.issubdtype(array.dtype, np.floating):
+    # jnp.issubdtype, not np's: bfloat16 and the float8 types are floating to JAX only.
+    if not jnp.issubdtype(array.dtype, jnp.floating):
         raise ValueError(
             f"metric {name!r} must be numeric (bool, int or float); got dtype {array.dtype}."
         )
-    number = float(array)
+    number = float(array.astype(np.float32))
     if math.isnan(number):
         return "nan"
     if math.isinf(number):

@@ -286,7 +286,9 @@ def scan_epochs(gradients: Callable, optimizer: optax.GradientTransformation, pa
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         if grad_norm:
-            metrics["grad_norm"] = optax.global_norm(grads)
+            # float32: bfloat16 gradients summed in bfloat16 lose the norm's low bits.
+            metrics["grad_norm"] = optax.global_norm(
+                jax.tree.map(lambda g: g.astype(jnp.float32), grads))
         return (params, opt_state), metrics if pack is None else pack(metrics)
 
     def epoch(carry, epoch_key):
