@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from arl.config import advantage, env, filters, loss, model, optim, process, rollout, run
-from arl.config import updates, vector, warm_start
+from arl.config import advantage, env, filters, loss, model, optim, process, reward, rollout
+from arl.config import run, updates, vector, warm_start
 from arl.config.checks import fail
 from arl.config.env import FREE_FORM_SECTIONS
 from arl.errors import ConfigError, closest, one_line
@@ -20,7 +20,7 @@ from arl.errors import ConfigError, closest, one_line
 SECTIONS = (("env", env), ("rollout", rollout), ("model", model), ("optim", optim),
             ("updates", updates), ("advantage", advantage), ("loss", loss),
             ("warm_start", warm_start), ("vector", vector), ("process", process),
-            ("filters", filters))
+            ("filters", filters), ("reward", reward))
 
 
 def default_config() -> ml_collections.ConfigDict:

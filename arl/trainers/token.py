@@ -6,7 +6,8 @@
 
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
-2. signals   : rewards -> advantages by the algorithm's row of the table
+2. signals   : Python reward functions (`arl.trainers.python_rewards`, one host callback);
+               rewards -> advantages by the algorithm's row of the table
                (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
                process rewards (`arl.trainers.process_reward_models`).
 3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
@@ -44,6 +45,7 @@ from arl.runs import allocator
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
+from arl.trainers.python_rewards import PythonRewards
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -97,6 +99,8 @@ class TokenTrainer:
         self.num_envs = len(self.env_names)
         self.context_length = rollout_lib.context_length(self.env)
         self.task_params(1, 1)  # rejects unknown config.env.params fields before tracing
+        # config.reward.functions: Python rewards scored on the host inside the step.
+        self.python_rewards = PythonRewards.from_config(config, self.env)
         self.policy = Policy.from_config(
             config, vocab_size=self.env.codec.vocab_size,
             context_length=self.context_length, value_head=self.algorithm.critic)
@@ -271,6 +275,9 @@ class TokenTrainer:
                 projections, sharding_lib.layer_major_batch_sharding(self.mesh))
         mask = traj.agent_mask
         metrics = {}
+        if self.python_rewards is not None:
+            traj, reward_metrics = self.python_rewards(traj)
+            metrics.update(reward_metrics)
 
         ref_logp = None
         if self.uses_reference:

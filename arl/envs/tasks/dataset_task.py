@@ -148,24 +148,32 @@ VERIFIERS: dict[str, Callable] = {"numeric": verify_numeric, "exact": verify_exa
                                   "normalized": verify_normalized}
 
 
-def _load(path, split, codec, eval_fraction, split_seed):
+def _load(path, split, codec, eval_fraction, split_seed, prompt_key="prompt",
+          answer_key="answer"):
     """(TextTasks, codec) of `path` (module docstring), checking the codec and settings."""
     # arl.data imports arl.envs: imported here, when an env is built, not at import time.
+    from arl.data import task_files  # pylint: disable=g-import-not-at-top
     from arl.data import text_tasks  # pylint: disable=g-import-not-at-top
     from arl.data import word_problems  # pylint: disable=g-import-not-at-top
 
     if path is None:
         path = word_problems.SHIPPED_JSONL
     path = os.fspath(path)
-    if path.endswith(".jsonl"):
+    if task_files.is_task_file(path):
         from arl.envs.codec import CharCodec  # pylint: disable=g-import-not-at-top
 
         codec = CharCodec() if codec is None else codec
+        codec = _with_system_prompt(codec, task_files.read_task_file(
+            path, prompt_key=prompt_key, answer_key=answer_key), path)
         path = text_tasks.cached_text_tasks(
             path, codec=codec,
             eval_fraction=0.1 if eval_fraction is None else eval_fraction,
-            seed=0 if split_seed is None else split_seed)
+            seed=0 if split_seed is None else split_seed,
+            prompt_key=prompt_key, answer_key=answer_key)
         return text_tasks.load_text_tasks(path, split), codec
+    if (prompt_key, answer_key) != ("prompt", "answer"):
+        raise ValueError(f"prompt_key={prompt_key!r} / answer_key={answer_key!r} apply to "
+                         f"a source file; the built dataset {path!r} has its columns fixed")
     tasks = text_tasks.load_text_tasks(path, split)
     metadata = tasks.metadata
     for name, value, key in (("eval_fraction", eval_fraction, "eval_fraction"),
@@ -181,6 +189,28 @@ def _load(path, split, codec, eval_fraction, split_seed):
                          f"was written with ({metadata['tokenizer']}); pass codec=None to "
                          "use the dataset's own")
     return tasks, codec
+
+
+def _with_system_prompt(codec, tasks, path):
+    """`codec`, or the same checkpoint's codec whose chat format starts with the system
+    message the rows' chat prompts share (`task_files.system_prompt_of`)."""
+    from arl.data import task_files  # pylint: disable=g-import-not-at-top
+
+    chat = getattr(codec, "chat", None)
+    if chat is None or not any(t.messages for t in tasks):
+        return codec
+    system = task_files.system_prompt_of(tasks, path)
+    if system is None or system == chat.system_prompt:
+        return codec
+    if chat.system_prompt is not None:
+        raise ValueError(f"{path}: the rows' system message {system!r} differs from the "
+                         f"codec's system prompt {chat.system_prompt!r} (config.model."
+                         "system_prompt): leave that empty to use the rows'")
+    directory = getattr(codec, "directory", None)
+    if directory is None:
+        raise ValueError(f"{path}: the rows' chat prompts hold a system message, which needs "
+                         "a codec from a checkpoint directory (HFCodec.from_pretrained)")
+    return type(codec).from_pretrained(directory, system_prompt=system)
 
 
 class DatasetTask(TokenEnvironment):
@@ -199,6 +229,7 @@ class DatasetTask(TokenEnvironment):
         built dataset they must match its metadata if given.
       max_token_chars: ids whose text is longer read as one unknown character
         (`arl.envs.verifiers.char_table`).
+      prompt_key, answer_key: the source file's prompt and answer columns.
     """
 
     name = "dataset_task"
@@ -207,7 +238,8 @@ class DatasetTask(TokenEnvironment):
                  verifier: str | Callable = "numeric", max_turns: int = 1,
                  codec: Codec | None = None, action_len: int | None = None,
                  eval_fraction: float | None = None, split_seed: int | None = None,
-                 max_token_chars: int = 16):
+                 max_token_chars: int = 16, prompt_key: str = "prompt",
+                 answer_key: str = "answer"):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if isinstance(verifier, str):
@@ -219,7 +251,8 @@ class DatasetTask(TokenEnvironment):
                              f"got {verifier!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-        tasks, codec = _load(path, split, codec, eval_fraction, split_seed)
+        tasks, codec = _load(path, split, codec, eval_fraction, split_seed, prompt_key,
+                             answer_key)
         self.tasks = tasks  # host copy: texts, source lines, metadata
         self.codec = codec
         self.split = split
@@ -318,6 +351,23 @@ class DatasetTask(TokenEnvironment):
         batched = jax.tree.map(lambda x: jnp.broadcast_to(x, rows.shape + jnp.shape(x)), params)
         keys = jnp.repeat(jax.random.split(jax.random.key(0), self.num_rows), group_size, axis=0)
         return keys, batched.replace(task_index=rows)
+
+    # -- Python reward functions (arl.envs.reward_functions)
+    def task_row(self, state: DatasetTaskState) -> jax.Array:
+        """The row of the split an episode plays (recorded by the rollout)."""
+        return state.row
+
+    def reward_prompts(self, rows) -> list:
+        """Each row's prompt as the source file holds it (a string or a message list)."""
+        return [self.tasks.source_prompt(r) for r in rows]
+
+    def reward_columns(self, rows) -> dict[str, list]:
+        """The reward functions' columns: "answer" (the reference text) and the source
+        rows' other columns, one value per row."""
+        columns = {"answer": [self.tasks.answer_texts[r] for r in rows]}
+        for name in self.tasks.column_names:
+            columns[name] = [self.tasks.source_columns(r).get(name) for r in rows]
+        return columns
 
     # -- episode
     def answer(self, row: jax.Array) -> Answer:
