@@ -8,7 +8,8 @@ and exit status 2 (`USAGE_ERROR`), never a traceback: an unknown or malformed fl
 config file that cannot be loaded, a misspelt config key (``--config.trian_steps=10``:
 the closest valid key is named), and every `arl.errors.ConfigError`, wherever it is
 raised (`arl.config.validate`, environment and model construction, checkpoint import),
-as well as `app.UsageError`. A bug in a config file's own code (a NameError in
+as well as `app.UsageError` and a failing Python reward function
+(`arl.errors.RewardFunctionError`: its function and row). A bug in a config file's own code (a NameError in
 `get_config`) still shows its traceback.
 
 Logging: by default only `arl`'s and `experiments`' INFO lines are shown (start or
@@ -29,7 +30,7 @@ from typing import Callable, NoReturn
 from absl import app, flags
 from absl import logging as absl_logging
 
-from arl.errors import ConfigError, one_line
+from arl.errors import ConfigError, RewardFunctionError, one_line
 
 USAGE_ERROR = 2  # exit status of every rejected input (as argparse and getopt tools use)
 _LOUD_FLAGS = ("verbosity", "alsologtostderr", "logtostderr")
@@ -144,7 +145,7 @@ def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> No
             quiet_library_logs()
         try:
             return main(argv)
-        except (ConfigError, app.UsageError) as error:
+        except (ConfigError, RewardFunctionError, app.UsageError) as error:
             fail(error)
 
     app.run(checked_main, flags_parser=lambda argv: parse_flags(argv, config_flag))

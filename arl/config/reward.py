@@ -16,7 +16,8 @@ def defaults() -> ml_collections.ConfigDict:
     # "module:function" names, e.g. ("my_rewards:formatted", "my_rewards:correct"): each
     # is called on the host once per step with the batch's prompts, completions, messages
     # and the dataset's columns, and returns one number (or None) per row. The module is
-    # imported (name it in config.imports too if it registers anything).
+    # imported (name it in config.imports too if it registers anything). From the command
+    # line: --config.reward.functions="('my_rewards:formatted','my_rewards:correct')".
     c.functions = ()
     c.weights = ()  # one per function; empty: 1.0 each
     c.env_weight = 1.0  # weight of the env's own reward (its verifier); 0: functions only
@@ -32,9 +33,6 @@ def defaults() -> ml_collections.ConfigDict:
 def validate(config) -> None:
     r = config.reward
     functions = r.functions
-    if isinstance(functions, str):
-        functions = tuple(f.strip() for f in functions.split(",") if f.strip())
-        r.functions = functions
     if not isinstance(functions, (tuple, list)) or not all(
             isinstance(f, str) for f in functions):
         fail("reward.functions", functions,

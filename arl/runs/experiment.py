@@ -41,6 +41,7 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
+from arl.errors import RewardFunctionError
 from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs import writers as writers_lib
@@ -99,6 +100,16 @@ def _fused_steps(trainer, state):
     while True:
         state, metrics = trainer.train_step(state)
         yield state, metrics
+
+
+def _raise_reward_failure(trainer, error: Exception) -> None:
+    """A Python reward function's failure surfaces from the step as a runtime error of
+    the host callback (a traceback); raise its one line instead."""
+    rewards = getattr(trainer, "python_rewards", None)
+    failure = None if rewards is None or rewards.scorer.on_error != "raise" \
+        else rewards.scorer.failure
+    if failure is not None and not isinstance(error, RewardFunctionError):
+        raise RewardFunctionError(failure) from error
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *,
@@ -184,6 +195,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                     os.kill(os.getpid(), signal.SIGKILL)
             if start < total:
                 ckpt.save(total, saved(state), metadata=metadata, force=True)
+        except Exception as error:  # pylint: disable=broad-except
+            _raise_reward_failure(trainer, error)
+            raise
         finally:
             progress.close()
             writer.close()
