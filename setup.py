@@ -22,6 +22,8 @@ TRAIN = [
     "filelock",  # JAX locks (and bounds) the persistent compilation cache with it (arl/caches.py)
 ]
 
+DATA = ["pyarrow>=14"]
+
 setuptools.setup(
     name="arl",
     version="0.1.0",
@@ -45,7 +47,12 @@ setuptools.setup(
     ],
     extras_require={
         "train": TRAIN,
-        "test": TRAIN + [
+        # Datasets as users keep them (arl.data.task_files): Parquet files and
+        # datasets.save_to_disk directories are read with pyarrow.
+        "data": DATA,
+        "test": TRAIN + DATA + [
+            "datasets>=2.14",  # writes save_to_disk directories for tests/test_task_files.py
+            "sympy>=1.12",  # the README's "Bring your own task" reward function
             # The golden runs (tests/test_golden_run.py) compare every metric with values
             # recorded under this JAX: another XLA rounds differently, so the test
             # environment pins the version they were recorded with.

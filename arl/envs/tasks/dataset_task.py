@@ -4,10 +4,15 @@
     # in a config: c.env.name = "dataset_task"; c.env.kwargs.path = "..."
 
 `path` is a dataset directory written by `python -m experiments.make_dataset` (or
-`arl.data.text_tasks.build_text_tasks`), or a ``.jsonl`` file of ``{"prompt", "answer"}``
-lines, which is built on first use into a cache directory (`arl.data.text_tasks.
-cached_text_tasks`, tokenized with `codec`, `eval_fraction` of the rows in "eval"); by
-default, the shipped arithmetic word problems (`arl.data.word_problems`). The whole
+`arl.data.text_tasks.build_text_tasks`), or a file as users keep it: a ``.jsonl`` file of
+``{"prompt", "answer"}`` lines, a ``.parquet`` or ``.csv`` file, or a
+`datasets.save_to_disk` directory (`arl.data.task_files`; the columns named by
+`prompt_key` / `answer_key`; chat prompts as message lists, rendered with the codec's
+chat format, their shared system message kept), which is built on first use into a cache
+directory (`arl.data.text_tasks.cached_text_tasks`, tokenized with `codec`,
+`eval_fraction` of the rows in "eval"); by default, the shipped arithmetic word problems
+(`arl.data.word_problems`). A row's other columns are kept for Python reward functions
+(`reward_columns`, docs/bring_your_task.md). The whole
 `split` is put on the device once, as arrays (prompts [N, prompt_len], reference answers
 [N, ...]); they are constants of every compiled program that uses the env.
 

@@ -1,0 +1,112 @@
+"""Python reward functions (`config.reward.functions`) against the in-graph verifier on
+the same task: the train step's time with each, interleaved.
+
+The task: `dataset_task` on the shipped word problems (GRPO, the default 2-layer
+d_model-64 decoder, one attempt per problem). Three sides, compiled in this process and
+stepped in round-robin rounds (`common.interleaved_median_times`):
+
+* **in-graph**: the env's "numeric" verifier rewards (no Python);
+* **callback only**: `reward.env_weight=0` and one Python function returning 0 for
+  every row: the cost of the host round trip and of decoding the episodes;
+* **two functions**: `reward.env_weight=0` and the same check as the verifier in
+  Python (the last number of the answer equals the reference) plus a format function (a
+  regular expression), weights 1 and 0.2.
+
+    python benchmarks/python_rewards.py [--rows 8,64] [--repeats 15] [--no-write]
+
+Writes the "Python rewards" section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def no_reward(prompts, completions, **columns):
+    """0 for every row: what the callback itself costs."""
+    return [0.0] * len(completions)
+
+
+def correct(prompts, completions, answer, **columns):
+    """The verifier's check in Python: the last number of the answer is the reference."""
+    scores = []
+    for completion, reference in zip(completions, answer):
+        numbers = _NUMBER.findall(completion.replace(",", ""))
+        scores.append(float(bool(numbers) and float(numbers[-1]) == float(reference)))
+    return scores
+
+
+def formatted(prompts, completions, **columns):
+    """1 when the answer is a bare number."""
+    return [1.0 if _NUMBER.fullmatch(c.strip()) else 0.0 for c in completions]
+
+
+SIDES = {
+    "in-graph verifier": {},
+    "Python: callback only": {"functions": ("python_rewards:no_reward",), "env_weight": 0.0},
+    "Python: two functions": {"functions": ("python_rewards:correct", "python_rewards:formatted"),
+                              "weights": (1.0, 0.2), "env_weight": 0.0},
+}
+
+
+def config_for(rows: int, reward: dict):
+    from arl import config as config_lib  # pylint: disable=g-import-not-at-top
+    from arl.data import word_problems  # pylint: disable=g-import-not-at-top
+
+    c = config_lib.default_config()
+    c.algorithm = "grpo"
+    c.env.name = "dataset_task"
+    c.env.kwargs.path = word_problems.SHIPPED_JSONL
+    c.rollout.group_size = 8
+    c.rollout.num_tasks = rows // 8
+    for key, value in reward.items():
+        c.reward[key] = value
+    return c
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="8,64")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--no-write", dest="write", action="store_false")
+    args = parser.parse_args(argv)
+    import common  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+
+    from arl.trainers import TokenTrainer  # pylint: disable=g-import-not-at-top
+
+    common.host_settings_as_the_cli()
+    table = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        runners, compile_s = {}, {}
+        for name, reward in SIDES.items():
+            trainer = TokenTrainer(config_for(rows, reward))
+            state = trainer.init_state()
+            compiled, compile_s[name] = common.compile_jitted(trainer.train_step, state)
+            runners[name] = common.donated_step_runner(compiled, state)
+        medians = common.interleaved_median_times(runners, args.repeats)
+        base = medians["in-graph verifier"]
+        for name in SIDES:
+            step = medians[name]
+            table.append([rows, name, common.fmt_ms(step), f"{1e3 * (step - base):+.1f}",
+                          f"{100 * (step / base - 1):+.0f} %", f"{compile_s[name]:.1f}"])
+        jax.clear_caches()
+    text = common.heading("python_rewards.py") + (
+        f"GRPO on `dataset_task` (shipped word problems, one attempt, 2-layer d_model-64 "
+        f"decoder), median of {args.repeats} interleaved rounds:\n\n")
+    text += common.markdown_table(
+        ["rows", "reward", "step (ms)", "vs in-graph (ms)", "vs in-graph", "compile (s)"],
+        table)
+    common.publish("Python rewards", text + "\n", args.write)
+
+
+if __name__ == "__main__":
+    main()
