@@ -170,3 +170,28 @@ def test_columns_may_not_shadow_arguments(tmp_path):
     with pytest.raises(RewardFunctionError, match="column 'completions' has the name of a "
                                                   "reward function argument"):
         episodes(env, traj.tokens, traj.agent_mask, traj.length, traj.task_rows)
+
+
+def test_any_token_env_gives_its_decoded_turns():
+    """An env without a dataset (guess_number, several turns): the prompt is the decoded
+    first observation, no columns; the turns are what `render_trajectory` shows."""
+    from arl.envs import make_env  # pylint: disable=g-import-not-at-top
+    from arl.rollout.trajectory import render_trajectory  # pylint: disable=g-import-not-at-top
+
+    env = make_env({"name": "guess_number"})
+    traj = scripted_rollout(env, jax.random.key(2), num_tasks=4, group_size=1,
+                            action_source="demonstrator")
+    assert traj.task_rows is None
+    batch = episodes(env, traj.tokens, traj.agent_mask, traj.length, traj.task_rows)
+    assert batch.columns == {}
+    for b in range(4):
+        shown = render_trajectory(env, traj, b).splitlines()[:-1]
+        # "[agent] text    (reward +0.000)" and "[env]   text": 8 characters of prefix.
+        # render_trajectory spells the agent's end-of-turn token; the episodes drop it.
+        texts = [line[8:].split("    (reward")[0].removesuffix("<eot>") for line in shown]
+        assert batch.prompts[b] == texts[0]
+        assert [m["content"] for m in batch.messages[b]] == texts
+        assert [m["role"] for m in batch.messages[b]][:3] == ["user", "assistant", "user"]
+        agent_lines = [t for line, t in zip(shown, texts) if line.startswith("[agent]")]
+        assert batch.completions[b] == agent_lines[-1]
+        assert int(traj.num_turns[b]) >= 2
