@@ -10,7 +10,7 @@ import re
 import pytest
 
 from arl.data import task_files
-from arl.envs.codec import CharCodec
+from arl.text.codec import CharCodec
 from arl.envs.tasks.dataset_task import DatasetTask
 
 pa = pytest.importorskip("pyarrow")

@@ -13,7 +13,7 @@ not a row).
 Chat prompts: messages with roles "system" (first only), then "user" and "assistant"
 alternating, ending on "user". `prompt_text` is their contents joined by blank lines (a
 codec without a chat template reads that); `prompt_ids` renders them with a
-checkpoint's chat format (`arl.envs.chat_template`), the system message being the
+checkpoint's chat format (`arl.text.chat_template`), the system message being the
 format's (`system_prompt_of` finds the one the rows share).
 
 Formats: ``.jsonl`` (one JSON object per line), ``.parquet`` (pyarrow), ``.csv`` (a header

@@ -52,7 +52,7 @@ def checkpoint_codec(config) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _cached_checkpoint_codec(directory: str, system_prompt: str | None):
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
     try:
         return HFCodec.from_pretrained(directory, system_prompt=system_prompt)
     except (ValueError, OSError) as error:

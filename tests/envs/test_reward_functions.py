@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from arl.envs.hf_codec import HFCodec
+from arl.text.hf_codec import HFCodec
 from arl.envs.reward_functions import RewardFunctions, episode_texts, episodes, resolve
 from arl.envs.tasks.dataset_task import DatasetTask
 from arl.errors import RewardFunctionError
