@@ -6,11 +6,16 @@ d_model-64 decoder, one attempt per problem). Three sides, compiled in this proc
 stepped in round-robin rounds (`common.interleaved_median_times`):
 
 * **in-graph**: the env's "numeric" verifier rewards (no Python);
-* **callback only**: `reward.env_weight=0` and one Python function returning 0 for
-  every row: the cost of the host round trip and of decoding the episodes;
+* **+ callback**: the verifier's rewards plus one Python function returning 0 for every
+  row (the same rewards, so the same update): the cost of the host round trip and of
+  decoding the episodes;
 * **two functions**: `reward.env_weight=0` and the same check as the verifier in
   Python (the last number of the answer equals the reference) plus a format function (a
   regular expression), weights 1 and 0.2.
+
+Every side runs its update every step (`filters.skip_zero_advantage=False`: an untrained
+policy's batch often has no reward spread, and a skipped update would be timed as a
+faster step).
 
     python benchmarks/python_rewards.py [--rows 8,64] [--repeats 15] [--no-write]
 
@@ -52,7 +57,7 @@ def formatted(prompts, completions, **columns):
 
 SIDES = {
     "in-graph verifier": {},
-    "Python: callback only": {"functions": ("python_rewards:no_reward",), "env_weight": 0.0},
+    "in-graph + Python callback": {"functions": ("python_rewards:no_reward",)},
     "Python: two functions": {"functions": ("python_rewards:correct", "python_rewards:formatted"),
                               "weights": (1.0, 0.2), "env_weight": 0.0},
 }
@@ -68,6 +73,7 @@ def config_for(rows: int, reward: dict):
     c.env.kwargs.path = word_problems.SHIPPED_JSONL
     c.rollout.group_size = 8
     c.rollout.num_tasks = rows // 8
+    c.filters.skip_zero_advantage = False  # every side updates every step
     for key, value in reward.items():
         c.reward[key] = value
     return c

@@ -265,13 +265,23 @@ class RewardFunctions:
         return values, bad
 
     def _locate_exception(self, i, batch: Episodes, error) -> tuple[np.ndarray, list[int]]:
-        """After an exception on the batch: each row alone, to name (or zero) the rows
-        that raise; rows that score alone keep their values."""
+        """After an exception on the batch: each row alone (at once on the pool, under the
+        same time limit), to name (or zero) the rows that fail; rows that score alone
+        keep their values."""
+        futures = [self._executor.submit(self.functions[i], **batch.arguments([row]))
+                   for row in range(len(batch))]
+        done, _ = concurrent.futures.wait(futures, timeout=self.timeout_s)
         values = np.zeros((len(batch),), np.float32)
         bad = []
-        for row in range(len(batch)):
+        for row, future in enumerate(futures):
+            if future not in done:
+                future.cancel()
+                self._fail(i, f"did not return within timeout_s={self.timeout_s:g} s",
+                           batch, row)
+                bad.append(row)
+                continue
             try:
-                value = _number(list(self.functions[i](**batch.arguments([row])))[0])
+                value = _number(list(future.result())[0])
             except Exception as row_error:  # pylint: disable=broad-except
                 self._fail(i, f"raised {type(row_error).__name__}: {one_line(row_error)}",
                            batch, row)
