@@ -242,6 +242,13 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
     tasks = task_files.read_task_file(jsonl_path, prompt_key=prompt_key,
                                       answer_key=answer_key)
     word = task_files.field_word(jsonl_path)
+    chat = getattr(codec, "chat", None)
+    if chat is not None and any(t.messages for t in tasks):
+        system = task_files.system_prompt_of(tasks, jsonl_path)
+        if system is not None and system != chat.system_prompt:
+            raise ValueError(f"{jsonl_path}: the rows' system message {system!r} is not the "
+                             f"codec's chat system prompt {chat.system_prompt!r} (dataset_task "
+                             "takes it from the rows: point env.kwargs.path at the file)")
 
     errors, too_long, rows = [], [], []
     for task in tasks:
