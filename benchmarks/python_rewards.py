@@ -9,9 +9,18 @@ stepped in round-robin rounds (`common.interleaved_median_times`):
 * **+ callback**: the verifier's rewards plus one Python function returning 0 for every
   row (the same rewards, so the same update): the cost of the host round trip and of
   decoding the episodes;
-* **two functions**: `reward.env_weight=0` and the same check as the verifier in
-  Python (the last number of the answer equals the reference) plus a format function (a
-  regular expression), weights 1 and 0.2.
+* **Python verifier**: `reward.env_weight=0` and the env's reward computed in Python
+  instead (`arl.text.verifiers.extract_number`, the host twin of the in-graph "numeric"
+  check: 1 when the answer's number is the reference's, 0 when it is another, -0.1 when
+  the turn holds none), so the rewards, the updates and the sampled tokens stay those of
+  the in-graph side: the difference is what the callback and the functions cost;
+* **two functions**: `reward.env_weight=0`, a regular-expression format function and a
+  last-number correctness function (weights 0.2 and 1): other rewards, so the policy and
+  its episodes drift from the other sides' (step times then differ by what the policy
+  writes, not only by the rewards' cost).
+
+The last column is the mean episode reward of each side's last step: equal on the first
+three sides when the Python verifier agrees with the in-graph one.
 
 Every side runs its update every step (`filters.skip_zero_advantage=False`: an untrained
 policy's batch often has no reward spread, and a skipped update would be timed as a
@@ -50,6 +59,18 @@ def correct(prompts, completions, answer, **columns):
     return scores
 
 
+def python_verifier(prompts, completions, answer, **columns):
+    """The env's "numeric" reward in Python: 1 right, 0 wrong, -0.1 without a number."""
+    from arl.text import verifiers  # pylint: disable=g-import-not-at-top
+
+    scores = []
+    for completion, reference in zip(completions, answer):
+        number = verifiers.extract_number(completion)
+        scores.append(-0.1 if number is None else float(
+            number == verifiers.extract_number(reference)))
+    return scores
+
+
 def formatted(prompts, completions, **columns):
     """1 when the answer is a bare number."""
     return [1.0 if _NUMBER.fullmatch(c.strip()) else 0.0 for c in completions]
@@ -58,6 +79,7 @@ def formatted(prompts, completions, **columns):
 SIDES = {
     "in-graph verifier": {},
     "in-graph + Python callback": {"functions": ("python_rewards:no_reward",)},
+    "Python verifier": {"functions": ("python_rewards:python_verifier",), "env_weight": 0.0},
     "Python: two functions": {"functions": ("python_rewards:correct", "python_rewards:formatted"),
                               "weights": (1.0, 0.2), "env_weight": 0.0},
 }
@@ -92,24 +114,28 @@ def main(argv=None):
     common.host_settings_as_the_cli()
     table = []
     for rows in [int(r) for r in args.rows.split(",")]:
-        runners, compile_s = {}, {}
+        runners, compile_s, last_reward = {}, {}, {}
         for name, reward in SIDES.items():
             trainer = TokenTrainer(config_for(rows, reward))
             state = trainer.init_state()
             compiled, compile_s[name] = common.compile_jitted(trainer.train_step, state)
-            runners[name] = common.donated_step_runner(compiled, state)
+            record = lambda metrics, name=name: last_reward.__setitem__(
+                name, float(metrics["reward_mean"]))
+            runners[name] = common.donated_step_runner(compiled, state, on_metrics=record)
         medians = common.interleaved_median_times(runners, args.repeats)
         base = medians["in-graph verifier"]
         for name in SIDES:
             step = medians[name]
             table.append([rows, name, common.fmt_ms(step), f"{1e3 * (step - base):+.1f}",
-                          f"{100 * (step / base - 1):+.0f} %", f"{compile_s[name]:.1f}"])
+                          f"{100 * (step / base - 1):+.0f} %", f"{compile_s[name]:.1f}",
+                          f"{last_reward[name]:+.4f}"])
         jax.clear_caches()
     text = common.heading("python_rewards.py") + (
         f"GRPO on `dataset_task` (shipped word problems, one attempt, 2-layer d_model-64 "
         f"decoder), median of {args.repeats} interleaved rounds:\n\n")
     text += common.markdown_table(
-        ["rows", "reward", "step (ms)", "vs in-graph (ms)", "vs in-graph", "compile (s)"],
+        ["rows", "reward", "step (ms)", "vs in-graph (ms)", "vs in-graph", "compile (s)",
+         "reward_mean, last step"],
         table)
     common.publish("Python rewards", text + "\n", args.write)
 
