@@ -19,7 +19,10 @@ stepped in round-robin rounds (`common.interleaved_median_times`):
   its episodes drift from the other sides' (step times then differ by what the policy
   writes, not only by the rewards' cost).
 
-The last column is the mean episode reward of each side's last step: equal on the first
+"In the callback" is the mean wall time per step spent on the host inside the reward
+callback (decoding the episodes and running the functions: what the device waits for),
+measured by `PythonRewards.host_seconds`; less sensitive to other jobs' load than the
+step's difference. The last column is the mean episode reward of each side's last step: equal on the first
 three sides when the Python verifier agrees with the in-graph one.
 
 Every side runs its update every step (`filters.skip_zero_advantage=False`: an untrained
@@ -114,9 +117,9 @@ def main(argv=None):
     common.host_settings_as_the_cli()
     table = []
     for rows in [int(r) for r in args.rows.split(",")]:
-        runners, compile_s, last_reward = {}, {}, {}
+        runners, compile_s, last_reward, trainers = {}, {}, {}, {}
         for name, reward in SIDES.items():
-            trainer = TokenTrainer(config_for(rows, reward))
+            trainer = trainers[name] = TokenTrainer(config_for(rows, reward))
             state = trainer.init_state()
             compiled, compile_s[name] = common.compile_jitted(trainer.train_step, state)
             record = lambda metrics, name=name: last_reward.__setitem__(
@@ -126,15 +129,19 @@ def main(argv=None):
         base = medians["in-graph verifier"]
         for name in SIDES:
             step = medians[name]
+            rewards = trainers[name].python_rewards
+            host = ("-" if rewards is None else
+                    common.fmt_ms(rewards.host_seconds / max(rewards.host_calls, 1)))
             table.append([rows, name, common.fmt_ms(step), f"{1e3 * (step - base):+.1f}",
-                          f"{100 * (step / base - 1):+.0f} %", f"{compile_s[name]:.1f}",
+                          f"{100 * (step / base - 1):+.0f} %", host, f"{compile_s[name]:.1f}",
                           f"{last_reward[name]:+.4f}"])
         jax.clear_caches()
     text = common.heading("python_rewards.py") + (
         f"GRPO on `dataset_task` (shipped word problems, one attempt, 2-layer d_model-64 "
         f"decoder), median of {args.repeats} interleaved rounds:\n\n")
     text += common.markdown_table(
-        ["rows", "reward", "step (ms)", "vs in-graph (ms)", "vs in-graph", "compile (s)",
+        ["rows", "reward", "step (ms)", "vs in-graph (ms)", "vs in-graph",
+         "in the callback (ms / step)", "compile (s)",
          "reward_mean, last step"],
         table)
     common.publish("Python rewards", text + "\n", args.write)

@@ -21,6 +21,8 @@ after a failure, with `reward.on_error="zero"`).
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import io_callback
@@ -36,6 +38,10 @@ class PythonRewards:
         self.env = env
         self.scorer = scorer
         self.env_weight = float(env_weight)
+        # Host callbacks made and wall seconds spent in them (decoding + the functions):
+        # what the device waits for each step.
+        self.host_calls = 0
+        self.host_seconds = 0.0
 
     @classmethod
     def from_config(cls, config, env) -> "PythonRewards | None":
@@ -53,9 +59,14 @@ class PythonRewards:
 
     def host_scores(self, tokens, agent_mask, length, task_rows):
         """(scores float32 [B, F], NaN where unscored; errors int32 [F]) on the host."""
-        rows = None if task_rows.shape[0] == 0 else task_rows
-        batch = episodes(self.env, tokens, agent_mask, length, rows)
-        return self.scorer.score(batch)
+        start = time.perf_counter()
+        try:
+            rows = None if task_rows.shape[0] == 0 else task_rows
+            batch = episodes(self.env, tokens, agent_mask, length, rows)
+            return self.scorer.score(batch)
+        finally:
+            self.host_calls += 1
+            self.host_seconds += time.perf_counter() - start
 
     def scores(self, traj: Trajectory):
         """(scores [B, F], errors [F]) of the functions on `traj` (traced)."""
