@@ -35,7 +35,8 @@ class Codec:
 
     Attributes every codec provides: `vocab_size`, `pad_id`, `bos_id`, `eot_id`,
     `digit_value` (int32 [vocab_size], the digit 0..9 an id stands for, else -1),
-    `digit_ids` (int32 [10], the id of each digit), and the methods below.
+    `digit_ids` (int32 [10], the id of each digit), `digit_group` and `digit_group_ids`
+    (how numbers are written), and the methods below.
     """
 
     vocab_size: int
@@ -44,6 +45,15 @@ class Codec:
     eot_id: int
     digit_value: np.ndarray
     digit_ids: np.ndarray
+    # How the codec writes a number: runs of `digit_group` digits from the left, each one
+    # token (1: digit by digit, as Qwen; 3: Llama 3's "1234" -> "123" "4").
+    digit_group: int = 1
+
+    @property
+    def digit_group_ids(self) -> np.ndarray:
+        """int32 [digit_group, 10**digit_group]: [k - 1, v] is the id of the k-digit text
+        of v with leading zeros ("07" for k=2, v=7); -1 where v >= 10**k."""
+        return np.asarray(self.digit_ids, np.int32)[None, :]
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError

@@ -1,22 +1,20 @@
 """A `Codec` over a Hugging Face `tokenizers` tokenizer (a `tokenizer.json`).
 
 Token environments tokenize their fixed strings (prompts, replies, tool tags) once at
-construction through `codec.encode`, and parse the agent's turn from token ids inside
-`jit` with id-level patterns (`arl.envs.parsing`). For that to work with a subword
-vocabulary the codec checks, at construction, what the parsers rely on:
+construction through `codec.encode`, read the agent's turn as text inside `jit`
+(`arl.envs.turn_text`) and write numbers as the tokenizer does. For that the codec
+checks, at construction:
 
-* every decimal digit "0".."9" is exactly one token (Llama 2, Qwen2 and the BPE that
-  `train_bpe_tokenizer` builds split numbers into digits), so numbers are parsed digit
-  by digit from `digit_value`;
+* every decimal digit "0".."9" is one token, and the tokenizer writes a number as runs of
+  1 to 3 digits from the left, each one token (`digit_group`: 1 for Qwen, Llama 2 and
+  the default `train_bpe_tokenizer`; 3 for Llama 3, whose pre-tokenizer merges up to
+  three digits);
 * the pad, bos and end-of-turn markers are single (special) tokens;
 * each of `single_token_chars` (the punctuation the built-in environments parse, such
   as "-", "<", ">", "+", "*") is one token on its own.
 
-Agents are judged on the canonical tokenization: a tag like "<calc>" is recognised as
-the ids of `codec.encode("<calc>")`. A tokenizer whose pre-tokenizer isolates every
-punctuation character (as `train_bpe_tokenizer` does) makes that tokenization the same
-in isolation and in context; with other tokenizers an agent may spell a tag with ids
-the environment does not accept, which is then a format error like any other typo.
+Agents are judged on their text, whatever ids spell it: "<calc>1+2</calc>" is a tool
+call whether the tag is one id or six.
 
 Chat formatting (`chat_ids`): `[bos] (<role> content <eot>)* [<assistant>]`, with one
 special token per role; the rollout itself starts from `[bos] + prompt`.
@@ -91,6 +89,7 @@ class HFCodec(Codec):
         self.digit_ids = np.array([self.token_id(d) for d in string.digits], np.int32)
         self.digit_value = np.full((self.vocab_size,), -1, np.int32)
         self.digit_value[self.digit_ids] = np.arange(10, dtype=np.int32)
+        self.digit_group, self._digit_group_ids = _digit_grouping(self)
         for char in single_token_chars:
             self.token_id(char)
         self.special_ids = {self.pad_id, self.eot_id, *self.role_ids.values()} | (
@@ -164,6 +163,10 @@ class HFCodec(Codec):
                 reply_prefix=(), eot_id=codec.eot_id, pad_id=codec.pad_id)
         codec.chat = dataclasses.replace(chat, pad_id=codec.pad_id)
         return codec
+
+    @property
+    def digit_group_ids(self) -> np.ndarray:
+        return self._digit_group_ids
 
     def _single_id(self, token: str, what: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
@@ -240,6 +243,34 @@ class HFCodec(Codec):
         return ids
 
 
+_PROBE_NUMBER = "1234567"
+
+
+def _digit_grouping(codec: "HFCodec") -> tuple[int, np.ndarray]:
+    """(g, int32 [g, 10**g] ids of every k-digit text, k <= g) of a tokenizer that writes
+    a number as runs of g digits from the left, each one token (g = 1: Qwen, Llama 2;
+    g = 3: Llama 3's pre-tokenizer `\\p{N}{1,3}`). Raises ValueError for any other way."""
+    pieces = [codec.tokenizer.decode([i]) for i in codec.encode(_PROBE_NUMBER)]
+    group = len(pieces[0]) if pieces else 0
+    expected = [_PROBE_NUMBER[i:i + group] for i in range(0, len(_PROBE_NUMBER), max(group, 1))]
+    if group not in (1, 2, 3) or pieces != expected:
+        raise ValueError(f"the tokenizer writes the number {_PROBE_NUMBER} as {pieces}; arl's "
+                         "environments write numbers inside jit as runs of 1 to 3 digits from "
+                         "the left, one token each (Qwen: 1, Llama 3: 3)")
+    table = np.full((group, 10 ** group), -1, np.int32)
+    for width in range(1, group + 1):
+        texts = [str(v).zfill(width) for v in range(10 ** width)]
+        for value, encoding in enumerate(codec.tokenizer.encode_batch(
+                texts, add_special_tokens=False)):
+            if len(encoding.ids) != 1:
+                raise ValueError(f"the tokenizer merges up to {group} digits into one token "
+                                 f"but writes {texts[value]!r} as {encoding.ids}; arl's "
+                                 f"environments need every text of 1 to {group} digits to be "
+                                 "one token")
+            table[width - 1, value] = encoding.ids[0]
+    return group, table
+
+
 def _read_json(path: str) -> dict[str, Any]:
     """The object in a JSON file, {} if there is none."""
     if not os.path.isfile(path):
@@ -294,15 +325,23 @@ def env_corpus(num_expressions: int = 300, seed: int = 0) -> list[str]:
 
 
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
-                        special_tokens: Sequence[str] = SPECIAL_TOKENS):
+                        special_tokens: Sequence[str] = SPECIAL_TOKENS, digit_group: int = 1):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` that `HFCodec` accepts.
 
-    Pre-tokenization: every punctuation character and every digit is its own piece, then
-    byte-level (GPT-2) splitting of the rest, so merges only ever join letters/spaces and
-    the digits and tool punctuation stay single tokens. `special_tokens` come first
-    (pad is id 0). All 256 bytes are in the initial alphabet, so any text encodes.
+    Pre-tokenization: every punctuation character is its own piece, digits are split
+    into runs of `digit_group` from the left, then byte-level (GPT-2) splitting of the
+    rest, so merges only ever join letters/spaces. `digit_group` 1 keeps digits single
+    tokens (Qwen); 3 adds one token for every text of two and three digits, as Llama 3's
+    vocabulary has (its pre-tokenizer `\\p{N}{1,3}`), after the `vocab_size` learned
+    ones. `special_tokens` come first (pad is id 0). All 256 bytes are in the initial
+    alphabet, so any text encodes.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    import json  # pylint: disable=g-import-not-at-top,reimported
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if digit_group not in (1, 3):
+        raise ValueError(f"digit_group must be 1 or 3, got {digit_group!r}")
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -315,4 +354,23 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
         vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
+    if digit_group == 1:
+        return tokenizer
+    # Learned merges never join digits (each is its own piece during training); append
+    # the merges that build every 2- and 3-digit text, and split digit runs in threes.
+    state = json.loads(tokenizer.to_str())
+    vocab, merges = state["model"]["vocab"], state["model"]["merges"]
+    for text in [f"{v:02d}" for v in range(100)]:
+        merges.append([text[0], text[1]])
+        vocab[text] = len(vocab)
+    for text in [f"{v:03d}" for v in range(1000)]:  # "ab"+"c" or "a"+"bc", as ranked
+        merges += [[text[:2], text[2]], [text[0], text[1:]]]
+        vocab[text] = len(vocab)
+    state["pre_tokenizer"] = None
+    tokenizer = Tokenizer.from_str(json.dumps(state))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Punctuation(behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     return tokenizer
