@@ -118,7 +118,8 @@ class FrozenLake(TokenEnvironment):
         self.prompt_len = self.grid_len
         self.obs_len = len(INVALID_TEXT) + self.grid_len
         self.action_len = max(len(d) for d in DIRECTIONS) + 1
-        self._symbol_ids = np.array([codec_id for codec_id in self.codec.encode(SYMBOLS)], np.int32)
+        # One id per symbol (a subword codec may merge "OG" when encoding SYMBOLS whole).
+        self._symbol_ids = np.array([self.codec.token_id(s) for s in SYMBOLS], np.int32)
         self._newline = self.codec.token_id("\n")
         # Accepted spellings of each move, as text (the turn is read as text).
         self._patterns = [[turn_text.text_ids(d), turn_text.text_ids(d.lower()),
