@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.envs.codec import Codec
+from arl.envs.codec import Codec, stop_ids
 
 
 @struct.dataclass
@@ -311,7 +311,7 @@ class TokenEnvironment(Environment):
         tokens, length = parsing.sanitize(
             action.tokens, action.length, self.codec.vocab_size, self.codec.pad_id
         )
-        content_length = parsing.turn_content_length(tokens, length, self.codec.eot_id)
+        content_length = parsing.turn_content_length(tokens, length, stop_ids(self.codec))
         # split(key)[1] is reserved for auto-reset (see arl.envs.wrappers).
         key_step, _ = jax.random.split(key)
         live_state, observation, reward, format_error = self._transition(

@@ -146,6 +146,14 @@ class CharCodec(Codec):
         return "".join(parts)
 
 
+def stop_ids(codec: Codec) -> tuple[int, ...]:
+    """The ids that end an agent turn, `eot_id` first: a checkpoint's codec
+    (`HFCodec.from_pretrained`) has its template's end of turn and every eos id of its
+    generation_config.json, as `generate()` stops on them; other codecs their eot_id."""
+    ids = getattr(codec, "stop_ids", None) or ()
+    return (int(codec.eot_id),) + tuple(int(i) for i in ids if int(i) != codec.eot_id)
+
+
 # ------------------------------------------------------- host-side text <-> ids (NumPy)
 # How a host environment turns the agent's ids into text and its replies into ids.
 

@@ -97,12 +97,14 @@ class HFCodec(Codec):
 
     @classmethod
     def from_pretrained(cls, directory: str, system_prompt: str | None = None,
-                        single_token_chars: str = PARSED_CHARS) -> "HFCodec":
+                        single_token_chars: str = PARSED_CHARS,
+                        template_kwargs: dict | None = None) -> "HFCodec":
         """The codec of a Hugging Face checkpoint directory (module docstring), with its
         chat format for conversations that start with `system_prompt` (None: no system
-        message, i.e. the template's own default). Raises ValueError naming the file and
-        field that does not fit (`ChatTemplateError` for a template whose turns cannot
-        be split into static pieces)."""
+        message, i.e. the template's own default), rendered with the template's own
+        arguments `template_kwargs` (`enable_thinking`, `tools`, ...). Raises ValueError
+        naming the file and field that does not fit (`ChatTemplateError` for a template
+        whose first turn cannot be split into static pieces)."""
         from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
 
         from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
@@ -134,7 +136,7 @@ class HFCodec(Codec):
             chat = chat_template.derive_chat_format(
                 template, encode=encode, special_texts=specials,
                 special_tokens={k: v for k, v in names.items() if v is not None},
-                pad_id=-1, system_prompt=system_prompt)
+                pad_id=-1, system_prompt=system_prompt, template_kwargs=template_kwargs)
             eot_name = tokenizer.id_to_token(chat.eot_id)
         elif names["eos_token"] is not None:
             eot_name = names["eos_token"]
@@ -154,9 +156,12 @@ class HFCodec(Codec):
                     eot_token=eot_name, role_tokens={},
                     single_token_chars=single_token_chars)
         codec.special_ids |= {tokenizer.token_to_id(t) for t in specials}
+        codec.stop_ids = (codec.eot_id,) + tuple(
+            i for i in _eos_ids(directory, generation, codec.vocab_size) if i != codec.eot_id)
         codec.directory = directory
         codec.chat_template = template
         codec.template_tokens = {k: v for k, v in names.items() if v is not None}
+        codec.template_kwargs = dict(template_kwargs or {})
         if chat is None:  # raw turns; a BOS only where the model has one
             chat = chat_template.ChatFormat(
                 prompt_prefix=() if codec.bos_id is None else (codec.bos_id,), turn_suffix=(),
@@ -227,7 +232,8 @@ class HFCodec(Codec):
             from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
             return self.encode(chat_template.render(
                 template, messages, add_generation_prompt=add_generation_prompt,
-                special_tokens=self.template_tokens))
+                special_tokens=self.template_tokens,
+                template_kwargs=getattr(self, "template_kwargs", None)))
         if self.bos_id is None or not self.role_ids:
             raise ValueError("chat_ids needs role tokens and a bos token, or a chat template "
                              "(HFCodec.from_pretrained)")
@@ -269,6 +275,22 @@ def _digit_grouping(codec: "HFCodec") -> tuple[int, np.ndarray]:
                                  "one token")
             table[width - 1, value] = encoding.ids[0]
     return group, table
+
+
+def _eos_ids(directory: str, generation: dict[str, Any], vocab_size: int) -> list[int]:
+    """The eos ids `generate()` stops on: generation_config.json's eos_token_id (an id or
+    a list), else config.json's."""
+    name = "generation_config.json"
+    value = generation.get("eos_token_id")
+    if value is None:
+        name = "config.json"
+        value = _read_json(os.path.join(directory, name)).get("eos_token_id")
+    values = [] if value is None else value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < vocab_size:
+            raise ValueError(f"{os.path.join(directory, name)}: eos_token_id must be token ids "
+                             f"in [0, {vocab_size}), got {value!r}")
+    return list(dict.fromkeys(values))
 
 
 def _read_json(path: str) -> dict[str, Any]:
