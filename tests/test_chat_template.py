@@ -329,3 +329,30 @@ def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, js
     with pytest.raises(ConfigError, match=r"model.hf_checkpoint=.*eos_token='<\|nope\|>' is "
                                           r"not a token"):
         envs.checkpoint_codec(c)
+
+
+def test_the_rollout_stops_a_turn_on_every_stop_id(standins):
+    """With every id but the eot declared a stop id, each sampled turn is one token: the
+    rollout's decoding stops on the codec's stop ids, not on the eot alone; a turn ended
+    by another stop id is closed by the template's eot in front of the reply."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from arl.envs.tasks.guess_number import GuessNumber
+    from arl.models.transformer import Transformer, TransformerConfig
+
+    codec = HFCodec.from_pretrained(standins("qwen2"))
+    codec.stop_ids = tuple(i for i in range(codec.vocab_size))  # eot first via stop_ids()
+    env = GuessNumber(codec=codec, max_n=16, max_turns=2)
+    config = TransformerConfig(vocab_size=codec.vocab_size, d_model=16, num_layers=1,
+                               num_heads=2, num_kv_heads=2, mlp_dim=32, max_len=128)
+    model = Transformer(config)
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    traj = jax.device_get(rollout_lib.rollout(env, jax.random.key(1), num_tasks=8,
+                                              group_size=1, model=model, params=params))
+    for b in range(8):
+        agent = np.flatnonzero(traj.agent_mask[b] > 0)
+        assert len(agent) == int(traj.num_turns[b]) == 2
+        first = int(agent[0])
+        if traj.tokens[b, first] != codec.eot_id:  # closed by the eot the reply starts with
+            assert traj.tokens[b, first + 1] == codec.eot_id
