@@ -56,7 +56,7 @@ def checkpoint_codec(config) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _cached_checkpoint_codec(directory: str, system_prompt: str | None, kwargs_json: str):
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
     try:
         return HFCodec.from_pretrained(directory, system_prompt=system_prompt,
                                        template_kwargs=json.loads(kwargs_json))

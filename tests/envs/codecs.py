@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import functools
 
-from arl.envs.codec import CharCodec
+from arl.text.codec import CharCodec
 
 CODEC_NAMES = ("char", "qwen_bpe", "llama3_bpe")
 
 
 def _corpus() -> list[str]:
-    from arl.envs.hf_codec import env_corpus
+    from arl.envs.tokenizer_corpus import env_corpus
     from arl.envs.tasks import countdown, frozen_lake, sokoban
 
     words = ["numbers", " target ", "arms: ", "safe", "risky", "invalid", "wrong: ",
@@ -25,7 +25,7 @@ def _corpus() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def codec(name: str):
     """The codec called `name` (one of CODEC_NAMES)."""
-    from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer
+    from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     if name == "char":
         return CharCodec()

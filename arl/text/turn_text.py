@@ -6,7 +6,7 @@ merge letters and spaces. An env that matched ids would answer "invalid" to a nu
 policy wrote as the tokenizer writes it. So an env reads the agent's turn through
 `TurnReader`: each id becomes the characters it decodes to (`verifiers.char_table`, one
 table built at construction), giving a `TokenChunk` of Unicode code points, and parses
-that with the id-level functions of `arl.envs.parsing`, whose patterns are then code
+that with the id-level functions of `arl.text.parsing`, whose patterns are then code
 points (`text_ids`) and whose digit table is `DIGIT_VALUE`. The same turn therefore means
 the same thing under every codec, however the policy split it into tokens.
 """
@@ -18,9 +18,9 @@ import string
 import jax.numpy as jnp
 import numpy as np
 
-from arl.envs import parsing, verifiers
-from arl.envs.base import TokenChunk
-from arl.envs.codec import Codec
+from arl.text import parsing, verifiers
+from arl.text.chunks import TokenChunk
+from arl.text.codec import Codec
 
 # Digit value of every ASCII code point (-1: not a digit); `parsing.parse_int` reads
 # code points past the table as non-digits.
@@ -29,7 +29,7 @@ DIGIT_VALUE[[ord(d) for d in string.digits]] = np.arange(10, dtype=np.int32)
 
 
 def text_ids(text: str) -> list[int]:
-    """The code points of `text`: a pattern for `arl.envs.parsing` on a read turn."""
+    """The code points of `text`: a pattern for `arl.text.parsing` on a read turn."""
     return [ord(char) for char in text]
 
 
