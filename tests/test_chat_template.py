@@ -357,3 +357,21 @@ def test_the_rollout_stops_a_turn_on_every_stop_id(standins):
         first = int(agent[0])
         if traj.tokens[b, first] != codec.eot_id:  # closed by the eot the reply starts with
             assert traj.tokens[b, first + 1] == codec.eot_id
+
+
+def test_chat_template_kwargs_must_be_json_values():
+    import ml_collections
+
+    import arl
+    from arl.errors import ConfigError
+
+    config = arl.default_config()
+    config.model.chat_template_kwargs = ml_collections.ConfigDict(
+        {"enable_thinking": False, "tools": [{"type": "function",
+                                              "function": {"name": "python"}}]})
+    arl.validate(config)
+    config.model.chat_template_kwargs = ml_collections.ConfigDict({"when": {1, 2}})
+    with pytest.raises(ConfigError, match=r"config.model.chat_template_kwargs=\{'when': "
+                                          r"\{1, 2\}\} is invalid: must be a dict of JSON") as e:
+        arl.validate(config)
+    assert "\n" not in str(e.value)

@@ -107,8 +107,9 @@ def validate(config) -> None:
             fail(f"model.{field}", m[field], f"allowed values are {FLOAT_DTYPES}")
     check_bool(config, "model.remat")
     kwargs = m.chat_template_kwargs
+    kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs)
     try:
-        json.dumps(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs))
+        json.dumps(kwargs)
     except (TypeError, ValueError) as error:
         fail("model.chat_template_kwargs", kwargs,
              f"must be a dict of JSON values (the template's arguments): {error}")
