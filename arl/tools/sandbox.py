@@ -49,22 +49,23 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 from arl.tools import rootfs, seccomp
-from arl.tools._sandbox_child import BLOCKED_MODULES
-from arl.tools.capabilities import SandboxCapabilities, resolve_python, sandbox_capabilities
+from arl.tools._sandbox_worker import BLOCKED_MODULES
+from arl.tools.capabilities import SandboxCapabilities, candidate_capabilities, resolve_python
 
 _log = logging.getLogger(__name__)
-_CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                  "_sandbox_child.py")
-_KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                   "_sandbox_kernel.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_KERNEL_SOURCE_PATH = os.path.join(_HERE, "_sandbox_kernel.py")
+_WORKER_SOURCE_PATH = os.path.join(_HERE, "_sandbox_worker.py")
+_CHILD_SOURCE_PATH = os.path.join(_HERE, "_sandbox_child.py")
 _BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
 _MiB = 2 ** 20
 
-# Imported by the supervisor before it forks the worker, so the program finds them loaded
-# (the worker compiles any other module from source: it refuses cached bytecode).
+# Imported by the worker before the program runs, from cached bytecode, so the program
+# finds them loaded (it compiles any other module from source: no cached bytecode).
 PRELOADED_MODULES = ("collections", "re", "math", "itertools", "functools", "json",
                      "random", "string", "heapq", "bisect", "statistics", "fractions",
                      "decimal", "datetime", "operator", "copy")
@@ -214,19 +215,27 @@ def compose_observation(body: str, status_line: str | None, max_chars: int) -> t
 # --------------------------------------------------------------------------- isolation
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 @functools.lru_cache(maxsize=1)
-def _child_source() -> str:
-    """The kernel helpers' source, then the supervisor/worker's (one `-c` program)."""
-    sources = []
-    for path in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH):
-        with open(path, encoding="utf-8") as f:
-            sources.append(f.read())
-    return "\n".join(sources)
+def _supervisor_source() -> str:
+    """The kernel helpers', the worker's and the supervisor's source (one `-c` program)."""
+    return "\n".join(_read(p) for p in (_KERNEL_SOURCE_PATH, _WORKER_SOURCE_PATH,
+                                         _CHILD_SOURCE_PATH))
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_source() -> str:
+    """The `-c` program of the worker's executed interpreter."""
+    return _read(_WORKER_SOURCE_PATH) + "\nworker_main()\n"
 
 
 @functools.lru_cache(maxsize=1)
 def _seccomp_hex() -> str:
-    return seccomp.seccomp_filter().hex()
+    return seccomp.filter_program().hex()
 
 
 _WORK_INODES = 4096  # files and directories the program may create
@@ -257,6 +266,36 @@ def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
 # ------------------------------------------------------------------------------- running
 
 
+_capabilities_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_capabilities(python: str) -> SandboxCapabilities:
+    limits = SandboxLimits(wall_time_s=10.0)
+    failures = []
+    for candidate in candidate_capabilities():
+        for _ in range(2):  # a second try, so that a transient failure does not weaken it
+            result = execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
+            if result.status is Status.OK and result.stdout == "42\n":
+                if failures:
+                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
+                                 "candidates failed: %s", candidate, "; ".join(failures))
+                return candidate
+        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
+    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
+    return SandboxCapabilities()  # the last resort: each result will say what fails
+
+
+def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
+    """The isolation `run_python` uses with interpreter `python` (default: this one).
+    The first call probes the candidates of `arl.tools.capabilities` from strongest to
+    weakest (a trivial program through each until one works); later calls are cached."""
+    python = resolve_python(python)
+    with _capabilities_lock:
+        return _probe_capabilities(python)
+
+
+
 def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
                python: str | None = None) -> ExecutionResult:
     """Runs the Python program `code` in the sandbox (module docstring) and returns its
@@ -274,13 +313,14 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
             observation=f"program longer than {limits.max_code_chars} characters; not run",
             status=Status.ERROR)
     capabilities = sandbox_capabilities(python)
-    return _execute(code, limits, python, capabilities, audit_hooks=True)
+    return execute(code, limits, python, capabilities, audit_hooks=True)
 
 
-def _execute(code: str, limits: SandboxLimits, python: str,
-             capabilities: SandboxCapabilities, audit_hooks: bool) -> ExecutionResult:
-    """`run_python` with the isolation chosen explicitly (tests use it to check each
-    layer on its own, e.g. the kernel limits without the audit hooks)."""
+def execute(code: str, limits: SandboxLimits, python: str,
+            capabilities: SandboxCapabilities, audit_hooks: bool) -> ExecutionResult:
+    """`run_python` with the isolation chosen explicitly, no argument checks (the probe
+    of `sandbox_capabilities` and the tests use it, e.g. to check the kernel layers
+    without the audit hooks)."""
     start = time.monotonic()
     workdir = None
     try:
@@ -323,13 +363,15 @@ def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, 
         "root": (rootfs.root_plan(python, BLOCKED_MODULES).to_json()
                  if capabilities.mount_namespace else None),
         "work_options": _work_options(limits, uid),
-        "pivot_root": seccomp.pivot_root_number(),
+        "pivot_root": seccomp.syscall_number("pivot_root"),
         "seccomp": _seccomp_hex() if capabilities.seccomp else None,
-        "audit": audit_hooks,
-        "preload": list(PRELOADED_MODULES),
+        "seccomp_number": seccomp.syscall_number("seccomp"),
+        "python": python,
+        "worker_source": _worker_source(),
+        "worker": {"audit": audit_hooks, "preload": list(PRELOADED_MODULES)},
     }
     command = list(capabilities.unshare_args) + [
-        python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _child_source(),
+        python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _supervisor_source(),
         json.dumps(config)]
     try:
         process = subprocess.Popen(
