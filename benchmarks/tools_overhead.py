@@ -54,7 +54,7 @@ def _per_call_table(args) -> None:
     }
     for name, (caps, hooks) in variants.items():
         calls[name] = (lambda caps=caps, hooks=hooks:
-                       sandbox._execute("pass", limits, python, caps, hooks))
+                       sandbox.execute("pass", limits, python, caps, hooks))
     data = sql.random_company_database(0).to_bytes()
     calls["run_sql(COUNT(*))"] = lambda: run_sql(data, "SELECT COUNT(*) FROM employees")
     print("| call | median ms | min ms |\n|---|---:|---:|")
@@ -87,7 +87,7 @@ def _train_step_table(args) -> None:
         trainer = TokenTrainer(config)
         inner = trainer.env.executor
         if name == "without kernel layers":
-            inner = lambda code, limits: sandbox._execute(code, limits, python, weak, True)
+            inner = lambda code, limits: sandbox.execute(code, limits, python, weak, True)
 
         def counted(code, limits, name=name, inner=inner):
             counts[name] += 1

@@ -94,6 +94,8 @@ def _start_worker(config):
         run_program(worker, library)
     argv = [config["python"], "-I", "-S", "-B", "-u", "-X", "utf8", "-c",
             config["worker_source"], json.dumps(worker)]
+    if config["seccomp"] is not None:
+        _preload(["ctypes", "fcntl", "struct", "threading"])  # while the library is reachable
     _limit_and_drop(config)
     if config["seccomp"] is not None:
         install_seccomp_and_exec(bytes.fromhex(config["seccomp"]),
