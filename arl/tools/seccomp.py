@@ -66,6 +66,9 @@ ALLOWED = {  # name -> why a standard-library program needs it
     "getdents64": "os.listdir, os.scandir", "getcwd": "os.getcwd, the import system",
     "chdir": "changing directory inside the root", "fchdir": "changing directory by fd",
     "umask": "os.umask, tempfile",
+    "getxattr": "os.getxattr", "lgetxattr": "os.getxattr", "fgetxattr": "os.getxattr",
+    "listxattr": "shutil.copystat", "llistxattr": "shutil.copystat (symlinks)",
+    "flistxattr": "os.listxattr by fd",
     # changing the working directory's files (the only writable file system)
     "mkdir": "os.mkdir (x86_64)", "mkdirat": "os.mkdir", "rmdir": "os.rmdir (x86_64)",
     "unlink": "os.remove (x86_64)", "unlinkat": "os.remove, shutil.rmtree",
@@ -155,6 +158,9 @@ REFUSED = (  # EPERM: what a program may reach for and must not have
     "mknod", "mknodat",                                # FIFOs and device nodes
     "link", "linkat", "symlink", "symlinkat",          # links (the hooks refuse them too)
     "chown", "fchown", "lchown", "fchownat",           # owners
+    "setxattr", "lsetxattr", "fsetxattr",              # extended attributes: kernel
+    "removexattr", "lremovexattr", "fremovexattr",     # memory of the tmpfs, and shutil
+                                                       # copes with EPERM
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
     "setfsuid", "setfsgid", "setsid", "setpgid",
     "setrlimit", "setpriority", "sched_setaffinity", "sched_setscheduler",
