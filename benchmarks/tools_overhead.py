@@ -63,6 +63,12 @@ class Baseline:
         self.process.wait()
 
 
+def _start_up_seconds(python: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([python, "-I", "-S", "-c", "pass"], check=True)
+    return time.perf_counter() - start
+
+
 def _timed(call):
     start = time.perf_counter()
     result = call()
@@ -93,6 +99,8 @@ def _per_call_table(args) -> None:
     limits = sandbox.SandboxLimits()
     calls = {}
     baseline = Baseline(args.baseline) if args.baseline else None
+    # What one more interpreter costs here (the worker is an executed interpreter now).
+    calls["python -I -S -c pass (start-up alone)"] = lambda: float(_start_up_seconds(python))
     if baseline:
         print(f"baseline {args.baseline}: {baseline.capabilities}")
         calls["baseline: run_python('pass')"] = lambda: baseline("pass")

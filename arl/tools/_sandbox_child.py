@@ -95,7 +95,7 @@ def _start_worker(config):
     argv = [config["python"], "-I", "-S", "-B", "-u", "-X", "utf8", "-c",
             config["worker_source"], json.dumps(worker)]
     if config["seccomp"] is not None:
-        _preload(["ctypes", "fcntl", "struct", "threading"])  # while the library is reachable
+        _preload(["ctypes", "fcntl", "struct"])  # while the library is reachable
     _limit_and_drop(config)
     if config["seccomp"] is not None:
         install_seccomp_and_exec(bytes.fromhex(config["seccomp"]),

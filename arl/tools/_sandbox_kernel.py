@@ -102,20 +102,21 @@ def install_seccomp_and_exec(program, seccomp_number, argv):
     a thread of this process answers that one notification, this `execve`'s, and the
     listener closes with it (close-on-exec), so that any later `execve` fails. Never
     returns; raises OSError if a step fails."""
+    import _thread
     import ctypes
     import fcntl
     import struct
-    import threading
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                            ctypes.c_ulong)
     libc.syscall.restype = ctypes.c_long
     listener = []
-    ready = threading.Event()
+    ready = _thread.allocate_lock()
+    ready.acquire()
 
     def answer_the_exec():
-        ready.wait()
+        ready.acquire()
         notification = bytearray(SECCOMP_NOTIF_SIZE)  # struct seccomp_notif, zeroed
         fcntl.ioctl(listener[0], SECCOMP_IOCTL_NOTIF_RECV, notification)
         request_id = struct.unpack_from("=Q", notification)[0]
@@ -128,13 +129,13 @@ def install_seccomp_and_exec(program, seccomp_number, argv):
 
     instructions = ctypes.create_string_buffer(program, len(program))
     fprog = SockFprog(len(program) // 8, ctypes.addressof(instructions))
-    threading.Thread(target=answer_the_exec, daemon=True).start()
+    _thread.start_new_thread(answer_the_exec, ())
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl", "NO_NEW_PRIVS")
     fd = libc.syscall(seccomp_number, SECCOMP_SET_MODE_FILTER,
                       SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(fprog))
     _check(0 if fd >= 0 else -1, "seccomp", "SET_MODE_FILTER")
     listener.append(fd)
-    ready.set()
+    ready.release()
     encoded = [a.encode("utf-8", "surrogateescape") for a in argv]
     arguments = (ctypes.c_char_p * (len(encoded) + 1))(*encoded, None)
     environment = (ctypes.c_char_p * 1)(None)

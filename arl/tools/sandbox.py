@@ -17,14 +17,16 @@ layer and what is not guaranteed):
 * `unshare` gives the call network, PID, mount, IPC and UTS namespaces; the supervisor
   (`arl.tools._sandbox_child`, PID 1 there) `pivot_root`s into a minimal root
   (`arl.tools.rootfs`: the interpreter, the standard library and the libraries it links,
-  read-only; /dev/null, /dev/urandom; a private /proc; one tmpfs of `max_disk_bytes` at
-  /tmp, the working directory and the only writable place), forks the worker and
-  enforces the wall-time limit;
-* the worker sets the resource limits, drops to an ephemeral unprivileged uid (as root),
-  installs the seccomp filter (`arl.tools.seccomp`: no exec, no fork, threads only, no
-  socket but AF_UNIX, no ptrace/mknod/mount/namespaces/keyrings/BPF/...) and the audit
-  hooks (PEP 578; the friendly first layer, with clear `PermissionError("sandbox: ...")`
-  refusals; not a boundary on their own), then runs the program;
+  read-only; /dev/null, read-only; a private /proc; one tmpfs of `max_disk_bytes` at
+  /tmp, the working directory and the only writable place) and forks its child;
+* the child sets the resource limits, drops to an ephemeral unprivileged uid (as root),
+  installs the seccomp allowlist (`arl.tools.seccomp`: the system calls a
+  standard-library program needs; no process, no socket, no lock, no mknod, mount,
+  namespace, ptrace, ...) and executes a fresh interpreter, the worker
+  (`arl.tools._sandbox_worker`): no `ctypes` or other FFI is loaded there. The worker
+  installs the audit hooks (PEP 578; the friendly first layer, with clear
+  `PermissionError("sandbox: ...")` refusals; not a boundary on their own) and runs the
+  program, while the supervisor enforces the wall-time limit;
 * always: a new process group SIGKILLed when the call ends, an empty environment, only
   stdin (/dev/null), stdout and stderr open, at most `max_output_bytes` read per pipe,
   the wall-time limit enforced by the supervisor and, 1 s later, by the parent.
