@@ -1,9 +1,10 @@
 """The sandbox's supervisor (see `arl.tools.sandbox`).
 
 It is executed as `python -I -S -B -u -X utf8 -c <source> <config json>` by
-`arl.tools.sandbox.run_python`, where <source> is `arl.tools._sandbox_kernel`'s source,
-then `arl.tools._sandbox_worker`'s, then this file's; never imported there (tests import
-it). It uses the standard library only:
+`arl.tools.sandbox.run_python`, where <source> is `arl.tools._sandbox_kernel`'s source
+followed by this file's; never imported there (tests import it). The worker's source
+(`arl.tools._sandbox_worker`) comes in the configuration. It uses the standard library
+only:
 
 * the *supervisor* (first process; PID 1 of a fresh PID namespace when one is available)
   reads the untrusted program, builds the minimal root and `pivot_root`s into it (with a
@@ -21,9 +22,8 @@ import json
 import os
 import sys
 
-if __name__ != "__main__":  # imported (tests); run, this file's source follows the others
+if __name__ != "__main__":  # imported (tests); run, this file's source follows the kernel's
     from arl.tools._sandbox_kernel import build_minimal_root, install_seccomp_and_exec
-    from arl.tools._sandbox_worker import _preload, run_program
 
 
 def _report(status_fd, line):
@@ -81,6 +81,8 @@ def _start_worker(config):
     Without one, this process runs the worker itself (it never loaded ctypes)."""
     worker = config["worker"]
     if config["root"] is None and config["seccomp"] is None:
+        functions = {"__name__": "arl_sandbox_worker"}
+        exec(compile(config["worker_source"], "<worker>", "exec"), functions)
         library = None
         if config["uid"] is not None:
             # After the privilege drop the worker may not reach the interpreter's
@@ -89,13 +91,14 @@ def _start_worker(config):
             library = [(p, os.path.realpath(p),
                         "/proc/self/fd/%d" % os.open(p, os.O_RDONLY | os.O_DIRECTORY))
                        for p in sys.path if os.path.isdir(p)]
-            _preload(worker["preload"])
+            functions["_preload"](worker["preload"])
         _limit_and_drop(config)
-        run_program(worker, library)
+        functions["run_program"](worker, library)
     argv = [config["python"], "-I", "-S", "-B", "-u", "-X", "utf8", "-c",
-            config["worker_source"], json.dumps(worker)]
+            config["worker_source"] + "\nworker_main()\n", json.dumps(worker)]
     if config["seccomp"] is not None:
-        _preload(["ctypes", "fcntl", "struct"])  # while the library is reachable
+        for name in ("ctypes", "fcntl", "struct"):  # the exec step's, while reachable
+            __import__(name)
     _limit_and_drop(config)
     if config["seccomp"] is not None:
         install_seccomp_and_exec(bytes.fromhex(config["seccomp"]),

@@ -224,15 +224,15 @@ def _read(path: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _supervisor_source() -> str:
-    """The kernel helpers', the worker's and the supervisor's source (one `-c` program)."""
-    return "\n".join(_read(p) for p in (_KERNEL_SOURCE_PATH, _WORKER_SOURCE_PATH,
-                                         _CHILD_SOURCE_PATH))
+    """The kernel helpers' and the supervisor's source (one `-c` program)."""
+    return "\n".join(_read(p) for p in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH))
 
 
 @functools.lru_cache(maxsize=1)
 def _worker_source() -> str:
-    """The `-c` program of the worker's executed interpreter."""
-    return _read(_WORKER_SOURCE_PATH) + "\nworker_main()\n"
+    """The worker's source: the `-c` program of its executed interpreter, or (without a
+    kernel layer) run by the supervisor's child in its own process."""
+    return _read(_WORKER_SOURCE_PATH)
 
 
 @functools.lru_cache(maxsize=1)
