@@ -117,8 +117,13 @@ def install_seccomp_and_exec(program, seccomp_number, argv):
 
     def answer_the_exec():
         ready.acquire()
-        notification = bytearray(SECCOMP_NOTIF_SIZE)  # struct seccomp_notif, zeroed
-        fcntl.ioctl(listener[0], SECCOMP_IOCTL_NOTIF_RECV, notification)
+        while True:
+            notification = bytearray(SECCOMP_NOTIF_SIZE)  # struct seccomp_notif, zeroed
+            try:
+                fcntl.ioctl(listener[0], SECCOMP_IOCTL_NOTIF_RECV, notification)
+                break
+            except InterruptedError:
+                continue
         request_id = struct.unpack_from("=Q", notification)[0]
         response = bytearray(struct.pack("=QqiI", request_id, 0, 0,
                                          SECCOMP_USER_NOTIF_FLAG_CONTINUE))

@@ -102,7 +102,7 @@ class SandboxLimits:
       adds about 1 s of backstop). cpu_time_s: RLIMIT_CPU, whole seconds (rounded up;
       hard limit one second later). memory_bytes: RLIMIT_AS, address space of each
       process (the interpreter itself needs ~30 MiB). max_processes: RLIMIT_NPROC,
-      processes plus threads (effective when run as root or in a user namespace; see
+      processes plus threads, at least 2 (effective when run as root or in a user namespace; see
       the module docstring). max_file_bytes: RLIMIT_FSIZE, size of any file written.
       max_disk_bytes: size of the private working directory (tmpfs; with the mount
       namespace only). max_open_files: RLIMIT_NOFILE. max_output_bytes: bytes read
@@ -143,6 +143,10 @@ class SandboxLimits:
         if self.memory_bytes < 64 * _MiB:
             raise ValueError("SandboxLimits.memory_bytes must be at least 64 MiB (the "
                              f"interpreter needs ~30 MiB), got {self.memory_bytes}")
+        if self.max_processes < 2:
+            raise ValueError("SandboxLimits.max_processes must be at least 2 (the worker's "
+                             "start takes a second thread for a moment), got "
+                             f"{self.max_processes}")
         if self.max_open_files < 16:
             raise ValueError("SandboxLimits.max_open_files must be at least 16, got "
                              f"{self.max_open_files}")

@@ -574,6 +574,8 @@ def test_bad_arguments_raise_clear_errors():
         SandboxLimits(memory_bytes=2**20)
     with pytest.raises(ValueError, match="SandboxLimits.max_processes"):
         SandboxLimits(max_processes=1.5)
+    with pytest.raises(ValueError, match="SandboxLimits.max_processes must be at least 2"):
+        SandboxLimits(max_processes=1)
     with pytest.raises(ValueError, match="python must be the path"):
         run_python("print(1)", python="/nonexistent/python")
 
