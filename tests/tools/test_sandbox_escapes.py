@@ -18,6 +18,7 @@ audit_hooks=False)`), where this machine has the kernel boundary.
 import ast
 import fcntl
 import os
+import shutil
 import sys
 
 import pytest
@@ -251,3 +252,22 @@ def test_the_hosts_device_and_library_metadata_stay_unchanged(results, hooks):
     assert out["urandom"] == "ok 16", out  # getrandom(2)
     _, before, after = results
     assert after == before  # /dev/null's and the library file's times and mode
+
+
+def _other_python():
+    """The machine's own python3 when it is another interpreter than this one (the hook
+    removal was first shown with Debian's as well), else None."""
+    found = shutil.which("python3", path="/usr/bin:/bin")
+    if found and os.path.realpath(found) != PYTHON:
+        return os.path.realpath(found)
+    return None
+
+
+@pytest.mark.skipif(_other_python() is None, reason="no other python3 on this machine")
+def test_no_ffi_with_the_machines_own_python_either():
+    python = _other_python()
+    result = sandbox.execute(FFI_REACHABLE, LIMITS, python,
+                             sandbox.sandbox_capabilities(python), audit_hooks=False)
+    out = attempts(result)
+    assert out["ffi types"] == [] and out["ffi modules"] == [], out
+    assert out["maps"] == "ok (True, [])", out
