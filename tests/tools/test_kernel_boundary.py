@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import glob
 import os
-import shutil
 import stat
 import sys
 import time
@@ -27,7 +26,7 @@ import pytest
 from arl.tools import ToolPool, rootfs, sandbox
 from arl.tools._sandbox_worker import BLOCKED_MODULES
 from arl.tools.sandbox import SandboxLimits, Status
-from tests.tools.conftest import SECRET_VALUE
+from tests.tools.conftest import SECRET_VALUE, other_python
 
 PYTHON = os.path.realpath(sys.executable)
 CAPABILITIES = sandbox.sandbox_capabilities()
@@ -416,18 +415,9 @@ def test_world_readable_files_are_not_there(results, hooks):
         assert "etc" not in out["visible"] and "home" not in out["visible"], out
 
 
-def _other_python():
-    """The machine's own python3 when it is another interpreter than this one (the
-    sub-interpreter escape was first seen with Debian's), else None."""
-    found = shutil.which("python3", path="/usr/bin:/bin")
-    if found and os.path.realpath(found) != PYTHON:
-        return os.path.realpath(found)
-    return None
-
-
-@pytest.mark.skipif(_other_python() is None, reason="no other python3 on this machine")
+@pytest.mark.skipif(other_python() is None, reason="no other python3 on this machine")
 def test_the_machines_own_python_is_contained_too():
-    python = _other_python()
+    python = other_python()
     assert sandbox.sandbox_capabilities(python).kernel_boundary
     code, limits = CASES["subinterpreter"]
     result = sandbox.execute(code, limits, python, sandbox.sandbox_capabilities(python),

@@ -18,13 +18,13 @@ audit_hooks=False)`), where this machine has the kernel boundary.
 import ast
 import fcntl
 import os
-import shutil
 import sys
 
 import pytest
 
 from arl.tools import ToolPool, sandbox
 from arl.tools.sandbox import SandboxLimits, Status
+from tests.tools.conftest import other_python
 
 PYTHON = os.path.realpath(sys.executable)
 CAPABILITIES = sandbox.sandbox_capabilities()
@@ -254,18 +254,9 @@ def test_the_hosts_device_and_library_metadata_stay_unchanged(results, hooks):
     assert after == before  # /dev/null's and the library file's times and mode
 
 
-def _other_python():
-    """The machine's own python3 when it is another interpreter than this one (the hook
-    removal was first shown with Debian's as well), else None."""
-    found = shutil.which("python3", path="/usr/bin:/bin")
-    if found and os.path.realpath(found) != PYTHON:
-        return os.path.realpath(found)
-    return None
-
-
-@pytest.mark.skipif(_other_python() is None, reason="no other python3 on this machine")
+@pytest.mark.skipif(other_python() is None, reason="no other python3 on this machine")
 def test_no_ffi_with_the_machines_own_python_either():
-    python = _other_python()
+    python = other_python()
     result = sandbox.execute(FFI_REACHABLE, LIMITS, python,
                              sandbox.sandbox_capabilities(python), audit_hooks=False)
     out = attempts(result)

@@ -10,8 +10,9 @@ environment's task programs, correct and buggy, and `STANDARD_LIBRARY_TOUR`) run
 call (execve still answered once), with the whole call under `strace -f`. The calls of the
 worker's process (from its interpreter's execve on, its threads included) are collected
 and compared with the policy: used but not allowed (a gap; it would fail with ENOSYS or
-EPERM; `clone3` aside, whose ENOSYS makes glibc use `clone`), and allowed but not used here (kept for a standard-library API the programs did
-not exercise; docs/tools.md names it).
+EPERM; `clone3` aside, whose ENOSYS makes glibc use `clone`), and allowed but not used
+here (kept for a standard-library API the programs did not exercise; docs/tools.md
+names it).
 """
 
 import argparse
@@ -72,7 +73,8 @@ print(os.isatty(1), shutil.get_terminal_size(), locale.getpreferredencoding(Fals
 signal.signal(signal.SIGALRM, lambda *a: None)
 signal.setitimer(signal.ITIMER_REAL, 0.01)
 time.sleep(0.05)
-print(sys.getrecursionlimit(), unicodedata.name("é"), difflib.SequenceMatcher(a="ab", b="ac").ratio())
+print(sys.getrecursionlimit(), unicodedata.name("é"),
+      difflib.SequenceMatcher(a="ab", b="ac").ratio())
 big = bytearray(50 * 2**20); del big
 print(statistics.mean([1, 2, 3]), json.dumps({"a": [1, 2]}), csv.writer(io.StringIO()))
 '''
