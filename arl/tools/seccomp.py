@@ -211,6 +211,9 @@ def filter_program(machine: str | None = None) -> bytes | None:
     the given) machine's architecture; None without libseccomp or on another arch."""
     arch = machine_arch(machine)
     if arch is None:
+        _log.warning("arl.tools.sandbox: no seccomp filter on this architecture (%s): the "
+                     "policy covers x86_64 and aarch64 only, so the sandbox has no kernel "
+                     "boundary here", machine or platform.machine())
         return None
     seccomp = _libseccomp()
     if seccomp is None:
