@@ -11,7 +11,10 @@ import pytest
 
 from arl.tools import seccomp
 
-pyseccomp = pytest.importorskip("pyseccomp", exc_type=Exception)  # no libseccomp: skip
+try:
+    import pyseccomp
+except Exception:  # pylint: disable=broad-except (no libseccomp.so: RuntimeError)
+    pytest.skip("libseccomp is not installed", allow_module_level=True)
 
 ALLOW, KILL_PROCESS, NOTIFY = 0x7FFF0000, 0x80000000, 0x7FC00000
 EPERM, ENOSYS = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
