@@ -218,10 +218,18 @@ def filter_program(machine: str | None = None) -> bytes | None:
     seccomp = _libseccomp()
     if seccomp is None:
         return None
-    table = getattr(seccomp.Arch, arch.upper())
+    try:
+        return _compile(seccomp, getattr(seccomp.Arch, arch.upper()))
+    except OSError as exc:  # e.g. a libseccomp or kernel without user notification
+        _log.warning("arl.tools.sandbox: no seccomp filter: libseccomp could not compile "
+                     "the policy for %s (%s)", arch, exc)
+        return None
+
+
+def _compile(seccomp, table: int) -> bytes:
+    """The policy compiled by libseccomp (the `pyseccomp` module) for one architecture."""
     policy = seccomp.SyscallFilter(seccomp.ERRNO(errno.ENOSYS))
     policy.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
-    policy.set_attr(seccomp.Attr.CTL_NNP, 0)  # the child sets no_new_privs itself
     try:
         policy.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree (libseccomp >= 2.5)
     except OSError:
