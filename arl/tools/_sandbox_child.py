@@ -80,6 +80,11 @@ def _start_worker(config):
     worker, so that nothing this process loaded (ctypes) is in the program's process.
     Without one, this process runs the worker itself (it never loaded ctypes)."""
     worker = config["worker"]
+    if config["own_session"]:
+        # Its own session and process group: a group signal (kill(0), killpg) reaches
+        # the program alone, never the supervisor or `unshare` outside the namespace
+        # (same uid in a user namespace). It still dies with the namespace's PID 1.
+        os.setsid()
     if config["root"] is None and config["seccomp"] is None:
         functions = {"__name__": "arl_sandbox_worker"}
         exec(compile(config["worker_source"], "<worker>", "exec"), functions)
@@ -147,6 +152,10 @@ def _supervise(config):
 
 
 def main():
+    import signal
+    # PID 1 of a PID namespace gets, from inside it, only the signals it handles: with
+    # Python's SIGINT handler gone, the program cannot interrupt its supervisor.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     config = json.loads(sys.argv[1])
     try:
         _supervise(config)

@@ -375,6 +375,8 @@ def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, 
         "python": python,
         "worker_source": _worker_source(),
         "worker": {"audit": audit_hooks, "preload": list(PRELOADED_MODULES)},
+        # without a PID namespace the parent's group kill must reach the program
+        "own_session": capabilities.pid_namespace,
     }
     command = list(capabilities.unshare_args) + [
         python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _supervisor_source(),

@@ -10,12 +10,13 @@ audit_hooks=False)`), where this machine has the kernel boundary.
   sandbox shares with the trainer (a covert channel: here the trainer holds a lock on
   /dev/null while the program probes it), and the rest of what a process may try
   (setsid, affinity, priority, FIFOs, links, owners, memfds, pidfds, splice, eventfd,
-  execve after the worker's own);
+  execve after the worker's own, interrupting its supervisor or process group);
 * the host's metadata: times and mode of /dev/null and of the standard library, writes
   to /dev/urandom.
 """
 
 import ast
+import dataclasses
 import fcntl
 import os
 import sys
@@ -130,6 +131,9 @@ attempt("execv", lambda: os.execv(sys.executable, [sys.executable, "-c", "0"]))
 attempt("posix_spawn", lambda: os.posix_spawn(sys.executable, [sys.executable], {{}}))
 attempt("thread", lambda: __import__("threading").Thread(target=lambda: 0).start())
 attempt("isatty", lambda: os.isatty(1))
+signal.signal(signal.SIGINT, lambda *_: None)  # the program's own copy of what it sends
+attempt("interrupt the supervisor", lambda: os.kill(1, signal.SIGINT))
+attempt("interrupt the group", lambda: os.killpg(0, signal.SIGINT))
 attempt("set_inheritable", lambda: os.set_inheritable(mine, True))
 print(repr(out))
 '''
@@ -237,6 +241,9 @@ def test_locks_and_stray_system_calls_are_refused(results, hooks):
     assert out["getrlimit"] == "ok (64, 64)", out
     assert out["thread"] == "ok None" and out["isatty"] == "ok False", out
     assert out["set_inheritable"] == "ok None", out
+    if not hooks:  # signals reach no one but the program: its call still ends normally
+        assert out["interrupt the supervisor"].startswith(("ok", EPERM)), out
+        assert out["interrupt the group"] == "ok None", out
 
 
 @pytest.mark.parametrize("hooks", [True, False], ids=["all_layers", "kernel_only"])
@@ -262,3 +269,20 @@ def test_no_ffi_with_the_machines_own_python_either():
     out = attempts(result)
     assert out["ffi types"] == [] and out["ffi modules"] == [], out
     assert out["maps"] == "ok (True, [])", out
+
+
+SIGNALS = '''import os, signal
+signal.signal(signal.SIGINT, lambda *_: None)  # the program's own copy of what it sends
+os.kill(1, signal.SIGINT)     # its supervisor, PID 1 of the namespace
+os.killpg(0, signal.SIGINT)   # its process group
+print("alive")
+'''
+
+
+def test_signals_from_a_program_of_the_same_uid_reach_only_itself():
+    """In the user-namespace mode (a non-root trainer) the program has the uid of its
+    supervisor and of `unshare`: it must still not be able to interrupt them and turn
+    its own call into a sandbox error."""
+    same_uid = dataclasses.replace(CAPABILITIES, user_namespace=True, uid_drop=False)
+    result = sandbox.execute(SIGNALS, LIMITS, PYTHON, same_uid, audit_hooks=False)
+    assert result.status is Status.OK and result.stdout == "alive\n", result
