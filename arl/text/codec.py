@@ -2,9 +2,9 @@
 
 Token environments never hard-code ids: they receive a `Codec` at construction and
 talk only through it, so a real tokenizer can replace the built-in character-level
-vocabulary later. A codec must map every character the environments write (digits,
-letters, the punctuation below) to exactly one token: the envs parse the agent's
-turn character by character inside `jit`.
+vocabulary later. Envs read the agent's turn as text (`arl.text.turn_text`) and write
+their replies through the codec: fixed texts with `encode`, numbers inside `jit` as the
+codec writes them (`digit_group_ids`, `arl.text.chunks.int_chunk`).
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ Grid legend (RAGEN's symbols; `*` stands for RAGEN's `√`, which no built-in co
 
 The prompt is the rendered grid, one row per line. A turn is 1 to `max_actions_per_turn`
 moves separated by commas, then end-of-turn, e.g. "Up,Left,Left<eot>" (RAGEN writes
-"Up || Left" inside answer tags; the constructor checks that the comma is one token of
-the codec, and spaces are not allowed, so a subword codec cannot merge them into the
-words: each word is then its canonical spelling, `codec.encode("Left")`). A move
+"Up || Left" inside answer tags; the turn is read as text, so any ids that spell
+"Up,Left" count, and spaces are not allowed). A move
 is Up/Down/Left/Right, up/down/left/right or U/D/L/R. The reply is the grid after the
 turn's moves. A malformed turn (unknown word, too many moves, empty move, stray space)
 executes no move, costs `format_penalty` and the reply is "invalid" above the unchanged
