@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from arl.errors import RewardFunctionError, one_line
+from arl.text.codec import stop_ids
 
 ON_ERROR = ("raise", "zero")
 # Keyword arguments every function gets; a column of the env with one of these names
@@ -115,19 +116,23 @@ def _segments(agent: np.ndarray, length: int) -> list[tuple[bool, int, int]]:
 
 def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str, str]]]:
     """(prompt text, [(role, content), ...] of the turns) of one rollout row, the chat
-    template's pieces (or arl's <bos>) cut off: the agent's turns without their
-    end-of-turn token, the env's replies as it wrote them."""
+    template's pieces (or arl's <bos>) cut off: the agent's turns without the token that
+    ended them (`arl.text.codec.stop_ids`), the env's replies as it wrote them."""
     codec = env.codec
     chat = getattr(codec, "chat", None)
     tokens = np.asarray(tokens)
     runs = _segments(np.asarray(agent_mask) > 0, int(length))
     decode = lambda ids: codec.decode(ids, stop_at_pad=False)
+    stops = set(stop_ids(codec))
     prompt, turns, agent_ended = "", [], True
     for k, (is_agent, start, end) in enumerate(runs):
         ids = tokens[start:end]
         if is_agent:
-            agent_ended = len(ids) > 0 and int(ids[-1]) == codec.eot_id
-            turns.append(("assistant", decode(ids[:-1] if agent_ended else ids)))
+            last = int(ids[-1]) if len(ids) else None
+            # The rollout closes a turn that did not end on eot_id with an eot in front
+            # of the reply (`ChatFormat.wrap_reply`); any stop id ends the agent's text.
+            agent_ended = last == codec.eot_id
+            turns.append(("assistant", decode(ids[:-1] if last in stops else ids)))
         elif k == 0:
             if chat is None:
                 ids = ids[1:]  # <bos>

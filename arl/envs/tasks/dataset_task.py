@@ -193,8 +193,6 @@ def _load(path, split, codec, eval_fraction, split_seed, prompt_key="prompt",
 def _with_system_prompt(codec, tasks, path):
     """`codec`, or the same checkpoint's codec whose chat format starts with the system
     message the rows' chat prompts share (`task_files.system_prompt_of`)."""
-    from arl.data import task_files  # pylint: disable=g-import-not-at-top
-
     chat = getattr(codec, "chat", None)
     if chat is None or not any(t.messages for t in tasks):
         return codec
@@ -209,7 +207,34 @@ def _with_system_prompt(codec, tasks, path):
     if directory is None:
         raise ValueError(f"{path}: the rows' chat prompts hold a system message, which needs "
                          "a codec from a checkpoint directory (HFCodec.from_pretrained)")
-    return type(codec).from_pretrained(directory, system_prompt=system)
+    return type(codec).from_pretrained(
+        directory, system_prompt=system, template_kwargs=getattr(codec, "template_kwargs", None))
+
+
+def _wrong_numbers(codec: Codec, number_chars: np.ndarray, number_lengths: np.ndarray,
+                   numeric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [R, 9, W] ids, int32 [R, 9] lengths): row r's reference number (canonical
+    text, code points) with its last digit moved up by k + 1 (mod 10), encoded by the
+    codec; empty when the verifier is not numeric."""
+    rows = number_chars.shape[0]
+    if not numeric:
+        return np.zeros((rows, 9, 1), np.int32), np.zeros((rows, 9), np.int32)
+    encoded = []
+    for chars, length in zip(number_chars, number_lengths):
+        text = "".join(chr(c) for c in chars[:max(int(length), 0)])
+        variants = []
+        for shift in range(1, 10):
+            wrong = text[:-1] + str((int(text[-1]) + shift) % 10) if text else ""
+            variants.append(codec.encode(wrong))
+        encoded.append(variants)
+    width = max(1, max(len(ids) for variants in encoded for ids in variants))
+    table = np.full((rows, 9, width), codec.pad_id, np.int32)
+    lengths = np.zeros((rows, 9), np.int32)
+    for r, variants in enumerate(encoded):
+        for k, ids in enumerate(variants):
+            table[r, k, :len(ids)] = ids
+            lengths[r, k] = len(ids)
+    return table, lengths
 
 
 class DatasetTask(TokenEnvironment):
@@ -269,25 +294,14 @@ class DatasetTask(TokenEnvironment):
                              f"of source lines {lines[:_LISTED]}"
                              f"{' ...' if len(lines) > _LISTED else ''} of {tasks.path!r} "
                              f"({split}) hold none (use verifier='exact' or 'normalized')")
-        # Token id of each character of a canonical number ("-", ".", digits), for the
-        # demonstrator's wrong numbers; -1 where the codec has no single id for it.
-        self._number_ids = np.full((ord("9") + 1,), -1, np.int32)
-        for char in "-.0123456789":
-            try:
-                self._number_ids[ord(char)] = codec.token_id(char)
-            except ValueError:
-                pass
-        if self._numeric:
-            used = {chr(c) for c in np.unique(number_chars[number_chars >= 0])}
-            missing = sorted(c for c in used if self._number_ids[ord(c)] < 0)
-            if missing:
-                raise ValueError(f"the codec has no single token for {missing}, which the "
-                                 "reference numbers use (the demonstrator writes numbers "
-                                 "one character per token)")
+        # The demonstrator's wrong numbers, tokenized here as the codec writes them: the
+        # reference number with its last digit moved up by k = 1..9 (mod 10).
+        self._wrong_ids, self._wrong_lengths = _wrong_numbers(
+            codec, number_chars, number_lengths, self._numeric)
 
         self.prompt_len = int(tasks.prompts.shape[1])
         self.obs_len = max(len(codec.encode(reply)) for reply in REPLIES)
-        wrong_width = int(number_lengths.max()) if self._numeric else 0
+        wrong_width = self._wrong_ids.shape[-1] if self._numeric else 0
         needed = max(int(tasks.answer_lengths.max()), wrong_width) + 1
         if action_len is None:
             action_len = needed
@@ -419,16 +433,9 @@ class DatasetTask(TokenEnvironment):
         if not self._numeric:
             other = (row + jax.random.randint(key, (), 1, max(self.num_rows, 2))) % self.num_rows
             return self._answer_chunk(other)
-        answer = self.answer(row)
-        chars = answer.number
-        last = jnp.clip(answer.number_length - 1, 0, chars.shape[-1] - 1)
-        digit = chars[last] - ord("0")
-        new_digit = (digit + jax.random.randint(key, (), 1, 10)) % 10
-        chars = chars.at[last].set(new_digit + ord("0"))
-        ids = jnp.asarray(self._number_ids)[jnp.clip(chars, 0, ord("9"))]
-        pos = jnp.arange(chars.shape[-1])
-        ids = jnp.where(pos < answer.number_length, ids, self.codec.pad_id)
-        return self._with_eot(TokenChunk(ids, jnp.maximum(answer.number_length, 0)))
+        shift = jax.random.randint(key, (), 1, 10) - 1
+        return self._with_eot(TokenChunk(jnp.asarray(self._wrong_ids)[row, shift],
+                                         jnp.asarray(self._wrong_lengths)[row, shift]))
 
     def demonstrator_action(self, key, state: DatasetTaskState,
                             params: DatasetTaskParams) -> TokenChunk:
