@@ -74,16 +74,18 @@ def reference_run(two, state, steps, lag):
 
 
 def recorded_run(two, state, steps, monkeypatch):
-    """`two.steps`, recording what each rollout was called with."""
+    """`two.train_step` from `state`, recording what each rollout was called with."""
     calls = []
     rollout = two.rollout
     monkeypatch.setattr(two, "rollout", lambda params, key, step: calls.append(
         (jax.device_get(params), int(step))) or rollout(params, key, step))
     metrics = []
-    for state, m in two.steps(state, steps):
+    state = two.start(state)
+    for _ in range(steps):
+        state, m = two.train_step(state)
         metrics.append(m)
     monkeypatch.setattr(two, "rollout", rollout)
-    return state, calls, jax.device_get(metrics)
+    return state.state, calls, jax.device_get(metrics)
 
 
 @pytest.mark.parametrize("two", [0, 2], indirect=True)
@@ -91,7 +93,8 @@ def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, mo
     lag = two.policy_lag
     ref_state, ref = reference_run(two, trainer.init_state(), STEPS, lag)
     state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
-    assert [step for _, step in calls] == list(range(STEPS))
+    # ... and the rollout of the next step, out when the loop stops (train_steps > STEPS)
+    assert [step for _, step in calls] == list(range(STEPS + 1))
     for t, ((params, _), (ref_params, _, ref_metrics), m) in enumerate(
             zip(calls, ref, metrics)):
         assert leaves_equal(params, ref_params), t  # the params of step max(t - lag, 0)
@@ -153,14 +156,42 @@ def test_snapshots_survive_donation(trainer):
 
 
 @pytest.mark.parametrize("two", [2], indirect=True)
-def test_resume_needs_the_pending_versions(trainer, two):
-    history = {}
-    steps = two.steps(trainer.init_state(), 3, history=history)
+def test_a_restored_state_recomputes_the_rollouts_in_flight(trainer, two):
+    """A state `train_step` did not return itself (here: copied through the host, as a
+    checkpoint restores it) carries on bit for bit: the rollouts the first run had in
+    flight are sampled again from the behaviour versions in the state."""
+    state = two.init_state()
+    straight = []
+    for _ in range(4):
+        state, metrics = two.train_step(state)
+        straight.append(jax.device_get(metrics))
+    final = jax.device_get(state)
+
+    state = two.init_state()
     for _ in range(2):
-        state, _ = next(steps)
-    assert sorted(history) == [0, 1, 2]  # rollouts 2, 3 and 4 read versions 0, 1, 2
-    with pytest.raises(ValueError, match=r"versions \[0, 1\]"):
-        next(two.steps(state, 2))
+        state, _ = two.train_step(state)
+    assert len(state.behaviour) == 2  # versions 0 and 1: rollouts 2 and 3
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    restored = jax.device_put(jax.device_get(state), shardings)
+    for t in (2, 3):
+        restored, metrics = two.train_step(restored)
+        assert leaves_equal(jax.device_get(metrics), straight[t]), t
+    assert leaves_equal(jax.device_get(restored), final)
+
+
+def test_the_update_is_dispatched_before_the_next_rollout(trainer, two, monkeypatch):
+    """At lag 1 rollout t + 1 is dispatched after update t (a rollout that holds the
+    host would otherwise delay the update), and the run's last step samples none."""
+    calls = []
+    for name in ("rollout", "update"):
+        program = getattr(two, name)
+        monkeypatch.setattr(two, name, lambda *args, program=program, name=name: calls.append(
+            name) or program(*args))
+    monkeypatch.setattr(trainer.config, "train_steps", 3)
+    state = two.init_state()
+    for _ in range(3):
+        state, _ = two.train_step(state)
+    assert calls == ["rollout", "update", "rollout", "update", "rollout", "update"]
 
 
 @pytest.mark.parametrize("changes,field", [
