@@ -6,6 +6,7 @@ resharding is exact; bad combinations are one-line config errors."""
 import re
 
 import jax
+from jax.experimental import io_callback
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -188,10 +189,27 @@ def test_the_update_is_dispatched_before_the_next_rollout(trainer, two, monkeypa
         monkeypatch.setattr(two, name, lambda *args, program=program, name=name: calls.append(
             name) or program(*args))
     monkeypatch.setattr(trainer.config, "train_steps", 3)
+    monkeypatch.setattr(two, "_rollout_first", None)
     state = two.init_state()
     for _ in range(3):
         state, _ = two.train_step(state)
     assert calls == ["rollout", "update", "rollout", "update", "rollout", "update"]
+    assert two._rollout_first is False  # decided from the programs: no host env here
+
+
+def test_the_program_that_calls_the_host_goes_second(two, monkeypatch):
+    """A program with host callbacks holds the dispatching thread: the rollout goes
+    first only when the update calls the host and the rollout does not."""
+    calls_host = jax.jit(lambda *args: io_callback(
+        lambda: np.int32(0), jax.ShapeDtypeStruct((), jnp.int32), ordered=True))
+    pure = jax.jit(lambda *args: jnp.int32(0))
+    for rollout, update, rollout_first in ((pure, pure, False), (calls_host, pure, False),
+                                           (pure, calls_host, True),
+                                           (calls_host, calls_host, False)):
+        monkeypatch.setattr(two, "_rollout_program", rollout)
+        monkeypatch.setattr(two, "_update_program", update)
+        monkeypatch.setattr(two, "_rollout_first", None)
+        assert two.rollout_first((jnp.int32(1),), (jnp.int32(2),)) == rollout_first
 
 
 @pytest.mark.parametrize("changes,field", [

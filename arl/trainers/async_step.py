@@ -75,8 +75,9 @@ def abstract_checkpoint(trainer, param_shardings, policy_lag: int) -> AsyncCheck
 
 
 class TwoProgramTrainer:
-    """A `TokenTrainer`'s step split into a rollout and an update program, and the host
-    loop that overlaps them at a bounded policy lag."""
+    """A `TokenTrainer`'s step split into a rollout and an update program, overlapped at
+    a bounded policy lag: an `arl.trainers.Trainer` whose state is an
+    `AsyncCheckpoint`."""
 
     def __init__(self, trainer, *, policy_lag: int | None = None, mesh=None):
         c = trainer.config
@@ -122,6 +123,9 @@ class TwoProgramTrainer:
         # has them on its own mesh (config.activation_sharding).
         self._activation_mesh = self.mesh if trainer.activation_mesh is not None else None
         self._ahead: _Ahead | None = None  # see train_step
+        # The jitted programs themselves (benchmarks and tests may wrap the attributes).
+        self._rollout_program, self._update_program = self.rollout, self.update
+        self._rollout_first: bool | None = None
 
     # ------------------------------------------------------------------ programs
     def _rollout(self, behaviour_params, state_key, step) -> Trajectory:
@@ -189,14 +193,15 @@ class TwoProgramTrainer:
         return max(step - self.policy_lag, 0)
 
     def train_step(self, state: AsyncCheckpoint) -> tuple[AsyncCheckpoint, dict]:
-        """Update t = `state.state.step` on rollout t, then rollout t + 1 dispatched;
-        returns at once wherever dispatch is asynchronous (nothing is fetched). Donates
-        `state.state`.
+        """Update t = `state.state.step` on rollout t, and rollout t + 1; returns at once
+        wherever dispatch is asynchronous (nothing is fetched). Donates `state.state`.
 
-        Rollout t + 1 goes out after update t, not before: a rollout whose environment
-        calls the host holds the calling thread until it ends, and an update dispatched
-        before it trains meanwhile, where one dispatched after it would wait for it. At
-        a lag >= 1 the two run at once; at lag 0 the rollout reads the update's result.
+        At a lag >= 1 update t and rollout t + 1 are independent and the one that calls
+        the host goes out second (`rollout_first`): a program with host callbacks holds
+        the calling thread until it ends (XLA:CPU runs it synchronously), so the other,
+        dispatched before it, runs meanwhile. At lag 0 rollout t + 1 reads update t's
+        result and follows it.
+
         The step number, the rollout key and the trajectory of rollout t + 1 are kept
         until the next call: given the state this call returned, that call starts at
         once; given any other (restored, or built by `init_state` / `start`), it reads
@@ -214,16 +219,33 @@ class TwoProgramTrainer:
         # Rollout step + k samples with this state's parameters (version `step`): copied
         # before the update donates the state.
         behaviour = state.behaviour[1:] + (self.behaviour_params(state.state),) if k else ()
-        train_state, metrics = self.update(state.state, self.to_training(trajectory),
-                                           jnp.int32(self.behaviour_version(step)))
-        result = AsyncCheckpoint(state=train_state, behaviour=behaviour)
+        update_args = (state.state, self.to_training(trajectory),
+                       jnp.int32(self.behaviour_version(step)))
         key = self._next_key(key)
+        samples_next = step + 1 < self.config.train_steps  # the last step samples no more
         trajectory = None
-        if step + 1 < self.config.train_steps:  # the run's last step samples no more
+        if k and samples_next and self.rollout_first(
+                (behaviour[0], key, jnp.int32(step + 1)), update_args):
+            trajectory = self.rollout(behaviour[0], key, jnp.int32(step + 1))
+            samples_next = False
+        train_state, metrics = self.update(*update_args)
+        if samples_next:
             params = behaviour[0] if k else self.behaviour_params(train_state)
             trajectory = self.rollout(params, key, jnp.int32(step + 1))
+        result = AsyncCheckpoint(state=train_state, behaviour=behaviour)
         self._ahead = _Ahead(state=result, step=step + 1, key=key, trajectory=trajectory)
         return result, metrics
+
+    def rollout_first(self, rollout_args, update_args) -> bool:
+        """Whether rollout t + 1 is dispatched before update t (lag >= 1): when the
+        update calls the host and the rollout does not; otherwise the update goes first.
+        Decided once, from the programs' traced effects (host environments call the host
+        through ordered `io_callback`s, an effect), the same on every process."""
+        if self._rollout_first is None:
+            rollout_calls_host = bool(self._rollout_program.trace(*rollout_args).jaxpr.effects)
+            update_calls_host = bool(self._update_program.trace(*update_args).jaxpr.effects)
+            self._rollout_first = update_calls_host and not rollout_calls_host
+        return self._rollout_first
 
 
 @dataclasses.dataclass(frozen=True)
