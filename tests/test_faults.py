@@ -198,7 +198,7 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint(tmp_path):
 
 
 @pytest.mark.slow  # three more runs
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_stopped_runs_resume_exactly(tmp_path, signum):
     """Stopped twice by `signum` and resumed: the same records and final state as an
     uninterrupted run."""
