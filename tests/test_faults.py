@@ -102,14 +102,14 @@ def _raw_steps(workdir):
     return [json.loads(line)["step"] for line in lines]
 
 
-def _check_logged_once(workdir, reference):
+def _check_logged_once(workdir, reference, metrics=("loss/total", "episode_return")):
     """Each step once in the raw metrics.jsonl and in the TensorBoard events, with the
     uninterrupted run's values, bit for bit."""
     steps = [r["step"] for r in reference]
     assert _raw_steps(workdir) == steps
     assert writers.read_metrics(workdir) == reference
     scalars = _scalars(_read_events(os.path.join(workdir, writers.TENSORBOARD_DIR)))
-    for name in ("loss/total", "episode_return"):
+    for name in metrics:
         assert scalars[name] == [(r["step"], np.float32(r[name]).item()) for r in reference], name
     assert not _temporary_checkpoints(workdir)
 
@@ -215,20 +215,44 @@ def test_stopped_runs_resume_exactly(tmp_path, signum):
     _check_logged_once(workdir, reference)
 
 
+def _bandit_at_lag_two(steps, checkpoint_every):
+    """The tiny bandit of tests/test_async.py at policy lag 2 (two programs), as a config
+    and as flags."""
+    from tests import test_async
+
+    c = test_async._experiment_config()  # pylint: disable=protected-access
+    c.train_steps, c.checkpoint_every, c.sample_every = steps, checkpoint_every, 5
+    flags = tuple(f for f in test_async._EXPERIMENT_FLAGS  # pylint: disable=protected-access
+                  if not f.startswith(("--config.train_steps", "--config.checkpoint_every",
+                                       "--config.sample_every")))
+    return c, (*flags, f"--config.train_steps={steps}",
+               f"--config.checkpoint_every={checkpoint_every}", "--config.sample_every=5")
+
+
+def _vector(steps, checkpoint_every):
+    return (_vector_config(train_steps=steps, checkpoint_every=checkpoint_every),
+            (*_VECTOR_FLAGS, f"--config.train_steps={steps}",
+             f"--config.checkpoint_every={checkpoint_every}"))
+
+
 @pytest.mark.slow  # a dozen runs
-@pytest.mark.parametrize("seed", [0, 1])
-def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path, seed):
+@pytest.mark.parametrize("setting,steps,kills,seed,metric", [
+    (_vector, 60, 6, 0, "episode_return"),
+    (_vector, 60, 6, 1, "episode_return"),
+    (_bandit_at_lag_two, 16, 3, 2, "reward_mean"),
+], ids=["vector-seed0", "vector-seed1", "bandit-lag2"])
+def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path, setting, steps, kills,
+                                                             seed, metric):
     """SIGKILL at random moments (start-up, steps, checkpoint writes, the resume's
-    clean-up), six times, then a run to the end: every step logged once, the
-    uninterrupted run's records bit for bit."""
-    steps = 60
-    reference = experiment.run(_vector_config(train_steps=steps, checkpoint_every=4),
-                               str(tmp_path / "reference"))
+    clean-up), then a run to the end: every step logged once, the uninterrupted run's
+    records bit for bit; also at policy lag 2, whose checkpoints hold the behaviour
+    versions of the rollouts in flight."""
+    config, flags = setting(steps, checkpoint_every=4)
+    reference = experiment.run(config, str(tmp_path / "reference"))
     workdir = str(tmp_path / "run")
-    flags = (*_VECTOR_FLAGS, f"--config.train_steps={steps}", "--config.checkpoint_every=4")
     rng = random.Random(seed)
-    kills = 0
-    while kills < 6:
+    done = 0
+    while done < kills:
         process = _start(workdir, flags)
         # Past a random number of logged lines (the resumed run's first ones included),
         # then a random delay of up to a few steps.
@@ -243,10 +267,10 @@ def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path, seed):
         time.sleep(rng.uniform(0, 0.05))
         process.kill()
         process.wait()
-        kills += 1
+        done += 1
     returncode, output = _finish(_start(workdir, flags))
     assert returncode == 0, output[-3000:]
-    _check_logged_once(workdir, reference)
+    _check_logged_once(workdir, reference, ("loss/total", metric))
 
 
 def test_a_second_run_on_a_workdir_in_use_is_refused(tmp_path):
