@@ -3,13 +3,14 @@ dispatched before or after the update it should overlap (`arl.trainers.async_ste
 
     python benchmarks/dispatch_order.py [--wait_ms 20] [--steps 4] [--rounds 5] [--no-write]
 
-Setting: GRPO on `code_interpreter` at a tiny model, no SFT term (the update never calls
-the host), the tool's result cache off, and every host turn made to wait `--wait_ms`
+Setting: GRPO on `code_interpreter` at a small model (an ECHO term so that no update is
+skipped, a learning rate of 1e-9 so that every rollout makes the first one's host calls), no SFT term (the
+update never calls the host), the tool's result cache off, and every host turn made to wait `--wait_ms`
 (`time.sleep` around the environment's `host_step`, in the environment's thread pool: a
 tool that waits rather than computes, as a remote sandbox or an API does). The rollout
 then holds the dispatching thread for its whole duration (XLA:CPU runs a program with
 host callbacks synchronously). Two fake CPU devices, the rollout on the second. Modes, in
-interleaved rounds, median ms per step: the fused step; two programs at lag 0; lag 1 with
+interleaved rounds (each continuing its own run, pipeline full), median ms per step: the fused step; two programs at lag 0; lag 1 with
 the rollout dispatched first (how the loop ran before) and with the update first (what
 `TwoProgramTrainer.rollout_first` chooses here); R and U, each program alone.
 """
@@ -41,9 +42,13 @@ def config():
     c.env.kwargs.cache_size = 0
     c.warm_start.sft_steps = 0
     c.loss.sft_coef = 0.0  # the update stays on the device
+    c.loss.echo_coef = 0.1  # and is never skipped (a random policy's groups are all 0)
     c.rollout.num_tasks, c.rollout.group_size = 4, 4
-    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 32, 1, 64
+    c.model.d_model, c.model.num_layers, c.model.mlp_dim = 64, 2, 256
     c.model.num_heads = c.model.num_kv_heads = 2
+    c.updates.epochs = 1
+    # The policy barely moves: every rollout makes the same host calls as the first.
+    c.optim.learning_rate = 1e-9
     c.mesh = (1, 1, 1)
     c.rollout.mesh = (1, 1, 1) if jax.device_count() >= 2 else ()
     c.rollout.policy_lag = 1
@@ -84,15 +89,21 @@ def main(argv=None):
         jax.block_until_ready((state, metrics))
         states["fused"] = state
 
+    aheads = {}
+
     def pipelined(name, lag, rollout_first):
+        # pylint: disable=protected-access
         def run():
             two.policy_lag = lag
-            two._rollout_first = rollout_first  # pylint: disable=protected-access
+            two._rollout_first = rollout_first
+            # The modes share one trainer: each continues its own run, with the rollout
+            # its last step dispatched (no pipeline refill per call).
+            two._ahead = aheads.pop(name, None)
             state = states.pop(name, None) or two.init_state()
             for _ in range(args.steps):
                 state, metrics = two.train_step(state)
             jax.block_until_ready((state, metrics))
-            states[name] = state
+            states[name], aheads[name] = state, two._ahead
         return run
 
     state = two.init_state()
@@ -146,8 +157,7 @@ def main(argv=None):
         f"every host turn waits {args.wait_ms:g} ms; rollout alone R = "
         f"{common.fmt_ms(rollout_s)} ms, update alone U = {common.fmt_ms(update_s)} ms; "
         f"`rollout_first` chose {'the rollout' if chosen else 'the update'} first. "
-        f"{args.steps} steps x {args.rounds} interleaved rounds, median (pipeline fill "
-        f"included); load average {load_before:.1f} before, {common.load_average():.1f} "
+        f"{args.steps} steps x {args.rounds} interleaved rounds, median; load average {load_before:.1f} before, {common.load_average():.1f} "
         "after.")
     text = (common.heading("dispatch_order.py") + description + "\n\n"
             + common.markdown_table(["mode", "ms / step", "vs lag 0"], rows))
