@@ -120,16 +120,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         whose checkpoint is written and whose logs are on disk.
     """
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
-    os.makedirs(workdir, exist_ok=True)
-    with workdir_lock.hold(workdir):
-        return _run_locked(config, workdir, kill_after_step)
-
-
-def _run_locked(config, workdir, kill_after_step):
     # Across processes a rollout mesh of its own takes a share of every process's
     # devices, and so does the training mesh (arl.trainers.placement); None: the default.
+    # Built before the workdir is made: a setting only the trainer rejects leaves nothing.
     trainer = async_step.build(
         trainers_lib.build(config, mesh=placement.training_mesh(config)))
+    os.makedirs(workdir, exist_ok=True)
+    with workdir_lock.hold(workdir):
+        return _run_locked(trainer, config, workdir, kill_after_step)
+
+
+def _run_locked(trainer, config, workdir, kill_after_step):
     total = config.train_steps
     metadata = {"config": config_json(config)}
     checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIR)
