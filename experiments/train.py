@@ -11,12 +11,17 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id on ever
 
 A bad flag or config value ends the program before anything is compiled with one line
 on stderr naming the field, the value and what is allowed (exit status 2; see
-experiments/cli.py). Environments of your own: `--config.imports=my_pkg.my_envs` (or
+experiments/cli.py); so does a workdir another run is training in. SIGTERM or SIGINT
+(Ctrl-C) stops the run after the step in progress, writes its checkpoint and ends with
+one line saying so and exit status 143 or 130 (128 + the signal's number); running the
+same command again resumes (docs/faults.md). Environments of your own: `--config.imports=my_pkg.my_envs` (or
 `config.imports` in the config file) imports the module that registers them. The log
 shows progress, warnings and errors; `--verbosity=0` adds the libraries' INFO lines.
 """
 
 from __future__ import annotations
+
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -38,7 +43,8 @@ _EXPORT_TO = flags.DEFINE_string(
     "(runs from config.model.hf_checkpoint; as `python -m experiments.export`).")
 _KILL_AFTER = flags.DEFINE_integer(
     "debug_kill_after_step", None,
-    "Testing aid: SIGKILL this process right after the checkpoint of this step.")
+    "Testing aid: SIGKILL this process right after the checkpoint of this step "
+    "(nothing else flushed first).")
 
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -81,9 +87,16 @@ def main(argv):
             raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
                                  "config.model.hf_checkpoint, which this config does not set")
         exporting.check_target(_EXPORT_TO.value, "--export_to")
-    from arl.runs import experiment
+    from arl.runs import experiment, preemption, workdir_lock
 
-    experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    try:
+        experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    except workdir_lock.WorkdirInUseError as error:
+        cli.fail(error)
+    except preemption.Preempted as stopped:
+        sys.stderr.write(f"{cli.program_name()}: {stopped}\n")
+        sys.stderr.flush()
+        sys.exit(stopped.exit_code)
     if _EXPORT_TO.value is not None and jax.process_index() == 0:
         step, path, changed = exporting.export_run(_WORKDIR.value, _EXPORT_TO.value)
         print(f"Exported step {step} of {_WORKDIR.value} to {path}"
