@@ -15,6 +15,12 @@ class ConfigError(ValueError):
     """A configuration field has a value outside its allowed set."""
 
 
+class RunStopped(RuntimeError):
+    """A run ended on a fault it can name in one line (a checkpoint it could not write,
+    a non-finite step); the command-line programs print that line and exit with
+    status 1. Everything written before it (checkpoints, logs) is intact."""
+
+
 def invalid_field(field: str, value, allowed: str) -> ConfigError:
     """The error for `config.<field>` = `value`, saying what is `allowed`."""
     return ConfigError(f"config.{field}={value!r} is invalid: {allowed}.")

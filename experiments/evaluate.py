@@ -54,7 +54,10 @@ def main(argv):
         raise app.UsageError(f"--split={_SPLIT.value!r} plays the rows of a dataset; the run's "
                              f"env is {config.env.name!r}, not 'dataset_task'")
     trainer = evaluation.trainer_for_checkpoint(config)
-    step, params = evaluation.restore_params(trainer, _WORKDIR.value)
+    try:
+        step, params = evaluation.restore_params(trainer, _WORKDIR.value)
+    except FileNotFoundError as error:  # every step corrupt (each warned about)
+        raise app.UsageError(f"--workdir={_WORKDIR.value!r}: {error}") from error
     key = jax.random.key(_SEED.value)  # the same tasks for every policy
     env, play = trainer.env, None
     num_tasks = _NUM_TASKS.value

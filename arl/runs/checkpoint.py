@@ -64,6 +64,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from arl.errors import RunStopped
 from arl.runs import checksums
 
 PyTree = Any
@@ -83,7 +84,7 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint step is incomplete, its files cannot be read or a checksum differs."""
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(RunStopped):
     """A save failed (disk full, lost mount); earlier checkpoints are intact."""
 
 

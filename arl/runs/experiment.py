@@ -43,6 +43,7 @@ from arl import config as config_lib
 from arl import trainers as trainers_lib
 from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import run_guards
 from arl.runs import writers as writers_lib
 from arl.trainers import async_step
 from arl.trainers import placement
@@ -57,27 +58,11 @@ def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    try:  # keys added to the schema since the checkpoint are not changes
-        saved = config_json(config_lib.with_defaults(saved))
-    except config_lib.ConfigError:
-        pass  # a key since removed: reported below as changed
-    saved_flat, current_flat = _flat(saved), _flat(current)
-    changed = sorted(k for k in set(saved_flat) | set(current_flat)
-                     if saved_flat.get(k) != current_flat.get(k))
+    changed = run_guards.config_differences(saved, current)
     if changed:
         logging.warning("Resuming with a config that differs from the checkpoint's in: %s",
-                        ", ".join(f"{k} ({saved_flat.get(k)!r} -> {current_flat.get(k)!r})"
-                                  for k in changed))
+                        ", ".join(changed))
 
 
 def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
@@ -128,8 +113,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     with checkpoint_lib.Checkpointer(
             os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=config.keep_checkpoints,
             save_every=config.checkpoint_every) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state() if two is None
-                                       else two.abstract_checkpoint())
+        restored = run_guards.restore_latest(  # another run's checkpoint: one line
+            ckpt, trainer.abstract_state() if two is None else two.abstract_checkpoint(),
+            metadata["config"])
         history = {}  # two programs: behaviour parameters by version (async_step)
         saved = (lambda state: state) if two is None else (
             lambda state: two.checkpoint(state, history))
@@ -154,12 +140,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             workdir, resume_step=start if restored is not None else None)
         progress = writers_lib.ProgressBar(total, initial=min(start, total),
                                            log_every=config.log_every)
+        guard = run_guards.NonFiniteGuard(config.on_non_finite)
         try:
             if two is None:
                 results = _fused_steps(trainer, state)
             else:  # rollout t+1 runs while update t trains
                 results = two.steps(state, max(total - start, 0), history=history)
             for step, (state, metrics) in zip(range(start + 1, total + 1), results):
+                metrics = guard.step_done(step, metrics)  # NaN/inf: stop before saving
                 if step == start + 1:
                     # From the second step on, reuse the first one's memory (compiling
                     # measured no faster this way; the steps do).
@@ -171,18 +159,21 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                     if report.transcript is not None:
                         writer.write_text(step, "samples/sampled", report.transcript)
                 if step % config.log_every == 0 or step == total or sample_due:
+                    guard.check()
                     record = writer.write(step, metrics)
                     records.append(record)
                     progress.update(step, {k: record[k] for k in CURVE_KEYS if k in record})
                 else:
                     progress.update(step)
                 if ckpt.should_save(step, force=step == total):
+                    guard.check()
                     ckpt.save(step, saved(state), metadata=metadata, force=step == total)
                 if kill_after_step is not None and step == kill_after_step:
                     writer.flush()
                     logging.warning("--debug_kill_after_step=%d: sending SIGKILL.", step)
                     os.kill(os.getpid(), signal.SIGKILL)
             if start < total:
+                guard.check()
                 ckpt.save(total, saved(state), metadata=metadata, force=True)
         finally:
             progress.close()
