@@ -2,9 +2,12 @@
 orbax (what `arl.runs.checkpoint.Checkpointer` did before) against the checksummed
 `Checkpointer`, interleaved in one process.
 
-The state is `TokenTrainer.init_state()` of `configs/real_sizes.py` at `--shape` on a
-`--mesh` of fake CPU devices (float32 master weights and Adam moments, sharded as a run
-shards them). "before" saves and restores it with orbax's `CheckpointManager` exactly as
+The state is the weights of `configs/real_sizes.py` at `--shape`: its bfloat16
+parameters and a float32 master copy (Qwen2.5-0.5B: 0.92 + 1.84 GiB), random normals
+on a `--mesh` of fake CPU devices, sharded as a run shards them. (The whole train state
+adds Adam's two moments, 6.4 GiB in all: building, saving and restoring it beside itself
+needs more than this machine's 23 GiB; checksum and write times scale with the bytes.)
+"before" saves and restores it with orbax's `CheckpointManager` exactly as
 the Checkpointer does (StandardSave / StandardRestore of the state, JSON metadata,
 waiting for the commit); "after" is the Checkpointer, which adds a checksum pass over
 every array at save and at restore (`arl.runs.checksums`) and the non-finite check that
@@ -33,6 +36,7 @@ if __name__ == "__main__":
     common.force_host_devices(["--devices", "8"])
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 import real_sizes  # noqa: E402  pylint: disable=wrong-import-position
@@ -89,8 +93,14 @@ def main(argv=None):
     mesh = common.parse_meshes(args.mesh)[0]
 
     trainer = real_sizes.make_trainer(real_sizes.make_config(args.shape, mesh))
-    state = trainer.init_state()
-    target = trainer.abstract_state()
+    params = trainer.abstract_state().params
+    target = {"params": params, "master": jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, np.float32, sharding=a.sharding), params)}
+    leaves, treedef = jax.tree.flatten(target)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    state = jax.tree.unflatten(treedef, [
+        jax.jit(lambda key, a=leaf: jax.random.normal(key, a.shape, a.dtype),
+                out_shardings=leaf.sharding)(key) for key, leaf in zip(keys, leaves)])
     _block(state)
     nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(state) if hasattr(leaf, "nbytes"))
     metadata = {"config": {"shape": args.shape}}
@@ -133,8 +143,10 @@ def main(argv=None):
                  f"{after['restore'] / before['restore']:.2f}x", "", ""])
     leaves = len(jax.tree.leaves(state))
     text = common.heading("checkpoint_integrity.py") + (
-        f"State: `TokenTrainer.init_state()` of `configs/real_sizes.py` {args.shape} on mesh "
-        f"{mesh} (fake CPU devices): {leaves} arrays, {nbytes / 2**30:.2f} GiB. Medians of "
+        f"State: the weights of `configs/real_sizes.py` {args.shape}, bfloat16 parameters "
+        f"and their float32 master copy (random normals, sharded as the run's) on mesh "
+        f"{mesh} (fake CPU devices): {leaves} arrays, "
+        f"{nbytes / 2**30:.2f} GiB. Medians of "
         f"{args.rounds} interleaved rounds (order alternating), local disk; restore "
         "includes waiting for the arrays.\n\n"
         + common.markdown_table(["side", "save (s)", "restore (s)", "save GiB/s",

@@ -419,8 +419,10 @@ class Checkpointer:
 
     def _check_free_space(self, step: int, state: PyTree) -> None:
         """CheckpointWriteError before writing when the local disk cannot hold the
-        state's bytes (uncompressed: an upper bound), so a full disk ends cleanly."""
-        if str(self._directory).startswith(("gs://", "s3://")):
+        state's bytes (uncompressed: an upper bound), so a full disk ends cleanly. Not
+        with several processes: each sees its own disk, and one refusing alone would
+        leave the others waiting in orbax's save."""
+        if str(self._directory).startswith(("gs://", "s3://")) or jax.process_count() > 1:
             return
         needed = sum(int(np.prod(getattr(leaf, "shape", ()))) *
                      np.dtype(_physical_shape_dtype(leaf)[1]).itemsize
@@ -467,7 +469,8 @@ class Checkpointer:
 
         Raises:
             CheckpointStructureError: the tree on disk does not match the target.
-            CheckpointCorruptError: a commit marker is missing or files are unreadable.
+            CheckpointCorruptError: a commit marker is missing, files are unreadable or
+                a checksum does not match what was saved.
         """
         self._check_committed(step)
         try:

@@ -72,10 +72,10 @@ def _words(leaf: jax.Array) -> jax.Array:
     return leaf.astype(jnp.int32).astype(jnp.uint32)
 
 
-def _linear_index(shape: tuple[int, ...]) -> jax.Array:
-    """Row-major element index, uint32 (wrapping past 2**32 elements), without a
-    reshape (which would relayout a sharded array)."""
-    index = jnp.zeros(shape, jnp.uint32)
+def _linear_index(shape: tuple[int, ...], offset=0) -> jax.Array:
+    """Row-major element index plus `offset`, uint32 (wrapping past 2**32 elements),
+    without a reshape (which would relayout a sharded array)."""
+    index = jnp.zeros(shape, jnp.uint32) + jnp.asarray(offset, jnp.uint32)
     stride = 1
     for axis in reversed(range(len(shape))):
         index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * np.uint32(
@@ -84,26 +84,65 @@ def _linear_index(shape: tuple[int, ...]) -> jax.Array:
     return index
 
 
-def _leaf_lanes(leaf: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    words = _words(leaf)
-    index = _linear_index(words.shape)
-    lane_1 = jnp.sum(_fmix32(words + index * _GOLDEN), dtype=jnp.uint32)
-    lane_2 = jnp.sum(_fmix32(words ^ _fmix32(index ^ _SALT)), dtype=jnp.uint32)
-    if jnp.issubdtype(leaf.dtype, jnp.inexact) and not jax.dtypes.issubdtype(
-            leaf.dtype, jax.dtypes.prng_key):
-        non_finite = jnp.sum(~jnp.isfinite(leaf), dtype=jnp.int32)
+def _block_lanes(block: jax.Array, sharding, offset) -> tuple[jax.Array, ...]:
+    """Both lanes and the non-finite count of the elements of `block`, the first at
+    linear index `offset`."""
+    words = _words(block)
+    index = _linear_index(words.shape, offset)
+    if sharding is not None and words.shape == block.shape:
+        # Laid out as the block: unconstrained, the partitioner computes the whole index
+        # on every device (a full-size temporary each, and the work of all of them).
+        index = jax.lax.with_sharding_constraint(index, sharding)
+    if jnp.issubdtype(block.dtype, jnp.inexact) and not jax.dtypes.issubdtype(
+            block.dtype, jax.dtypes.prng_key):
+        non_finite = jnp.sum(~jnp.isfinite(block), dtype=jnp.int32)
     else:
         non_finite = jnp.zeros((), jnp.int32)
-    return lane_1, lane_2, non_finite
+    return (jnp.sum(_fmix32(words + index * _GOLDEN), dtype=jnp.uint32),
+            jnp.sum(_fmix32(words ^ _fmix32(index ^ _SALT)), dtype=jnp.uint32),
+            non_finite)
 
 
-@functools.lru_cache(maxsize=None)
-def _program(devices: tuple[jax.Device, ...]):
-    """The jitted checksum of a list of leaves on `devices`, its results replicated there
-    (readable by every process holding one of them)."""
+def _leading_axis_whole(leaf: jax.Array, sharding) -> bool:
+    spec = getattr(sharding, "spec", None)
+    return leaf.ndim >= 2 and (spec is None or len(spec) == 0 or spec[0] is None)
+
+
+def _leaf_lanes(leaf: jax.Array, sharding) -> tuple[jax.Array, jax.Array, jax.Array]:
+    if not _leading_axis_whole(leaf, sharding):
+        return _block_lanes(leaf, sharding, 0)
+    # One slice of the leading axis at a time (stacked layers, rows): XLA's CPU backend
+    # does not fuse the mixing into a large reduction, so a whole-leaf sum holds three
+    # leaf-sized temporaries; the scan holds one slice's.
+    rest = (jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
+        *sharding.spec[1:])) if isinstance(sharding, jax.sharding.NamedSharding) else None)
+    row_words = np.uint32(_row_words(leaf) % 2**32)
+
+    def row(totals, inputs):
+        block, r = inputs
+        return tuple(t + x for t, x in zip(totals, _block_lanes(block, rest,
+                                                                 r * row_words))), None
+
+    zeros = (jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.uint32), jnp.zeros((), jnp.int32))
+    totals, _ = jax.lax.scan(row, zeros,
+                             (leaf, jnp.arange(leaf.shape[0], dtype=jnp.uint32)))
+    return totals
+
+
+def _row_words(leaf: jax.Array) -> int:
+    """uint32 words per slice of the leading axis."""
+    words = jax.eval_shape(_words, jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype))
+    return int(np.prod(words.shape))
+
+
+@functools.lru_cache(maxsize=64)
+def _program(devices: tuple[jax.Device, ...], shardings: tuple):
+    """The jitted checksum of a list of leaves on `devices` laid out as `shardings`, its
+    results replicated there (readable by every process holding one of them)."""
     mesh = jax.sharding.Mesh(np.asarray(devices), ("devices",))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.jit(lambda leaves: [_leaf_lanes(leaf) for leaf in leaves],
+    return jax.jit(lambda leaves: [_leaf_lanes(leaf, sharding)
+                                   for leaf, sharding in zip(leaves, shardings)],
                    out_shardings=replicated)
 
 
@@ -129,7 +168,8 @@ def tree_checksums(tree: Any) -> dict[str, LeafCheck]:
         by_devices.setdefault(_devices(leaf), []).append((name, leaf))
     checks = {}
     for devices, group in by_devices.items():
-        results = _program(devices)([leaf for _, leaf in group])
+        leaves = [leaf for _, leaf in group]
+        results = _program(devices, tuple(leaf.sharding for leaf in leaves))(leaves)
         for (name, _), (lane_1, lane_2, non_finite) in zip(group, results):
             checks[name] = LeafCheck(
                 digest=f"{_local_value(lane_1):08x}{_local_value(lane_2):08x}",
