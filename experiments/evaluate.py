@@ -9,8 +9,9 @@ line per environment for mixtures, plus baselines: the environment's demonstrato
 oracle, where it defines them) and a few sampled transcripts. With `--split` (runs of
 `dataset_task`), every row of that split of the run's dataset is played exactly once, in
 row order (`DatasetTask.split_tasks()`), instead of `--num_tasks` fresh tasks: "eval"
-scores the held-out rows. Bad input is one line on stderr and exit status 2
-(experiments/cli.py).
+scores the held-out rows. The newest checkpoint whose checksums verify is evaluated (a
+corrupt one is skipped with one warning; docs/faults.md). Bad input is one line on
+stderr and exit status 2 (experiments/cli.py).
 """
 
 from __future__ import annotations
