@@ -351,7 +351,9 @@ def test_checkpoint_without_checksums_restores_with_a_warning(tmp_path, caplog):
 def test_non_finite_state_is_not_saved(tmp_path):
     state = {"w": jnp.array([1.0, jnp.nan, jnp.inf]), "n": jnp.arange(3)}
     with checkpoint.Checkpointer(tmp_path) as ckpt:
-        with pytest.raises(checkpoint.NonFiniteStateError, match=r"per leaf: w \(2\)"):
+        with pytest.raises(checkpoint.NonFiniteStateError,
+                           match=f"refusing to checkpoint step 1 in {tmp_path} with NaN or "
+                                 r"inf values \(non-finite elements per leaf: w \(2\)\)"):
             ckpt.save(1, state, force=True)
         assert ckpt.all_steps() == []
     with checkpoint.Checkpointer(tmp_path, allow_non_finite=True) as ckpt:

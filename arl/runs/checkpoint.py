@@ -88,7 +88,7 @@ class CheckpointWriteError(RunStopped):
     """A save failed (disk full, lost mount); earlier checkpoints are intact."""
 
 
-class NonFiniteStateError(ValueError):
+class NonFiniteStateError(RunStopped):
     """A state with NaN or inf in a floating leaf was given to `Checkpointer.save`."""
 
 
@@ -107,14 +107,14 @@ def _metadata_digest(metadata: Any) -> str:
 
 
 def _integrity_record(state: PyTree, json_metadata: dict[str, Any], *,
-                      allow_non_finite: bool) -> dict[str, Any]:
+                      allow_non_finite: bool, where: str) -> dict[str, Any]:
     """What `restore` verifies: each array's checksum and the metadata's SHA-256."""
     checks = checksums.tree_checksums(state)
     bad = [f"{name} ({check.non_finite})" for name, check in checks.items()
            if check.non_finite]
     if bad and not allow_non_finite:
         raise NonFiniteStateError(
-            f"refusing to checkpoint a state with NaN or inf values (non-finite elements "
+            f"refusing to checkpoint {where} with NaN or inf values (non-finite elements "
             f"per leaf: {_listing(bad)}); allow_non_finite=True saves it anyway")
     return {"algorithm": checksums.ALGORITHM,
             "metadata_sha256": _metadata_digest(json_metadata),
@@ -372,7 +372,8 @@ class Checkpointer:
         if INTEGRITY_KEY in json_metadata:
             raise ValueError(f"metadata key {INTEGRITY_KEY!r} is reserved for checksums")
         record = _integrity_record(state, json_metadata,
-                                   allow_non_finite=self._allow_non_finite)
+                                   allow_non_finite=self._allow_non_finite,
+                                   where=f"step {step} in {self._directory}")
         self._check_free_space(step, state)
         args = ocp.args.Composite(**{
             _STATE_ITEM: ocp.args.StandardSave(state),
