@@ -25,8 +25,9 @@ def _reference_digest(words: np.ndarray) -> str:
     """The module docstring's formula, element by element in Python integers."""
     lane_1 = lane_2 = 0
     for i, w in enumerate(int(x) for x in words.reshape(-1)):
-        lane_1 = (lane_1 + _fmix32((w + i * 0x9E3779B9) & _MASK)) & _MASK
-        lane_2 = (lane_2 + _fmix32(w ^ _fmix32(i ^ 0x85EBCA6B))) & _MASK
+        mixed = _fmix32((w + i * 0x9E3779B9) & _MASK)
+        lane_1 = (lane_1 + mixed) & _MASK
+        lane_2 = (lane_2 + mixed * (2 * i + 1)) & _MASK
     return f"{lane_1:08x}{lane_2:08x}"
 
 
