@@ -47,8 +47,9 @@ SECTION = "Checkpoint checksums"
 NOTE = (
     "\nThe added time is the checksum pass, once at save and once at restore: on the CPU "
     "it is compute-bound (one MurmurHash3 finaliser per 32-bit word, the index computed "
-    "alongside), about the time orbax takes to write the same bytes to a local disk; on "
-    "a GPU or TPU it is one fused read of the state (not measured here). Absolute times "
+    "alongside), comparable to the time orbax takes to write the same bytes to a local "
+    "disk; on a GPU or TPU it is one fused read of the state (not measured here). Absolute "
+    "times "
     "are from a shared machine (load average in the heading), so compare the two sides, "
     "which ran interleaved.\n")
 
