@@ -46,7 +46,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
     trainer = evaluation.trainer_for_checkpoint(config)
     try:
         step, params = evaluation.restore_params(trainer, workdir, step)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, evaluation.CheckpointCorruptError) as error:
         raise app.UsageError(f"--step={step}: {error}" if step is not None
                              else f"--workdir={workdir!r}: {error}") from error
     path = hf_export.export_checkpoint(out, jax.device_get(params), trainer.model.config,

@@ -50,6 +50,7 @@ from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs import preemption
 from arl.runs import workdir_lock
+from arl.runs import run_guards
 from arl.runs import writers as writers_lib
 from arl.trainers import async_step
 from arl.trainers import placement
@@ -64,27 +65,11 @@ def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    try:  # keys added to the schema since the checkpoint are not changes
-        saved = config_json(config_lib.with_defaults(saved))
-    except config_lib.ConfigError:
-        pass  # a key since removed: reported below as changed
-    saved_flat, current_flat = _flat(saved), _flat(current)
-    changed = sorted(k for k in set(saved_flat) | set(current_flat)
-                     if saved_flat.get(k) != current_flat.get(k))
+    changed = run_guards.config_differences(saved, current)
     if changed:
         logging.warning("Resuming with a config that differs from the checkpoint's in: %s",
-                        ", ".join(f"{k} ({saved_flat.get(k)!r} -> {current_flat.get(k)!r})"
-                                  for k in changed))
+                        ", ".join(changed))
 
 
 def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
@@ -150,7 +135,8 @@ def _run_locked(trainer, config, workdir, kill_after_step):
     with checkpoint_lib.Checkpointer(
             checkpoint_dir, max_to_keep=config.keep_checkpoints,
             save_every=config.checkpoint_every) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state())
+        restored = run_guards.restore_latest(  # another run's checkpoint: one line
+            ckpt, trainer.abstract_state(), metadata["config"])
         if restored is None:
             start, state = 0, trainer.init_state()
             logging.info("Starting a fresh run in %s; %s", workdir, _compiling_note())
@@ -170,11 +156,13 @@ def _run_locked(trainer, config, workdir, kill_after_step):
         writer = writers_lib.MetricsWriter(workdir, resume_step=start)
         progress = writers_lib.ProgressBar(total, initial=min(start, total),
                                            log_every=config.log_every)
+        guard = run_guards.NonFiniteGuard(config.on_non_finite)
         stopped_at, saved = None, False
         try:
             with preemption.StopSignals() as stop:
                 for step in range(start + 1, total + 1):
                     state, metrics = trainer.train_step(state)
+                    metrics = guard.step_done(step, metrics)  # NaN/inf: stop before saving
                     if step == start + 1:
                         # From the second step on, reuse the first one's memory
                         # (compiling measured no faster this way; the steps do).
@@ -186,6 +174,7 @@ def _run_locked(trainer, config, workdir, kill_after_step):
                         if report.transcript is not None:
                             writer.write_text(step, "samples/sampled", report.transcript)
                     if step % config.log_every == 0 or step == total or sample_due:
+                        guard.check()
                         record = writer.write(step, metrics)
                         records.append(record)
                         progress.update(step, {k: record[k] for k in CURVE_KEYS
@@ -195,6 +184,7 @@ def _run_locked(trainer, config, workdir, kill_after_step):
                     stopping = stop.requested(step)
                     force = step == total or stopping
                     if ckpt.should_save(step, force=force):
+                        guard.check()
                         writer.sync()  # the records this checkpoint covers, on disk first
                         saved = ckpt.save(step, state, metadata=metadata, force=force)
                     if kill_after_step is not None and step == kill_after_step:
@@ -204,6 +194,7 @@ def _run_locked(trainer, config, workdir, kill_after_step):
                         stopped_at = (stop.signum, step, saved)
                         break
                 if start < total and stopped_at is None:
+                    guard.check()
                     writer.sync()
                     ckpt.save(total, state, metadata=metadata, force=True)
         except Exception as error:  # pylint: disable=broad-except

@@ -43,6 +43,7 @@ from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
 from arl.runs import allocator
 from arl.trainers import credit_assignment as credit_lib
+from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers.python_rewards import PythonRewards
@@ -331,6 +332,13 @@ class TokenTrainer:
         has_signal = jnp.any(advantages != 0)
         if demo is not None or c.loss.echo_coef > 0 or not c.filters.skip_zero_advantage:
             has_signal = jnp.ones((), bool)  # the auxiliary terms still carry gradient
+        # An env's NaN reward or out-of-range id poisons the loss: counted per env for the
+        # host guard; under on_non_finite="skip" the update is skipped instead.
+        faults = guards.rollout_faults(traj.rewards, self.env_names, env_ids=traj.env_ids,
+                                       tokens=traj.tokens,
+                                       vocab_size=self.model.config.vocab_size)
+        if c.on_non_finite == "skip":
+            has_signal = has_signal & guards.inputs_finite(faults)
 
         def do_update(operand):
             params, opt_state = operand
@@ -348,6 +356,13 @@ class TokenTrainer:
 
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
+        faults.update(guards.update_faults(nonfinite_loss=update_metrics["loss/total"],
+                                           nonfinite_grads=update_metrics["grad_norm"]))
+        if c.on_non_finite == "skip":
+            params, opt_state = guards.keep_unless(guards.update_failed(faults),
+                                                   (params, opt_state),
+                                                   (state.params, state.opt_state))
+        metrics.update(faults)
 
         metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
         metrics.update(signals.metrics)

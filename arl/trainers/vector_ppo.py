@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
@@ -33,6 +34,7 @@ from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
 from arl.optim import make_optimizer, rl_updates
+from arl.trainers import guards
 from arl.trainers.protocol import EvaluationReport
 from arl.trainers.update import scan_epochs
 from arl.models.mlp import ActorCritic
@@ -163,6 +165,17 @@ class VectorPPO:
 
         params, opt_state, metrics = self.update(state.params, state.opt_state, batch,
                                                   update_key)
+        # For the host guard (arl.trainers.guards); the parameters' finiteness stands in
+        # for the gradient norm, which only `vector.diagnostics` computes.
+        faults = guards.rollout_faults(traj.reward.T, (c.env.name,))
+        faults.update(guards.update_faults(nonfinite_loss=metrics["loss/total"],
+                                           nonfinite_params=optax.global_norm(params)))
+        if c.on_non_finite == "skip":
+            bad = guards.update_failed(faults) | ~guards.inputs_finite(
+                {k: v for k, v in faults.items() if guards.REWARDS in k})
+            params, opt_state = guards.keep_unless(bad, (params, opt_state),
+                                                   (state.params, state.opt_state))
+        metrics.update(faults)
         num_finished = jnp.sum(traj.done)
         episode_return = jnp.where(num_finished > 0,
                                    jnp.sum(finished) / jnp.maximum(num_finished, 1),
