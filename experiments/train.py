@@ -48,28 +48,17 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
-    from arl import caches
+    import arl
     from arl import config as config_lib
-    from arl.runs import allocator
-
-    # Compiled programs persist across runs (arl/caches.py: ARL_COMPILATION_CACHE=0 is
-    # the opt-out); before anything compiles.
-    caches.enable_compilation_cache()
-
-    # Before JAX's backend starts: steps run on this thread, whose heap is kept mapped
-    # between steps (arl/runs/allocator.py; the trainer would set both itself, with a
-    # log line meant for notebooks). Not with asynchronous rollouts: a one-device program
-    # run inline would block the host loop that overlaps rollout and update
-    # (docs/async.md).
-    if not config_lib.uses_two_programs(config):
-        allocator.run_computations_inline_unless_disabled()
-    allocator.keep_freed_memory_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
+    # Before anything runs on a device: the compilation cache and the CPU host settings
+    # (arl/runs/process_settings.py; `experiment.run` calls it again, a no-op then).
+    arl.setup(config)
 
     # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)

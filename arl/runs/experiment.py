@@ -2,7 +2,9 @@
 
     records = run(config, workdir)
 
-1. `config_lib.validate(config, workdir=...)` rejects bad settings before compiling.
+1. `arl.setup(config)` applies the process settings (compilation cache, CPU host
+   settings; `arl.runs.process_settings`), then `config_lib.validate(config, workdir=...)`
+   rejects bad settings before compiling.
 2. `arl.trainers.build(config)` returns the trainer of the algorithm's row (a
    `TokenTrainer` or a `VectorPPO`); the loop uses only the `arl.trainers.Trainer`
    protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
@@ -41,8 +43,8 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
-from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import process_settings
 from arl.runs import writers as writers_lib
 from arl.trainers import async_step
 from arl.trainers import placement
@@ -115,6 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       The metric records this call logged (one dict per logged step, with ``step``);
       `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
     """
+    process_settings.setup(config)
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
     # Across processes a rollout mesh of its own takes a share of every process's
     # devices, and so does the training mesh (arl.trainers.placement); None: the default.
@@ -160,10 +163,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             else:  # rollout t+1 runs while update t trains
                 results = two.steps(state, max(total - start, 0), history=history)
             for step, (state, metrics) in zip(range(start + 1, total + 1), results):
-                if step == start + 1:
-                    # From the second step on, reuse the first one's memory (compiling
-                    # measured no faster this way; the steps do).
-                    allocator.keep_freed_memory_unless_disabled()
                 sample_due = config.sample_every > 0 and step % config.sample_every == 0
                 if sample_due:
                     report = trainer.evaluation_report(state, evaluation_key(config, step))

@@ -28,7 +28,6 @@ from jax.flatten_util import ravel_pytree
 
 from arl import algorithm_table
 from arl import algorithms as alg
-from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
@@ -66,7 +65,6 @@ class VectorPPO:
     """Static pieces and the jitted `train_step` of PPO on a (gymnax) vector env."""
 
     def __init__(self, config: ml_collections.ConfigDict):
-        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
         config_lib.validate(config, num_devices=jax.device_count())
         if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
