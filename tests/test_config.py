@@ -56,7 +56,7 @@ _BAD_CONFIGS = [
     ("unknown_schedule", lambda c: setattr(c.optim, "schedule", "step"), "optim.schedule",
      None),
     ("clip_low_above_one", lambda c: setattr(c.loss, "clip_low", 1.5), "loss.clip_low", None),
-    ("clip_high_zero", lambda c: setattr(c.loss, "clip_high", 0.0), "loss.clip_high", None),
+    ("clip_high_negative", lambda c: setattr(c.loss, "clip_high", -0.1), "loss.clip_high", None),
     ("dual_clip_below_one", lambda c: setattr(c.loss, "dual_clip", 0.5), "loss.dual_clip",
      None),
     ("unknown_aggregation", lambda c: setattr(c.loss, "agg", "mean"), "loss.agg", None),

@@ -121,7 +121,7 @@ class TokenTrainer:
                                shuffle=config.updates.shuffle,
                                reuse_activations=config_lib.reuses_rollout_activations(
                                    config),
-                               policy_loss=self.algorithm.policy_loss,
+                               policy_loss=algorithm_table.chosen_policy_loss(config),
                                rows_within_bounds=True, **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.

@@ -183,9 +183,10 @@ class VectorPPO:
         adv = mb["advantages"]
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ones = jnp.ones((adv.shape[0], 1), jnp.float32)
+        clips = algorithm_table.get_policy_loss("ppo").clips(c.loss)  # 0: ppo's default
         pg, pg_metrics = alg.policy_loss(
             logp[:, None], mb["logp"][:, None], adv[:, None], ones,
-            clip_low=c.loss.clip_low, clip_high=c.loss.clip_high)
+            clip_low=clips.clip_low, clip_high=clips.clip_high)
         vl, v_metrics = alg.value_loss(
             values[:, None], mb["value"][:, None], mb["returns"][:, None], ones,
             clip=c.loss.value_clip or None)
