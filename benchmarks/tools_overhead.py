@@ -17,7 +17,9 @@ import statistics
 import sys
 import time
 
-from arl.tools import ToolPool, run_sql, sandbox, sql
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs
+
+from arl.tools import ToolPool, run_sql, sandbox, sql  # noqa: E402
 
 def _interleaved_ms(calls: dict, repeats: int) -> dict:
     """name -> (median ms, min ms), the calls taken in turn, one of each per round."""

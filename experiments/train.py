@@ -65,16 +65,16 @@ def main(argv):
     if _EXPORT_TO.value is not None:
         from absl import app  # pylint: disable=g-import-not-at-top
 
-        from experiments import exporting  # pylint: disable=g-import-not-at-top
+        from arl.runs import export  # pylint: disable=g-import-not-at-top
         if not config.model.get("hf_checkpoint", ""):
             raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
                                  "config.model.hf_checkpoint, which this config does not set")
-        exporting.check_target(_EXPORT_TO.value, "--export_to")
+        export.check_target(_EXPORT_TO.value, "--export_to")
     from arl.runs import experiment
 
     experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
     if _EXPORT_TO.value is not None and jax.process_index() == 0:
-        step, path, changed = exporting.export_run(_WORKDIR.value, _EXPORT_TO.value)
+        step, path, changed = export.export_run(_WORKDIR.value, _EXPORT_TO.value)
         print(f"Exported step {step} of {_WORKDIR.value} to {path}"
               + (f" (config.json changed: {sorted(changed)})" if changed else ""))
 

@@ -24,6 +24,28 @@ def test_notebook_is_valid_and_has_an_install_cell():
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")
 
 
+def test_the_notebooks_config_is_the_quickstart_config(tmp_path):
+    """The notebook spells its config out (it runs from a plain install, without the
+    repository's configs/): it is configs/grpo_bandit.py's, key for key."""
+    import json  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from configs import grpo_bandit  # pylint: disable=import-outside-toplevel
+
+    notebook = nbformat.read(_NOTEBOOK, as_version=4)
+    cell = [c for c in notebook.cells if c.cell_type == "code"][1]
+    program = cell.source + "\nprint('@@' + config.to_json(sort_keys=True))\n"
+    env = {**os.environ, "ARL_NOTEBOOK_SIZE": "small",
+           "ARL_NOTEBOOK_WORKDIR": str(tmp_path / "run")}
+    done = subprocess.run([sys.executable, "-c", program], env=env, text=True,
+                          capture_output=True, timeout=300, check=False,
+                          cwd=os.path.dirname(_NOTEBOOK))
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [l for l in done.stdout.splitlines() if l.startswith("@@")][-1]
+    assert json.loads(line[2:]) == json.loads(grpo_bandit.get_config().to_json(sort_keys=True))
+
+
 @pytest.mark.slow  # a fresh kernel compiles the train step and the evaluation: ~1-2 min
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("ARL_NOTEBOOK_SIZE", "tiny")
