@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import nbformat
 import pytest
@@ -21,7 +22,16 @@ def test_notebook_is_valid_and_has_an_install_cell():
     nbformat.validate(notebook)
     first_code = next(c for c in notebook.cells if c.cell_type == "code")
     assert 'find_spec("arl") is None' in first_code.source and "pip" in first_code.source
-    assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")
+    # Stored with the outputs of one run at the default size (the README links it): the
+    # final metrics, the learning curve as a PNG and a transcript.
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert "size: small" in _text(code[1])
+    assert re.search(r"step 100: reward_mean=\d\.\d+ success_rate=\d\.\d+", _text(code[2]))
+    assert any("image/png" in out.get("data", {}) for out in code[3]["outputs"])
+    assert "[agent]" in _text(code[4])
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(_NOTEBOOK)), "README.md"),
+                  encoding="utf-8").read()
+    assert "(notebooks/quickstart.ipynb)" in readme
 
 
 def test_the_notebooks_config_is_the_quickstart_config(tmp_path):
