@@ -36,7 +36,10 @@ setuptools.setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
+    # The library only: the command lines (experiments/) and the shipped configs
+    # (configs/) run from a checkout (`python -m experiments.train --config=configs/...`),
+    # so an install claims no generic top-level name such as `experiments` or `configs`.
+    packages=setuptools.find_packages(include=["arl", "arl.*"]),
     # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
     package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",

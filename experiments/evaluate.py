@@ -36,6 +36,7 @@ def main(argv):
     del argv
     import jax
 
+    import arl
     from arl import algorithm_table, rollout
     from arl import config as config_lib
     from arl.runs import evaluation
@@ -54,6 +55,7 @@ def main(argv):
     if _SPLIT.value is not None and config.env.name != "dataset_task":
         raise app.UsageError(f"--split={_SPLIT.value!r} plays the rows of a dataset; the run's "
                              f"env is {config.env.name!r}, not 'dataset_task'")
+    arl.setup(config)  # the compilation cache and the CPU host settings
     trainer = evaluation.trainer_for_checkpoint(config)
     try:
         step, params = evaluation.restore_params(trainer, _WORKDIR.value)

@@ -54,39 +54,28 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
-    from arl import caches
+    import arl
     from arl import config as config_lib
-    from arl.runs import allocator
-
-    # Compiled programs persist across runs (arl/caches.py: ARL_COMPILATION_CACHE=0 is
-    # the opt-out); before anything compiles.
-    caches.enable_compilation_cache()
-
-    # Before JAX's backend starts: steps run on this thread, whose heap is kept mapped
-    # between steps (arl/runs/allocator.py; the trainer would set both itself, with a
-    # log line meant for notebooks). Not with asynchronous rollouts: a one-device program
-    # run inline would block the host loop that overlaps rollout and update
-    # (docs/async.md).
-    if not config_lib.uses_two_programs(config):
-        allocator.run_computations_inline_unless_disabled()
-    allocator.keep_freed_memory_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
+    # Before anything runs on a device: the compilation cache and the CPU host settings
+    # (arl/runs/process_settings.py; `experiment.run` calls it again, a no-op then).
+    arl.setup(config)
 
     # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
     if _EXPORT_TO.value is not None:
         from absl import app  # pylint: disable=g-import-not-at-top
 
-        from experiments import exporting  # pylint: disable=g-import-not-at-top
+        from arl.runs import export  # pylint: disable=g-import-not-at-top
         if not config.model.get("hf_checkpoint", ""):
             raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
                                  "config.model.hf_checkpoint, which this config does not set")
-        exporting.check_target(_EXPORT_TO.value, "--export_to")
+        export.check_target(_EXPORT_TO.value, "--export_to")
     from arl.runs import experiment, preemption, workdir_lock
 
     try:
@@ -98,7 +87,7 @@ def main(argv):
         sys.stderr.flush()
         sys.exit(stopped.exit_code)
     if _EXPORT_TO.value is not None and jax.process_index() == 0:
-        step, path, changed = exporting.export_run(_WORKDIR.value, _EXPORT_TO.value)
+        step, path, changed = export.export_run(_WORKDIR.value, _EXPORT_TO.value)
         print(f"Exported step {step} of {_WORKDIR.value} to {path}"
               + (f" (config.json changed: {sorted(changed)})" if changed else ""))
 

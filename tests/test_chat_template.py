@@ -221,7 +221,7 @@ def test_padded_vocabulary_ids_are_never_sampled_nor_scored():
     import jax.numpy as jnp
 
     from arl.models import sampling
-    from arl.models.logprobs import chunked_token_logprobs
+    from arl.models.chunked_logprobs import chunked_token_logprobs
     from arl.models.transformer import Transformer, TransformerConfig, output_matrix
 
     config = TransformerConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2,

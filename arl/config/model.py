@@ -54,7 +54,7 @@ def defaults() -> ml_collections.ConfigDict:
     c.vocab_size = 0
     c.norm_eps = 1e-6  # RMSNorm epsilon of a fresh model (Llama 3: 1e-5)
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
-    # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
+    # this many positions (arl.models.chunked_logprobs), never the full [B, T, V] logits.
     c.logprob_chunk = 0
     # Self-attention: "dense" ([B, H, T, T] scores), "blocked" (FlashAttention-style
     # tiling in JAX, memory linear in the context, any backend), "cudnn" (cuDNN's fused

@@ -2,8 +2,10 @@
 
     records = run(config, workdir)
 
-1. `config_lib.validate(config, workdir=...)` rejects bad settings before compiling;
-   the workdir's lock (`arl.runs.workdir_lock`) turns a second run on it away.
+1. `arl.setup(config)` applies the process settings (compilation cache, CPU host
+   settings; `arl.runs.process_settings`), then `config_lib.validate(config, workdir=...)`
+   rejects bad settings before compiling; the workdir's lock (`arl.runs.workdir_lock`)
+   turns a second run on it away.
 2. The trainer: `arl.trainers.build(config)` (a `TokenTrainer` or a `VectorPPO`, by the
    algorithm's row), run as two overlapped programs (`arl.trainers.async_step`) with a
    policy lag or a rollout mesh. The loop uses only the `arl.trainers.Trainer`
@@ -46,8 +48,8 @@ import ml_collections
 from arl import config as config_lib
 from arl import trainers as trainers_lib
 from arl.errors import RewardFunctionError
-from arl.runs import allocator
 from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import process_settings
 from arl.runs import preemption
 from arl.runs import workdir_lock
 from arl.runs import run_guards
@@ -115,6 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       arl.runs.preemption.Preempted: SIGTERM or SIGINT stopped the run after a step,
         whose checkpoint is written and whose logs are on disk.
     """
+    process_settings.setup(config)
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
     # Across processes a rollout mesh of its own takes a share of every process's
     # devices, and so does the training mesh (arl.trainers.placement); None: the default.
@@ -163,10 +166,6 @@ def _run_locked(trainer, config, workdir, kill_after_step):
                 for step in range(start + 1, total + 1):
                     state, metrics = trainer.train_step(state)
                     metrics = guard.step_done(step, metrics)  # NaN/inf: stop before saving
-                    if step == start + 1:
-                        # From the second step on, reuse the first one's memory
-                        # (compiling measured no faster this way; the steps do).
-                        allocator.keep_freed_memory_unless_disabled()
                     sample_due = config.sample_every > 0 and step % config.sample_every == 0
                     if sample_due:
                         report = trainer.evaluation_report(state, evaluation_key(config, step))

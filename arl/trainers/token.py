@@ -32,7 +32,6 @@ import ml_collections
 
 from arl import algorithm_table
 from arl import algorithms as alg
-from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
@@ -41,7 +40,6 @@ from arl.optim import make_optimizer, rl_updates
 from arl.rollout import episode_datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
-from arl.runs import allocator
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
 from arl.trainers.tracing import trace_once
@@ -67,28 +65,12 @@ class StepKeys(NamedTuple):
     branch: jax.Array
 
 
-def _runs_two_programs(config) -> bool:
-    """`config_lib.uses_two_programs` before validation: a config too malformed to tell
-    counts as two programs (nothing set; `validate` then names the field)."""
-    try:
-        return config_lib.uses_two_programs(config)
-    except (AttributeError, KeyError, TypeError):
-        return True
-
-
 class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
-        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
-        # The CPU host settings (arl.runs.allocator), the first before any device query;
-        # the second (and the line saying what was set) even when validation fails.
-        set_inline = allocator.trainer_settings_before_backend(
-            two_programs=_runs_two_programs(config))
-        try:
-            config_lib.validate(config, num_devices=jax.device_count())
-        finally:
-            allocator.trainer_settings_after_backend(set_inline=set_inline)
+        # Validates, and changes nothing global: process settings are `arl.setup()`'s.
+        config_lib.validate(config, num_devices=jax.device_count())
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
@@ -144,7 +126,7 @@ class TokenTrainer:
                                shuffle=config.updates.shuffle,
                                reuse_activations=config_lib.reuses_rollout_activations(
                                    config),
-                               policy_loss=self.algorithm.policy_loss,
+                               policy_loss=algorithm_table.chosen_policy_loss(config),
                                rows_within_bounds=True, **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.

@@ -29,7 +29,6 @@ from jax.flatten_util import ravel_pytree
 
 from arl import algorithm_table
 from arl import algorithms as alg
-from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
@@ -68,7 +67,6 @@ class VectorPPO:
     """Static pieces and the jitted `train_step` of PPO on a (gymnax) vector env."""
 
     def __init__(self, config: ml_collections.ConfigDict):
-        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
         config_lib.validate(config, num_devices=jax.device_count())
         if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
@@ -198,9 +196,10 @@ class VectorPPO:
         adv = mb["advantages"]
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ones = jnp.ones((adv.shape[0], 1), jnp.float32)
+        clips = algorithm_table.get_policy_loss("ppo").clips(c.loss)  # 0: ppo's default
         pg, pg_metrics = alg.policy_loss(
             logp[:, None], mb["logp"][:, None], adv[:, None], ones,
-            clip_low=c.loss.clip_low, clip_high=c.loss.clip_high)
+            clip_low=clips.clip_low, clip_high=clips.clip_high)
         vl, v_metrics = alg.value_loss(
             values[:, None], mb["value"][:, None], mb["returns"][:, None], ones,
             clip=c.loss.value_clip or None)

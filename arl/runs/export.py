@@ -1,5 +1,6 @@
-"""The export of a run to a Hugging Face directory, shared by `experiments.export` and
-`experiments.train --export_to` (no flags defined here)."""
+"""The export of a run's checkpoint to a Hugging Face directory, behind the command lines
+`experiments.export` and `experiments.train --export_to` (no flags defined here). Bad
+input is an `absl.app.UsageError`: one line and exit status 2 under those programs."""
 
 from __future__ import annotations
 
