@@ -16,7 +16,7 @@ import pytest
 
 import arl
 from arl.envs.reward_functions import RewardFunctions, episodes
-from arl.rollout.play import scripted_rollout
+from arl.rollout.rollouts import scripted_rollout
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

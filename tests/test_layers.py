@@ -15,9 +15,6 @@ _ARL = os.path.join(_ROOT, "arl")
 _DOC = os.path.join(_ROOT, "docs", "architecture.md")
 # Import circles known and being removed on another branch; each entry must still be a
 # circle (the test below says when one is gone, so the entry goes with it).
-_KNOWN_CIRCLES = {frozenset({"arl.tools.capabilities", "arl.tools.sandbox"})}
-
-
 def layer_table(doc_text: str) -> list[tuple[str, list[str]]]:
     """(layer name, its packages) for each row of the "## Layers" table, top row first."""
     section = doc_text.split("## Layers", 1)[1].split("\n## ", 1)[0]
@@ -164,10 +161,7 @@ def test_arl_never_imports_the_entry_points(graph):
 def test_no_modules_import_each_other_in_a_circle(graph):
     _, _, edges = graph
     found = set(circles(edges))
-    assert found <= _KNOWN_CIRCLES, sorted(sorted(c) for c in found - _KNOWN_CIRCLES)
-    assert _KNOWN_CIRCLES <= found, (
-        f"no longer circles, remove them from _KNOWN_CIRCLES: "
-        f"{sorted(sorted(c) for c in _KNOWN_CIRCLES - found)}")
+    assert not found, sorted(sorted(c) for c in found)
 
 
 def test_the_checks_catch_an_upward_import_a_circle_and_a_function_level_import(tmp_path):

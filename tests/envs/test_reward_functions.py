@@ -11,7 +11,7 @@ from arl.text.hf_codec import HFCodec
 from arl.envs.reward_functions import RewardFunctions, episode_texts, episodes, resolve
 from arl.envs.tasks.dataset_task import DatasetTask
 from arl.errors import RewardFunctionError
-from arl.rollout.play import scripted_rollout
+from arl.rollout.rollouts import scripted_rollout
 from tests import hf_standins, user_rewards
 
 pa = pytest.importorskip("pyarrow")
