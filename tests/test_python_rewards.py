@@ -15,7 +15,7 @@ import pytest
 import arl
 from arl.envs.reward_functions import RewardFunctions
 from arl.errors import ConfigError
-from arl.rollout.play import scripted_rollout
+from arl.rollout.rollouts import scripted_rollout
 from arl.trainers.python_rewards import PythonRewards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
