@@ -20,6 +20,9 @@ TRAIN = [
     "tokenizers>=0.19",  # Hugging Face tokenizer.json codecs for the token envs
     "jinja2>=3.1.6",  # checkpoints' chat templates, rendered as transformers does
     "filelock",  # JAX locks (and bounds) the persistent compilation cache with it (arl/caches.py)
+    # The tool sandbox's seccomp allowlist (arl/tools/seccomp.py), compiled by the system's
+    # libseccomp (libseccomp2: Debian and Ubuntu have it with apt) through this binding.
+    "pyseccomp>=0.1.2",
 ]
 
 setuptools.setup(

@@ -17,7 +17,7 @@ tests/test_learning_token_slow.py.
 `max_turns = 2` is the oracle's horizon (one tool call, one answer); it keeps the
 context short (80 tokens) for this CPU. Scale up: `env.kwargs.max_digits` (up to 4),
 `max_turns`, a larger model, more tasks per step, a precomputed demonstration set
-(`loss.sft_dataset`, see `arl.data`), and `mesh` for a device slice.
+(`loss.sft_dataset`, see `arl.rollout.episode_datasets`), and `mesh` for a device slice.
 """
 
 from arl import config as config_lib

@@ -45,11 +45,11 @@ flags.mark_flags_as_required(["input", "output"])
 
 def codec_of(tokenizer: str):
     """The codec named by --tokenizer."""
-    from arl.envs.codec import CharCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.codec import CharCodec  # pylint: disable=g-import-not-at-top
 
     if tokenizer == "char":
         return CharCodec()
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
 
     try:
         if os.path.isdir(tokenizer):

@@ -306,7 +306,7 @@ CASES = {f.__name__: f for f in (
 
 def run_case(name: str, workdir: str) -> list[dict]:
     """The logged records of case `name` trained in `workdir` (a fresh directory)."""
-    from arl.data import datasets
+    from arl.rollout import episode_datasets as datasets
     from arl.runs import experiment
 
     config = CASES[name]()

@@ -3,7 +3,7 @@
 Each is what `transformers` writes with `save_pretrained`: config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json (with the chat template, or chat_template.jinja as
 newer transformers write it), generation_config.json. The tokenizers are small byte-level
-BPEs (digits and punctuation single tokens, as `arl.envs.hf_codec.train_bpe_tokenizer`
+BPEs (digits and punctuation single tokens, as `arl.text.hf_codec.train_bpe_tokenizer`
 builds) with the family's real special tokens and chat template; the models are tiny and
 their vocabularies padded past the tokenizer's, as Qwen's are. Nothing is downloaded.
 """
@@ -146,7 +146,7 @@ LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>"
 def _corpus() -> list[str]:
     from arl.data import word_problems
     from arl.data.text_tasks import read_jsonl
-    from arl.envs.hf_codec import env_corpus
+    from arl.envs.tokenizer_corpus import env_corpus
 
     lines = env_corpus(num_expressions=100)
     lines += [t.prompt for t in read_jsonl(word_problems.SHIPPED_JSONL)[:200]]
@@ -156,7 +156,7 @@ def _corpus() -> list[str]:
 
 
 def _tokenizer(specials, vocab_size: int):
-    from arl.envs.hf_codec import train_bpe_tokenizer
+    from arl.text.hf_codec import train_bpe_tokenizer
     return train_bpe_tokenizer(_corpus(), vocab_size=vocab_size, special_tokens=specials)
 
 

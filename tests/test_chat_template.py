@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 
 from arl import rollout as rollout_lib  # noqa: E402
-from arl.envs import chat_template  # noqa: E402
+from arl.text import chat_template  # noqa: E402
 from arl.envs.tasks.dataset_task import DatasetTask  # noqa: E402
-from arl.envs.hf_codec import HFCodec  # noqa: E402
+from arl.text.hf_codec import HFCodec  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
 
 ROWS = [(1, 2), (30, 12), (7, 8), (100, 5), (3, 3), (9, 9), (11, 4), (5, 60), (2, 2), (4, 4)]
@@ -242,7 +242,8 @@ def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, js
         {"name": "guess_number"}, {"name": "calculator"}]}, codec=envs.checkpoint_codec(c))
     assert all(m.codec is env.codec for m in mixture.envs)
     # An explicit codec wins: a bare tokenizer.json keeps arl's plain turns.
-    from arl.envs.hf_codec import train_bpe_tokenizer, env_corpus
+    from arl.envs.tokenizer_corpus import env_corpus
+    from arl.text.hf_codec import train_bpe_tokenizer
     own = str(standins("qwen2")) + "-own-tokenizer.json"
     train_bpe_tokenizer(env_corpus(), vocab_size=300).save(own)
     c.env.name, c.env.kwargs = "guess_number", {"codec": own}

@@ -1,4 +1,4 @@
-"""arl.data: tfds array_record task sets and demonstrations, without TensorFlow."""
+"""arl.rollout.episode_datasets: tfds array_record task sets and demonstrations, without TensorFlow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from arl import rollout
-from arl.data import datasets
+from arl.rollout import episode_datasets as datasets
 from arl import config as config_lib
 from arl.envs import make_env
 from arl.trainers import TokenTrainer

@@ -9,7 +9,7 @@ import numpy as np
 from flax import struct
 
 from arl import envs, rollout
-from arl.envs import chunks
+from arl.text import chunks
 from arl.envs.base import TokenEnvironment, TokenEnvState
 from arl.rollout import branching
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl import envs
-from arl.envs import chunks
+from arl.text import chunks
 from arl.envs.base import NON_NEGATIVE, TokenEnvironment, TokenEnvState
 
 

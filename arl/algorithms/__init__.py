@@ -28,13 +28,14 @@ from arl.algorithms.off_policy import (CORRECTIONS, WEIGHT_LEVELS,
                                        weighted_advantages)
 from arl.algorithms.policy_losses import (cispo_policy_loss, cispo_policy_loss_per_token,
                                           gspo_policy_loss, gspo_policy_loss_per_token)
-from arl.algorithms.process import (process_advantages, tokens_to_turns, turn_ids,
-                                    turns_to_tokens, vine_advantages)
+from arl.algorithms.process import (MC_ESTIMATES, monte_carlo_values, process_advantages,
+                                    tokens_to_turns, turn_ids, turns_to_tokens,
+                                    vine_advantages)
 
 __all__ = [
     "CORRECTIONS", "WEIGHT_LEVELS", "decoupled_policy_loss_per_token",
     "importance_log_weights", "off_policy_weights", "weighted_advantages",
-    "AGGREGATIONS", "GAE_METHODS", "GroupStatistics", "KL_KINDS", "aggregate",
+    "AGGREGATIONS", "GAE_METHODS", "MC_ESTIMATES", "monte_carlo_values", "GroupStatistics", "KL_KINDS", "aggregate",
     "cispo_policy_loss", "cispo_policy_loss_per_token", "dapo_zero_variance_mask", "discounted_returns", "entropy", "env_advantages", "gae",
     "group_advantages", "group_statistics", "gspo_policy_loss",
     "gspo_policy_loss_per_token", "horizon_schedule", "kl_penalty",

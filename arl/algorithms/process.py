@@ -108,6 +108,46 @@ def process_advantages(process_rewards, step_end, mask, group_ids, *, num_groups
     return advantages
 
 
+MC_ESTIMATES = ("mean_return", "soft", "hard")
+
+
+def monte_carlo_values(returns, success, estimate: str) -> jax.Array:
+    """The value of a state from N continuations played from it (the last axis).
+
+    .. math::
+        \text{mean\_return:}\; \hat V = \tfrac1N \textstyle\sum_j G^{(j)}
+        \quad \text{soft:}\; \hat V = \tfrac1N \textstyle\sum_j s^{(j)}
+        \quad \text{hard:}\; \hat V = \max_j s^{(j)}
+
+    with G^(j) the discounted return and s^(j) in {0, 1} the success of continuation j:
+    VinePPO's Monte Carlo value (Kazemnejad et al. 2024, arXiv 2410.01679) and
+    Math-Shepherd's soft and hard labels (Wang et al. 2024, arXiv 2312.08935).
+
+    Args:
+        returns: [..., N] float returns of the continuations.
+        success: [..., N] float (0 or 1) or bool success of the continuations.
+        estimate: one of `MC_ESTIMATES`.
+
+    Returns:
+        [...] float32 values.
+    """
+    fn = "monte_carlo_values"
+    if estimate not in MC_ESTIMATES:
+        raise ValueError(f"{fn}: estimate={estimate!r}; allowed values are {MC_ESTIMATES}.")
+    returns = v.floating(fn, "returns", returns)
+    success = jnp.asarray(success)
+    v.same_shape(fn, "success", success, "returns", returns.shape)
+    if returns.ndim < 1 or returns.shape[-1] < 1:
+        raise ValueError(f"{fn}: `returns` needs a non-empty last axis (the continuations), "
+                         f"got shape {returns.shape}.")
+    success = success.astype(jnp.float32)
+    if estimate == "mean_return":
+        return jnp.mean(returns.astype(jnp.float32), axis=-1)
+    if estimate == "soft":
+        return jnp.mean(success, axis=-1)
+    return jnp.max(success, axis=-1)
+
+
 def vine_advantages(turn_rewards, turn_values, value_known, num_turns, *,
                     gamma: float = 1.0) -> jax.Array:
     """Turn advantages from Monte Carlo state values, in place of a critic.

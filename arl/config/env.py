@@ -7,7 +7,7 @@ import ml_collections
 
 from arl import envs as envs_lib
 from arl.config.checks import fail
-from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
+from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 # Sections whose keys the schema does not fix: the environment's constructor arguments
 # and params (checked against the environment itself) and the mixture members.

@@ -9,7 +9,7 @@ import ml_collections
 
 from arl import algorithms as alg
 from arl.config.checks import check_choice, check_range, fail
-from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
+from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -38,7 +38,7 @@ def defaults() -> ml_collections.ConfigDict:
     c.sft_hold_steps = 0
     c.sft_decay_steps = 100
     c.sft_source = "demonstrator"
-    # Path of a demonstration set written by `arl.data.build_demonstrations`; empty
+    # Path of a demonstration set written by `arl.rollout.build_demonstrations`; empty
     # means demonstrations are generated on the fly by `sft_source` inside the step.
     c.sft_dataset = ""
     # Off-policy correction (arl.algorithms.off_policy, checked in arl.config.off_policy):
@@ -71,6 +71,6 @@ def validate(config) -> None:
         fail("loss.sft_dataset", loss.sft_dataset, "expected a path (str); empty = on the fly")
     if loss.sft_dataset and not os.path.isdir(loss.sft_dataset):
         fail("loss.sft_dataset", loss.sft_dataset,
-             "no such directory; write one with arl.data.build_demonstrations")
+             "no such directory; write one with arl.rollout.build_demonstrations")
     check_range(config, "loss.sft_hold_steps", 0, integer=True)
     check_range(config, "loss.sft_decay_steps", 1, integer=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ml_collections
 
 from arl.config.checks import check_choice, check_range, fail
-from arl.rollout.branching import ESTIMATES as MC_ESTIMATES
+from arl.algorithms.process import MC_ESTIMATES
 
 
 def defaults() -> ml_collections.ConfigDict:

@@ -7,7 +7,7 @@ import ml_collections
 
 from arl import algorithm_table
 from arl.config.checks import check_range, fail
-from arl.rollout.turns import SCRIPTED_SOURCES as SFT_SOURCES
+from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 
 def defaults() -> ml_collections.ConfigDict:

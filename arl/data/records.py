@@ -3,7 +3,7 @@ tfds 4.9 prepares and reads those (`tfds.builder_from_directory(path).as_data_so
 read through a grain `MapDataset`).
 
 The builders of arl's three kinds of dataset (`builder_classes`: evaluation task sets and
-demonstrations, `arl.data.datasets`; prompts and answers from JSONL,
+demonstrations, `arl.rollout.episode_datasets`; prompts and answers from JSONL,
 `arl.data.text_tasks`), `prepare` (build once, refuse a different set in the same place)
 and `read_all` (every record of a split, in index order). tfds and grain are imported on
 first use, so importing arl does not import them.

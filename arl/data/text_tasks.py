@@ -16,7 +16,7 @@ The dataset (``<data_dir>/arl_text_tasks/1.0.0``, the directory `load_text_tasks
 shuffle; `eval_fraction` of the rows, rounded, go to "eval"). Each record holds the
 prompt and the answer as token ids of the codec (padded to the longest row), their texts,
 their 1-based source line, and the answer in every verifier's canonical form as code
-points (`arl.envs.verifiers`: "exact", "normalized" and "number"; a length of -1 when the
+points (`arl.text.verifiers`: "exact", "normalized" and "number"; a length of -1 when the
 answer holds no number). Prompts and answers longer than the limits are listed and the
 build fails, or with `drop_long=True` they are dropped and listed; nothing is cut.
 
@@ -42,8 +42,8 @@ import numpy as np
 
 from arl import caches
 from arl.data import records
-from arl.envs import verifiers
-from arl.envs.codec import CharCodec, Codec
+from arl.text import verifiers
+from arl.text.codec import CharCodec, Codec
 
 BUILDER_DIR = os.path.join("arl_text_tasks", records.BUILDER_VERSION)
 TOKENIZER_FILE = "tokenizer.json"
@@ -148,7 +148,7 @@ def _line_of(error: str) -> str:
 def tokenizer_spec(codec: Codec) -> dict[str, Any]:
     """What identifies a codec's token ids: {"kind": "char"} or the sha256 of an HF
     tokenizer's JSON (plus the vocabulary size)."""
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
 
     if isinstance(codec, HFCodec):
         digest = hashlib.sha256(codec.tokenizer.to_str().encode("utf-8")).hexdigest()
@@ -163,7 +163,7 @@ def codec_from_dataset(path: str, spec: dict[str, Any]) -> Codec:
     if spec.get("kind") == "char":
         return CharCodec()
     if spec.get("kind") == "hf":
-        from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+        from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
 
         return HFCodec(os.path.join(path, TOKENIZER_FILE))
     raise ValueError(f"dataset {path!r} records an unknown tokenizer {spec!r}")

@@ -13,7 +13,7 @@ import sys
 from arl.envs import tasks
 from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, TokenEnvironment,
                            TokenEnvState, TokenSpace)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 from arl.envs.from_config import (checkpoint_codec, env_names, make_env, member_of_task,
                                   task_params)
 from arl.envs.host import (HostEnvironment, HostEnvState, HostEpisode, HostStats, HostTurn,

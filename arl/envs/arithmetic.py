@@ -24,7 +24,7 @@ import numpy as np
 from flax import struct
 
 from arl.envs.base import tree_select
-from arl.envs.codec import Codec
+from arl.text.codec import Codec
 
 OPERATORS = "+-*/"
 ADD, SUB, MUL, DIV = range(4)

@@ -36,16 +36,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.envs.codec import Codec
+from arl.text import parsing
+from arl.text.chunks import TokenChunk
+from arl.text.codec import Codec
 
-
-@struct.dataclass
-class TokenChunk:
-    """One padded chunk of token ids: `tokens` int32 [L] (pad_id-padded), `length` int32 []
-    (number of valid tokens, a prefix)."""
-
-    tokens: jax.Array
-    length: jax.Array
+# The scripted policies an environment may implement (`oracle_action`,
+# `demonstrator_action`), playable by `rollout(..., action_source=...)`.
+SCRIPTED_SOURCES = ("demonstrator", "oracle")
 
 
 @struct.dataclass
@@ -306,7 +303,6 @@ class TokenEnvironment(Environment):
         return state, timestep
 
     def step(self, key: jax.Array, state, action: TokenChunk, params) -> tuple[Any, TimeStep]:
-        from arl.envs import parsing  # local import: parsing imports nothing from here
 
         tokens, length = parsing.sanitize(
             action.tokens, action.length, self.codec.vocab_size, self.codec.pad_id

@@ -89,7 +89,7 @@ def _envs_without_own_codec(env_config) -> list[str]:
 
 @functools.lru_cache(maxsize=8)
 def _cached_checkpoint_codec(directory: str, system_prompt: str | None):
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
     try:
         return HFCodec.from_pretrained(directory, system_prompt=system_prompt)
     except (ValueError, OSError) as error:

@@ -14,7 +14,7 @@ one program still does rollout + update:
     oracle / demonstrator (one callback per turn): the scripted policies' turns
 
 Token ids at the boundary: the host decodes the agent's ids with the env's codec and
-encodes its reply with it (`arl.envs.codec.decode_action` / `encode_reply`: characters a
+encodes its reply with it (`arl.text.codec.decode_action` / `encode_reply`: characters a
 codec lacks become "?", special tokens in a reply are written as plain text, and a reply
 longer than `obs_len` is cut and ends in "..").
 
@@ -80,7 +80,7 @@ from flax import struct
 
 from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
 from arl.envs.batched_callback import batched_host_function
-from arl.envs.codec import decode_action, encode_action, encode_reply
+from arl.text.codec import decode_action, encode_action, encode_reply
 
 _log = logging.getLogger(__name__)
 _INIT_LOCK = threading.Lock()  # guards the lazy creation of an env's host-side state

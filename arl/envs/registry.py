@@ -73,14 +73,14 @@ def make(name: str, **kwargs) -> Environment:
     """Build environment `name` (see `registered_names()`, or "gymnax:<gymnax id>").
 
     A string `codec` kwarg is the path of a Hugging Face `tokenizer.json`, wrapped in
-    `arl.envs.hf_codec.HFCodec` (so a config can name a tokenizer as plain data), or of
+    `arl.text.hf_codec.HFCodec` (so a config can name a tokenizer as plain data), or of
     a checkpoint directory (`HFCodec.from_pretrained`: its special tokens and chat
     template).
     """
     if isinstance(kwargs.get("codec"), str):
         import os  # pylint: disable=g-import-not-at-top
 
-        from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+        from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
         path = kwargs["codec"]
         kwargs["codec"] = (HFCodec.from_pretrained(path) if os.path.isdir(path)
                            else HFCodec(path))

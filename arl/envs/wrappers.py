@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import chunks
+from arl.text import chunks
 from arl.envs.base import (Environment, TimeStep, TokenChunk, TokenEnvironment,
                            tree_select)
 

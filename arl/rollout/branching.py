@@ -22,14 +22,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from arl.algorithms.process import MC_ESTIMATES, monte_carlo_values
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout import play
 from arl.rollout import turns as turns_lib
 from arl.rollout.trajectory import SamplingConfig, Trajectory
-
-ESTIMATES = ("mean_return", "soft", "hard")
-
 
 @struct.dataclass
 class BranchValues:
@@ -85,8 +83,8 @@ def branch_values(env, key: jax.Array, traj: Trajectory, *,
     Rows that ended before turn k (or were stopped by the horizon) get no estimate
     (`known` false); their continuations play no turns.
     """
-    if estimate not in ESTIMATES:
-        raise ValueError(f"estimate={estimate!r}; allowed values are {ESTIMATES}")
+    if estimate not in MC_ESTIMATES:
+        raise ValueError(f"estimate={estimate!r}; allowed values are {MC_ESTIMATES}")
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     if not 0.0 <= gamma <= 1.0:
@@ -106,12 +104,7 @@ def branch_values(env, key: jax.Array, traj: Trajectory, *,
     success = carry.success.astype(jnp.float32)
     shape = (batch, num_branches, num_samples)
     returns, success = returns.reshape(shape), success.reshape(shape)
-    if estimate == "mean_return":
-        estimates = jnp.mean(returns, axis=2)
-    elif estimate == "soft":
-        estimates = jnp.mean(success, axis=2)
-    else:
-        estimates = jnp.max(success, axis=2)
+    estimates = monte_carlo_values(returns, success, estimate)
     known_branch = reached.reshape(shape)[:, :, 0]
 
     def scatter(x):

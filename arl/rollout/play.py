@@ -79,7 +79,7 @@ def rollout(
       env_params: per-row environment params with a leading batch axis
         `[num_tasks * group_size]` (default: `default_row_params`).
       reset_keys: per-row reset keys `[num_tasks * group_size]` that fix the tasks (e.g.
-        a stored evaluation set, `arl.data`); default: drawn from `key`, shared by the
+        a stored evaluation set, `arl.rollout.episode_datasets`); default: drawn from `key`, shared by the
         rows of a group.
       record_turn_states: also return the environment state before every turn
         (`Trajectory.turn_states`), for Monte Carlo branching.

@@ -68,7 +68,7 @@ class Trajectory:
 
 
 def chat_format(env):
-    """The `arl.envs.chat_template.ChatFormat` the rollout wraps `env`'s turns in (a
+    """The `arl.text.chat_template.ChatFormat` the rollout wraps `env`'s turns in (a
     checkpoint's codec, `HFCodec.from_pretrained`), or None: arl's own codecs read
     `[bos] + prompt` and the raw replies."""
     return getattr(env.codec, "chat", None)

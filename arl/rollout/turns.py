@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs.base import TokenChunk
+from arl.envs.base import SCRIPTED_SOURCES, TokenChunk
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout.trajectory import SamplingConfig
 
-SCRIPTED_SOURCES = ("demonstrator", "oracle")  # the env's scripted policies
 ACTION_SOURCES = ("model",) + SCRIPTED_SOURCES
 
 

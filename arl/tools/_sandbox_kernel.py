@@ -6,8 +6,10 @@ library only: this file's source runs inside the sandbox, prepended to
   described by an `arl.tools.rootfs.RootPlan` on a fresh tmpfs at `new_root`, mounts the
   private /proc and the size-limited working tmpfs at /tmp, makes the root read-only and
   `pivot_root`s into it, detaching the machine's file systems.
-* `install_seccomp` (worker, right before the program runs): no new privileges, then the
-  classic-BPF filter from `arl.tools.seccomp`.
+* `install_seccomp_and_exec` (the supervisor's child, after the privilege drop): no new
+  privileges, the filter from `arl.tools.seccomp`, then `execve` of the worker's fresh
+  interpreter, the one `execve` the filter lets through. The worker thus starts filtered
+  and without `ctypes`.
 """
 
 import os
@@ -15,20 +17,23 @@ import os
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER = 1, 8
+SECCOMP_NOTIF_SIZE = 80  # struct seccomp_notif: id, pid, flags, struct seccomp_data
+SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100  # _IOWR('!', 0, struct seccomp_notif)
+SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101  # _IOWR('!', 1, struct seccomp_notif_resp)
+SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
 _LOCKED = MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 def _libc():
-    """(the ctypes module, this process's C library with the signatures used here)."""
+    """This process's C library with the mount signatures set."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                            ctypes.c_ulong, ctypes.c_char_p)
     libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-    libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                           ctypes.c_ulong)
-    return ctypes, libc
+    return libc
 
 
 def _check(result, what, path):
@@ -50,26 +55,27 @@ def _make_target(path, is_directory):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
 
 
-def _bind(libc, source, target, writable=False, device=False):
-    """A read-only (unless `writable`) bind mount; the interpreter, the libraries and the
-    extension modules stay executable, only a device node keeps its device."""
+def _bind(libc, source, target, device=False):
+    """A read-only bind mount; the interpreter, the libraries and the extension modules
+    stay executable, only a device node keeps its device. Read-only makes the host's
+    inode unchangeable (times, mode: EROFS); a device still reads and writes."""
     _make_target(target, os.path.isdir(source))
     _mount(libc, source, target, None, MS_BIND)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (MS_NOEXEC if device else MS_NODEV)
-    _mount(libc, None, target, None, flags | (0 if writable else MS_RDONLY))
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_RDONLY | (MS_NOEXEC if device else MS_NODEV)
+    _mount(libc, None, target, None, flags)
 
 
 def build_minimal_root(new_root, plan, work_options, pivot_root_number):
     """Builds the root (module docstring) at `new_root` (an existing empty directory) and
     enters it; the working directory is then /tmp."""
-    _, libc = _libc()
+    libc = _libc()
     os.umask(0o022)
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     _mount(libc, "arl-sandbox", new_root, "tmpfs", _LOCKED, "size=256k,nr_inodes=4096,mode=0755")
     for source, target, _ in plan["binds"]:
         _bind(libc, source, new_root + target)
-    for path, writable in plan["devices"]:
-        _bind(libc, path, new_root + path, writable=writable, device=True)
+    for path in plan["devices"]:
+        _bind(libc, path, new_root + path, device=True)
     for path in plan["masks"]:
         _mount(libc, "arl-sandbox", new_root + path, "tmpfs", _LOCKED | MS_RDONLY,
                "size=4k,nr_inodes=1,mode=0755")
@@ -90,16 +96,53 @@ def build_minimal_root(new_root, plan, work_options, pivot_root_number):
     os.chdir("/tmp")
 
 
-def install_seccomp(kernel, program):
-    """No new privileges, then the filter `program` (bytes of a `struct sock_filter[]`);
-    `kernel` is `_libc()`'s (ctypes, libc), loaded before the privilege drop."""
-    ctypes, libc = kernel
+def install_seccomp_and_exec(program, seccomp_number, argv):
+    """Executes `argv` (a fresh interpreter) under the seccomp filter `program` (bytes of
+    a `struct sock_filter[]`, `arl.tools.seccomp`), which sends `execve` to a listener:
+    a thread of this process answers that one notification, this `execve`'s, and the
+    listener closes with it (close-on-exec), so that any later `execve` fails. Never
+    returns; raises OSError if a step fails."""
+    import _thread
+    import ctypes
+    import fcntl
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong)
+    libc.syscall.restype = ctypes.c_long
+    listener = []
+    ready = _thread.allocate_lock()
+    ready.acquire()
+
+    def answer_the_exec():
+        ready.acquire()
+        while True:
+            notification = bytearray(SECCOMP_NOTIF_SIZE)  # struct seccomp_notif, zeroed
+            try:
+                fcntl.ioctl(listener[0], SECCOMP_IOCTL_NOTIF_RECV, notification)
+                break
+            except InterruptedError:
+                continue
+        request_id = struct.unpack_from("=Q", notification)[0]
+        response = bytearray(struct.pack("=QqiI", request_id, 0, 0,
+                                         SECCOMP_USER_NOTIF_FLAG_CONTINUE))
+        fcntl.ioctl(listener[0], SECCOMP_IOCTL_NOTIF_SEND, response)
 
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
     instructions = ctypes.create_string_buffer(program, len(program))
     fprog = SockFprog(len(program) // 8, ctypes.addressof(instructions))
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0), "prctl", "NO_NEW_PRIVS")
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
-           "prctl", "SECCOMP")
+    _thread.start_new_thread(answer_the_exec, ())
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl", "NO_NEW_PRIVS")
+    fd = libc.syscall(seccomp_number, SECCOMP_SET_MODE_FILTER,
+                      SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(fprog))
+    _check(0 if fd >= 0 else -1, "seccomp", "SET_MODE_FILTER")
+    listener.append(fd)
+    ready.release()
+    encoded = [a.encode("utf-8", "surrogateescape") for a in argv]
+    arguments = (ctypes.c_char_p * (len(encoded) + 1))(*encoded, None)
+    environment = (ctypes.c_char_p * 1)(None)
+    libc.execve(encoded[0], arguments, environment)  # releases the GIL for the thread
+    _check(-1, "execve", argv[0])

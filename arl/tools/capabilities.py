@@ -1,21 +1,16 @@
-"""Which isolation layers `run_python` gets on this machine: `SandboxCapabilities` and
-`sandbox_capabilities(python)`, which probes the candidates from strongest to weakest by
-running a trivial program through the sandbox itself (once per interpreter, cached).
-The layers: `arl.tools.sandbox` and docs/tools.md."""
+"""Which isolation layers `run_python` can use: `SandboxCapabilities`, and the candidates
+for this machine from strongest to weakest (`candidate_capabilities`), which
+`arl.tools.sandbox.sandbox_capabilities` probes by running a trivial program through the
+sandbox itself. The layers: `arl.tools.sandbox` and docs/tools.md."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
 import os
 import shutil
 import sys
-import threading
 
 from arl.tools import seccomp
-
-_log = logging.getLogger("arl.tools.sandbox")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +70,18 @@ def _find_executable(name: str) -> str | None:
     return None
 
 
-def _candidate_capabilities() -> list[SandboxCapabilities]:
+def candidate_capabilities() -> list[SandboxCapabilities]:
     """From strongest to weakest; the first that runs a probe program is used."""
     linux = sys.platform.startswith("linux")
     unshare = _find_executable("unshare") if linux else None
     root = os.geteuid() == 0
-    filtered = linux and seccomp.seccomp_filter() is not None
+    filtered = linux and seccomp.filter_program() is not None
     candidates = []
     if unshare:
         full = SandboxCapabilities(
             user_namespace=not root, network_namespace=True, pid_namespace=True,
-            mount_namespace=seccomp.pivot_root_number() is not None, uid_drop=root,
-            seccomp=filtered, unshare_path=unshare)
+            mount_namespace=seccomp.syscall_number("pivot_root") is not None,
+            uid_drop=root, seccomp=filtered, unshare_path=unshare)
         candidates.append(full)
         candidates.append(dataclasses.replace(full, seccomp=False))
         candidates.append(dataclasses.replace(full, mount_namespace=False))
@@ -98,36 +93,6 @@ def _candidate_capabilities() -> list[SandboxCapabilities]:
     if root:
         candidates.append(SandboxCapabilities())
     return list(dict.fromkeys(candidates))
-
-
-_capabilities_lock = threading.Lock()
-
-
-@functools.lru_cache(maxsize=None)
-def _probe_capabilities(python: str) -> SandboxCapabilities:
-    from arl.tools import sandbox  # pylint: disable=import-outside-toplevel (a cycle)
-    limits = sandbox.SandboxLimits(wall_time_s=10.0)
-    failures = []
-    for candidate in _candidate_capabilities():
-        for _ in range(2):  # a second try, so that a transient failure does not weaken it
-            result = sandbox._execute(  # pylint: disable=protected-access
-                "print(6 * 7)", limits, python, candidate, audit_hooks=True)
-            if result.status is sandbox.Status.OK and result.stdout == "42\n":
-                if failures:
-                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
-                                 "candidates failed: %s", candidate, "; ".join(failures))
-                return candidate
-        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
-    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
-    return SandboxCapabilities()  # the last resort: each result will say what fails
-
-
-def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
-    """The isolation `run_python` uses with interpreter `python` (default: this one).
-    The first call probes the candidates (a few tens of ms); later calls are cached."""
-    python = resolve_python(python)
-    with _capabilities_lock:
-        return _probe_capabilities(python)
 
 
 def resolve_python(python: str | None) -> str:

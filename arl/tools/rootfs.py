@@ -5,7 +5,7 @@ namespace from this plan: a read-only tmpfs with, bind-mounted read-only at thei
 paths, the interpreter, the directories of its `sys.path` under `-I -S` (the standard
 library and lib-dynload; any site-packages / dist-packages inside them covered by an
 empty read-only tmpfs), the shared libraries the interpreter and the allowed extension
-modules link against (`ldd`), /dev/null and /dev/urandom; then a private /proc (this PID
+modules link against (`ldd`), /dev/null (all read-only); then a private /proc (this PID
 namespace's processes only) and the size-limited tmpfs at /tmp that is the program's
 working directory and its only writable place. Nothing else of the machine exists
 inside: no /etc, no /home, no /run, no other world-readable or world-writable path.
@@ -24,21 +24,24 @@ import subprocess
 
 _PATHS_PROGRAM = "import json, sys; print(json.dumps(sys.path))"
 MASKED_SUBDIRECTORIES = ("site-packages", "dist-packages")
-DEVICES = (("/dev/null", True), ("/dev/urandom", False))  # (path, writable)
+# /dev/null only: os.urandom and random use getrandom(2); a program could write the host's
+# /dev/urandom (0666), which a read-only mount does not prevent for a device.
+DEVICES = ("/dev/null",)
 
 
 @dataclasses.dataclass(frozen=True)
 class RootPlan:
     """binds: (source, target, is_directory) read-only bind mounts; masks: directories
-    (inside a bind) covered by an empty read-only tmpfs; devices: (path, writable)."""
+    (inside a bind) covered by an empty read-only tmpfs; devices: device nodes, bound
+    read-only at their own paths."""
 
     binds: tuple[tuple[str, str, bool], ...]
     masks: tuple[str, ...]
-    devices: tuple[tuple[str, bool], ...] = DEVICES
+    devices: tuple[str, ...] = DEVICES
 
     def to_json(self) -> dict:
         return {"binds": [list(b) for b in self.binds], "masks": list(self.masks),
-                "devices": [list(d) for d in self.devices]}
+                "devices": list(self.devices)}
 
 
 def _is_below(path: str, directory: str) -> bool:

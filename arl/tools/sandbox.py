@@ -17,14 +17,16 @@ layer and what is not guaranteed):
 * `unshare` gives the call network, PID, mount, IPC and UTS namespaces; the supervisor
   (`arl.tools._sandbox_child`, PID 1 there) `pivot_root`s into a minimal root
   (`arl.tools.rootfs`: the interpreter, the standard library and the libraries it links,
-  read-only; /dev/null, /dev/urandom; a private /proc; one tmpfs of `max_disk_bytes` at
-  /tmp, the working directory and the only writable place), forks the worker and
-  enforces the wall-time limit;
-* the worker sets the resource limits, drops to an ephemeral unprivileged uid (as root),
-  installs the seccomp filter (`arl.tools.seccomp`: no exec, no fork, threads only, no
-  socket but AF_UNIX, no ptrace/mknod/mount/namespaces/keyrings/BPF/...) and the audit
-  hooks (PEP 578; the friendly first layer, with clear `PermissionError("sandbox: ...")`
-  refusals; not a boundary on their own), then runs the program;
+  read-only; /dev/null, read-only; a private /proc; one tmpfs of `max_disk_bytes` at
+  /tmp, the working directory and the only writable place) and forks its child;
+* the child sets the resource limits, drops to an ephemeral unprivileged uid (as root),
+  installs the seccomp allowlist (`arl.tools.seccomp`: the system calls a
+  standard-library program needs; no process, no socket, no lock, no mknod, mount,
+  namespace, ptrace, ...) and executes a fresh interpreter, the worker
+  (`arl.tools._sandbox_worker`): no `ctypes` or other FFI is loaded there. The worker
+  installs the audit hooks (PEP 578; the friendly first layer, with clear
+  `PermissionError("sandbox: ...")` refusals; not a boundary on their own) and runs the
+  program, while the supervisor enforces the wall-time limit;
 * always: a new process group SIGKILLed when the call ends, an empty environment, only
   stdin (/dev/null), stdout and stderr open, at most `max_output_bytes` read per pipe,
   the wall-time limit enforced by the supervisor and, 1 s later, by the parent.
@@ -49,22 +51,23 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 from arl.tools import rootfs, seccomp
-from arl.tools._sandbox_child import BLOCKED_MODULES
-from arl.tools.capabilities import SandboxCapabilities, resolve_python, sandbox_capabilities
+from arl.tools._sandbox_worker import BLOCKED_MODULES
+from arl.tools.capabilities import SandboxCapabilities, candidate_capabilities, resolve_python
 
 _log = logging.getLogger(__name__)
-_CHILD_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                  "_sandbox_child.py")
-_KERNEL_SOURCE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                   "_sandbox_kernel.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_KERNEL_SOURCE_PATH = os.path.join(_HERE, "_sandbox_kernel.py")
+_WORKER_SOURCE_PATH = os.path.join(_HERE, "_sandbox_worker.py")
+_CHILD_SOURCE_PATH = os.path.join(_HERE, "_sandbox_child.py")
 _BACKSTOP_GRACE_S = 1.0  # parent's kill comes this long after the supervisor's
 _MiB = 2 ** 20
 
-# Imported by the supervisor before it forks the worker, so the program finds them loaded
-# (the worker compiles any other module from source: it refuses cached bytecode).
+# Imported by the worker before the program runs, from cached bytecode, so the program
+# finds them loaded (it compiles any other module from source: no cached bytecode).
 PRELOADED_MODULES = ("collections", "re", "math", "itertools", "functools", "json",
                      "random", "string", "heapq", "bisect", "statistics", "fractions",
                      "decimal", "datetime", "operator", "copy")
@@ -99,7 +102,7 @@ class SandboxLimits:
       adds about 1 s of backstop). cpu_time_s: RLIMIT_CPU, whole seconds (rounded up;
       hard limit one second later). memory_bytes: RLIMIT_AS, address space of each
       process (the interpreter itself needs ~30 MiB). max_processes: RLIMIT_NPROC,
-      processes plus threads (effective when run as root or in a user namespace; see
+      processes plus threads, at least 2 (effective when run as root or in a user namespace; see
       the module docstring). max_file_bytes: RLIMIT_FSIZE, size of any file written.
       max_disk_bytes: size of the private working directory (tmpfs; with the mount
       namespace only). max_open_files: RLIMIT_NOFILE. max_output_bytes: bytes read
@@ -140,6 +143,10 @@ class SandboxLimits:
         if self.memory_bytes < 64 * _MiB:
             raise ValueError("SandboxLimits.memory_bytes must be at least 64 MiB (the "
                              f"interpreter needs ~30 MiB), got {self.memory_bytes}")
+        if self.max_processes < 2:
+            raise ValueError("SandboxLimits.max_processes must be at least 2 (the worker's "
+                             "start takes a second thread for a moment), got "
+                             f"{self.max_processes}")
         if self.max_open_files < 16:
             raise ValueError("SandboxLimits.max_open_files must be at least 16, got "
                              f"{self.max_open_files}")
@@ -214,19 +221,27 @@ def compose_observation(body: str, status_line: str | None, max_chars: int) -> t
 # --------------------------------------------------------------------------- isolation
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 @functools.lru_cache(maxsize=1)
-def _child_source() -> str:
-    """The kernel helpers' source, then the supervisor/worker's (one `-c` program)."""
-    sources = []
-    for path in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH):
-        with open(path, encoding="utf-8") as f:
-            sources.append(f.read())
-    return "\n".join(sources)
+def _supervisor_source() -> str:
+    """The kernel helpers' and the supervisor's source (one `-c` program)."""
+    return "\n".join(_read(p) for p in (_KERNEL_SOURCE_PATH, _CHILD_SOURCE_PATH))
+
+
+@functools.lru_cache(maxsize=1)
+def _worker_source() -> str:
+    """The worker's source: the `-c` program of its executed interpreter, or (without a
+    kernel layer) run by the supervisor's child in its own process."""
+    return _read(_WORKER_SOURCE_PATH)
 
 
 @functools.lru_cache(maxsize=1)
 def _seccomp_hex() -> str:
-    return seccomp.seccomp_filter().hex()
+    return seccomp.filter_program().hex()
 
 
 _WORK_INODES = 4096  # files and directories the program may create
@@ -257,6 +272,36 @@ def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
 # ------------------------------------------------------------------------------- running
 
 
+_capabilities_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_capabilities(python: str) -> SandboxCapabilities:
+    limits = SandboxLimits(wall_time_s=10.0)
+    failures = []
+    for candidate in candidate_capabilities():
+        for _ in range(2):  # a second try, so that a transient failure does not weaken it
+            result = execute("print(6 * 7)", limits, python, candidate, audit_hooks=True)
+            if result.status is Status.OK and result.stdout == "42\n":
+                if failures:
+                    _log.warning("arl.tools.sandbox: using the weaker isolation %s; stronger "
+                                 "candidates failed: %s", candidate, "; ".join(failures))
+                return candidate
+        failures.append(f"{candidate.unshare_args or 'no namespaces'}: {result.observation}")
+    _log.error("arl.tools.sandbox: no isolation works with %s: %s", python, "; ".join(failures))
+    return SandboxCapabilities()  # the last resort: each result will say what fails
+
+
+def sandbox_capabilities(python: str | None = None) -> SandboxCapabilities:
+    """The isolation `run_python` uses with interpreter `python` (default: this one).
+    The first call probes the candidates of `arl.tools.capabilities` from strongest to
+    weakest (a trivial program through each until one works); later calls are cached."""
+    python = resolve_python(python)
+    with _capabilities_lock:
+        return _probe_capabilities(python)
+
+
+
 def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
                python: str | None = None) -> ExecutionResult:
     """Runs the Python program `code` in the sandbox (module docstring) and returns its
@@ -274,13 +319,14 @@ def run_python(code: str, *, limits: SandboxLimits = SandboxLimits(),
             observation=f"program longer than {limits.max_code_chars} characters; not run",
             status=Status.ERROR)
     capabilities = sandbox_capabilities(python)
-    return _execute(code, limits, python, capabilities, audit_hooks=True)
+    return execute(code, limits, python, capabilities, audit_hooks=True)
 
 
-def _execute(code: str, limits: SandboxLimits, python: str,
-             capabilities: SandboxCapabilities, audit_hooks: bool) -> ExecutionResult:
-    """`run_python` with the isolation chosen explicitly (tests use it to check each
-    layer on its own, e.g. the kernel limits without the audit hooks)."""
+def execute(code: str, limits: SandboxLimits, python: str,
+            capabilities: SandboxCapabilities, audit_hooks: bool) -> ExecutionResult:
+    """`run_python` with the isolation chosen explicitly, no argument checks (the probe
+    of `sandbox_capabilities` and the tests use it, e.g. to check the kernel layers
+    without the audit hooks)."""
     start = time.monotonic()
     workdir = None
     try:
@@ -323,13 +369,17 @@ def _spawn_and_collect(workdir, limits, python, capabilities, audit_hooks, uid, 
         "root": (rootfs.root_plan(python, BLOCKED_MODULES).to_json()
                  if capabilities.mount_namespace else None),
         "work_options": _work_options(limits, uid),
-        "pivot_root": seccomp.pivot_root_number(),
+        "pivot_root": seccomp.syscall_number("pivot_root"),
         "seccomp": _seccomp_hex() if capabilities.seccomp else None,
-        "audit": audit_hooks,
-        "preload": list(PRELOADED_MODULES),
+        "seccomp_number": seccomp.syscall_number("seccomp"),
+        "python": python,
+        "worker_source": _worker_source(),
+        "worker": {"audit": audit_hooks, "preload": list(PRELOADED_MODULES)},
+        # without a PID namespace the parent's group kill must reach the program
+        "own_session": capabilities.pid_namespace,
     }
     command = list(capabilities.unshare_args) + [
-        python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _child_source(),
+        python, "-I", "-S", "-B", "-u", "-X", "utf8", "-c", _supervisor_source(),
         json.dumps(config)]
     try:
         process = subprocess.Popen(

@@ -1,142 +1,263 @@
-"""The sandbox's seccomp filter: a classic-BPF program, assembled here, that the worker
-installs (`prctl(PR_SET_NO_NEW_PRIVS)` then `prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)`,
-see `arl.tools._sandbox_child`) right before the untrusted program runs.
+"""The sandbox's seccomp policy: an allowlist of the system calls a CPython program of the
+standard library needs, compiled to a classic-BPF program by libseccomp (`pyseccomp`)
+in the calling process. The supervisor's child installs it right before it executes the
+worker's interpreter (`arl.tools._sandbox_kernel.install_seccomp_and_exec`).
 
-Why our own few lines instead of libseccomp: the filter is a fixed list, the worker must
-install it from a fresh `python -I -S` (standard library only, so `ctypes` + `prctl`),
-and CI machines have no libseccomp. The kernel ABI (`struct seccomp_data`, the BPF
-opcodes, the return actions) is stable: linux/seccomp.h, linux/filter.h.
+The policy (docs/tools.md gives the reason for every entry):
 
-The program, for x86_64 (the only table here; elsewhere `seccomp_filter()` returns None
-and `sandbox_capabilities().seccomp` is False):
+* `ALLOWED` system calls run; `fcntl`, `ioctl`, `clone` and `prlimit64` only with the
+  arguments in `CONDITIONAL` (descriptor flags but no locks or leases, terminal queries,
+  threads, reading limits);
+* `REFUSED` ones fail with EPERM (what a program may reach for and must not have:
+  processes, sockets, locks, device nodes, links, mounts, namespaces, ...); `clone3`
+  fails with ENOSYS, on which glibc creates threads with `clone`;
+* `execve`/`execveat` notify a listener: the child that installs the filter answers the
+  one notification of its own `execve` into the worker's interpreter, and the listener
+  is gone with that `execve`, so every later one fails with ENOSYS;
+* everything else fails with ENOSYS (as on an older kernel, so glibc takes its fallbacks);
+* a system call of another ABI (32-bit x86, x32) kills the process.
 
-* another architecture (a 32-bit `int 0x80` call) or the x32 ABI: the process is killed;
-* process creation: `execve`/`execveat`, `fork`/`vfork`, `clone` without CLONE_THREAD or
-  with a namespace flag: EPERM; `clone3` (its flags sit behind a pointer the filter
-  cannot read): ENOSYS, on which glibc falls back to `clone` for threads;
-* `socket` of any family but AF_UNIX: EAFNOSUPPORT;
-* the `DENIED` system calls (debugging other processes, device nodes and FIFOs, mounts,
-  namespaces, keyrings, BPF, perf, userfaultfd, io_uring, pidfds, modules, clocks,
-  memfds, SysV/POSIX IPC, hard links, ...): EPERM;
-* any system call numbered above `LAST_REVIEWED` (newer than this list): ENOSYS;
-* everything else is allowed.
+Architectures: x86_64 and aarch64 (libseccomp's tables give each name its number); on
+another one, or without libseccomp, `filter_program()` returns None and
+`sandbox_capabilities().seccomp` is False.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
+import logging
 import platform
-import struct
+import tempfile
 
-# linux/audit.h, linux/seccomp.h, linux/filter.h, linux/sched.h, errno.h
-AUDIT_ARCH_X86_64 = 0xC000003E
-X32_SYSCALL_BIT = 0x40000000
-RET_KILL_PROCESS = 0x80000000
-RET_ERRNO = 0x00050000
-RET_ALLOW = 0x7FFF0000
-EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
-AF_UNIX = 1
-CLONE_THREAD = 0x00010000
-CLONE_NAMESPACES = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
-                    | 0x20000000 | 0x40000000)  # NEWNS CGROUP UTS IPC USER PID NET
+_log = logging.getLogger("arl.tools.sandbox")
 
-_LD_W_ABS = 0x20   # BPF_LD | BPF_W | BPF_ABS
-_JEQ_K = 0x15      # BPF_JMP | BPF_JEQ | BPF_K
-_JGT_K = 0x25      # BPF_JMP | BPF_JGT | BPF_K
-_JSET_K = 0x45     # BPF_JMP | BPF_JSET | BPF_K
-_RET_K = 0x06      # BPF_RET | BPF_K
-_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16  # struct seccomp_data (low word of arg 0)
-
-# x86_64 numbers (asm/unistd_64.h); `tests/tools/test_seccomp.py` checks them against the
-# header where it is installed.
-X86_64 = {
-    "execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "clone": 56, "clone3": 435,
-    "socket": 41,
-    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
-    "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-    "process_madvise": 440, "process_mrelease": 448, "move_pages": 279,
-    "migrate_pages": 256,
-    "mknod": 133, "mknodat": 259, "link": 86, "linkat": 265,
-    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428,
-    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442, "unshare": 272, "setns": 308,
-    "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
-    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
-    "io_uring_register": 427, "open_by_handle_at": 304, "name_to_handle_at": 303,
-    "lookup_dcookie": 212, "fanotify_init": 300, "quotactl": 179, "quotactl_fd": 443,
-    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313,
-    "delete_module": 176, "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163,
-    "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159,
-    "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
-    "modify_ldt": 154, "syslog": 103, "vhangup": 153, "uselib": 134, "personality": 135,
-    "memfd_create": 319, "memfd_secret": 447,
-    "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "msgget": 68, "msgsnd": 69,
-    "msgrcv": 70, "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66,
-    "semtimedop": 220, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
-    "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
+# Two numbers the supervisor needs even where libseccomp is missing (the minimal root's
+# pivot_root; glibc wraps neither). `tests/tools/test_seccomp.py` checks them against
+# libseccomp's tables.
+SYSCALL_NUMBERS = {
+    "x86_64": {"pivot_root": 155, "seccomp": 317},
+    "aarch64": {"pivot_root": 41, "seccomp": 277},
 }
-LAST_REVIEWED = 450  # x86_64 system calls above this number get ENOSYS
-DENIED = tuple(name for name in X86_64 if name not in (
-    "execve", "execveat", "fork", "vfork", "clone", "clone3", "socket"))
-REFUSED_PROCESS_CREATION = ("execve", "execveat", "fork", "vfork")
+_ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "AMD64": "x86_64",
+                 "aarch64": "aarch64", "arm64": "aarch64"}
+
+ALLOWED = {  # name -> why a standard-library program needs it
+    # reading and writing files and pipes
+    "read": "file and pipe I/O", "write": "file and pipe I/O", "readv": "buffered I/O",
+    "writev": "buffered I/O", "pread64": "os.pread, zipfile", "pwrite64": "os.pwrite",
+    "preadv": "os.preadv", "pwritev": "os.pwritev", "preadv2": "os.preadv",
+    "pwritev2": "os.pwritev", "lseek": "file positions, io's tell/seek",
+    "close": "closing descriptors", "close_range": "os.closerange",
+    "sendfile": "shutil.copyfile's fast path (file to file)",
+    "copy_file_range": "os.copy_file_range (file to file)",
+    "fsync": "os.fsync", "fdatasync": "os.fdatasync",
+    "ftruncate": "file.truncate", "truncate": "os.truncate",
+    "fallocate": "os.posix_fallocate (bounded by the working tmpfs)",
+    "fadvise64": "os.posix_fadvise",
+    # opening and inspecting paths
+    "open": "opening files (x86_64)", "openat": "opening files",
+    "stat": "os.stat (x86_64)", "lstat": "os.lstat (x86_64)", "fstat": "os.fstat, io",
+    "newfstatat": "os.stat, the import system", "statx": "glibc's stat on newer builds",
+    "statfs": "os.statvfs", "fstatfs": "os.fstatvfs",
+    "access": "os.access (x86_64)", "faccessat": "os.access",
+    "faccessat2": "os.access (glibc tries it first)",
+    "readlink": "os.readlink, realpath (x86_64)", "readlinkat": "os.readlink, realpath",
+    "getdents64": "os.listdir, os.scandir", "getcwd": "os.getcwd, the import system",
+    "chdir": "changing directory inside the root", "fchdir": "changing directory by fd",
+    "umask": "os.umask, tempfile",
+    "getxattr": "os.getxattr", "lgetxattr": "os.getxattr", "fgetxattr": "os.getxattr",
+    "listxattr": "shutil.copystat", "llistxattr": "shutil.copystat (symlinks)",
+    "flistxattr": "os.listxattr by fd",
+    # changing the working directory's files (the only writable file system)
+    "mkdir": "os.mkdir (x86_64)", "mkdirat": "os.mkdir", "rmdir": "os.rmdir (x86_64)",
+    "unlink": "os.remove (x86_64)", "unlinkat": "os.remove, shutil.rmtree",
+    "rename": "os.rename (x86_64)", "renameat": "os.rename", "renameat2": "os.rename",
+    "chmod": "os.chmod (x86_64)", "fchmod": "os.chmod by fd", "fchmodat": "os.chmod",
+    "utimensat": "os.utime (read-only mounts refuse it outside /tmp)",
+    # descriptors
+    "dup": "os.dup", "dup2": "os.dup2 (x86_64)", "dup3": "os.dup2",
+    "pipe": "os.pipe (x86_64)", "pipe2": "os.pipe",
+    # memory
+    "brk": "the C heap", "mmap": "the allocator, mmap, loading extension modules",
+    "munmap": "the allocator", "mremap": "the allocator (realloc)",
+    "mprotect": "the dynamic loader, thread stacks", "madvise": "the allocator",
+    # threads, synchronisation, signals
+    "futex": "locks, the GIL", "set_robust_list": "thread start-up",
+    "set_tid_address": "thread start-up", "rseq": "thread start-up (glibc >= 2.35)",
+    "sched_yield": "spin locks", "sched_getaffinity": "os.sched_getaffinity, cpu_count",
+    "exit": "a thread ends", "exit_group": "the program ends",
+    "rt_sigaction": "signal handlers", "rt_sigprocmask": "signal masks, threads",
+    "rt_sigreturn": "returning from a handler", "sigaltstack": "faulthandler",
+    "rt_sigpending": "signal.sigpending", "rt_sigtimedwait": "signal.sigtimedwait",
+    "rt_sigsuspend": "signal.pause", "pause": "signal.pause (x86_64)",
+    "kill": "os.kill / signal.raise_signal (own PID namespace only)",
+    "tgkill": "raise(), os.abort", "tkill": "signals to own threads",
+    "alarm": "signal.alarm (x86_64)", "setitimer": "signal.setitimer",
+    "getitimer": "signal.getitimer", "wait4": "os.wait (no children: ECHILD)",
+    "waitid": "os.waitid (no children: ECHILD)",
+    # identity and limits (reading only)
+    "getpid": "os.getpid", "gettid": "threading", "getppid": "os.getppid",
+    "getuid": "os.getuid", "geteuid": "os.geteuid", "getgid": "os.getgid",
+    "getegid": "os.getegid", "getresuid": "os.getresuid", "getresgid": "os.getresgid",
+    "getgroups": "os.getgroups", "getpgrp": "os.getpgrp (x86_64)",
+    "getpgid": "os.getpgid", "getsid": "os.getsid", "getrlimit": "resource.getrlimit",
+    "getrusage": "resource.getrusage, time.process_time", "times": "os.times",
+    "uname": "platform, os.uname", "sysinfo": "glibc's memory queries",
+    "getcpu": "sched_getcpu", "getpriority": "os.getpriority",
+    "arch_prctl": "x86_64 thread-local storage at start-up",
+    # time, waiting, randomness
+    "clock_gettime": "time.time, time.monotonic", "clock_getres": "time.get_clock_info",
+    "gettimeofday": "time (x86_64)", "time": "time (x86_64)",
+    "clock_nanosleep": "time.sleep", "nanosleep": "time.sleep",
+    "select": "select.select (x86_64)", "pselect6": "select.select",
+    "poll": "select.poll (x86_64)", "ppoll": "select.poll",
+    "epoll_create": "select.epoll (x86_64)", "epoll_create1": "select.epoll, selectors",
+    "epoll_ctl": "select.epoll", "epoll_wait": "select.epoll (x86_64)",
+    "epoll_pwait": "select.epoll", "epoll_pwait2": "select.epoll",
+    "getrandom": "os.urandom, random, hash randomisation",
+}
+
+# Allowed with these arguments only: name -> ((argument index, mask, value), ...): the
+# call is allowed when (argument & mask) == value for one of the entries.
+_ALL = 0xFFFFFFFF
+_CLONE_THREAD = 0x00010000
+_CLONE_NAMESPACES = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
+                     | 0x20000000 | 0x40000000)  # NEWNS CGROUP UTS IPC USER PID NET
+CONDITIONAL = {
+    # descriptor flags and duplication (F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL,
+    # F_DUPFD_CLOEXEC, F_GETPIPE_SZ); not F_SETLK/F_OFD_SETLK (locks), F_SETLEASE,
+    # F_NOTIFY, F_SETPIPE_SZ (bigger pipe buffers), F_SETOWN/F_SETSIG, seals
+    "fcntl": tuple((1, _ALL, command) for command in (0, 1, 2, 3, 4, 1030, 1032)),
+    # isatty (TCGETS), os.get_terminal_size (TIOCGWINSZ), FIONREAD, os.set_blocking
+    # (FIONBIO), os.set_inheritable (FIONCLEX, FIOCLEX)
+    "ioctl": tuple((1, _ALL, command) for command in
+                   (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)),
+    # threads: CLONE_THREAD set and no namespace flag (fork's and posix_spawn's clones
+    # have no CLONE_THREAD: EPERM, below)
+    "clone": ((0, _CLONE_THREAD | _CLONE_NAMESPACES, _CLONE_THREAD),),
+    # resource.getrlimit through glibc: prlimit64(0, resource, NULL, &old)
+    "prlimit64": ((2, 0xFFFFFFFFFFFFFFFF, 0),),
+}
+# The same calls with other arguments: EPERM (the rest: ENOSYS).
+CONDITIONAL_REFUSED = {
+    "clone": ((0, _CLONE_THREAD, 0),),            # a new process: fork, posix_spawn
+    # record locks (F_GETLK/SETLK/SETLKW, the F_OFD_ ones), leases, F_NOTIFY, F_SETPIPE_SZ:
+    # locks and leases on the shared read-only inodes are a covert channel
+    "fcntl": tuple((1, _ALL, command) for command in (5, 6, 7, 36, 37, 38, 1024, 1025,
+                                                      1026, 1031)),
+    "prlimit64": ((2, 0xFFFFFFFFFFFFFFFF, None),),  # setting a limit (None: nonzero)
+}
+
+REFUSED = (  # EPERM: what a program may reach for and must not have
+    "fork", "vfork",                                   # processes
+    "socket", "socketpair",                            # network; socket buffers are
+                                                       # kernel memory outside RLIMIT_AS
+    "flock",                                           # locks on shared inodes: a covert
+                                                       # channel between sandboxes
+    "mknod", "mknodat",                                # FIFOs and device nodes
+    "link", "linkat", "symlink", "symlinkat",          # links (the hooks refuse them too)
+    "chown", "fchown", "lchown", "fchownat",           # owners
+    "setxattr", "lsetxattr", "fsetxattr",              # extended attributes: kernel
+    "removexattr", "lremovexattr", "fremovexattr",     # memory of the tmpfs, and shutil
+                                                       # copes with EPERM
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+    "setfsuid", "setfsgid", "setsid", "setpgid",
+    "setrlimit", "setpriority", "sched_setaffinity", "sched_setscheduler",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open",
+    "pidfd_send_signal", "pidfd_getfd",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "open_tree",
+    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "memfd_create", "memfd_secret", "shmget", "shmat", "shmctl", "shmdt", "msgget",
+    "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl", "semtimedop", "mq_open",
+    "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init",
+    "splice", "vmsplice", "tee",                       # pages pinned in pipe buffers
+    "prctl", "seccomp", "personality", "mlock", "mlock2", "mlockall",
+    "name_to_handle_at", "open_by_handle_at",
+)
+# ENOSYS, on which glibc falls back: clone3's flags sit behind a pointer the filter cannot
+# read, glibc then creates threads with clone.
+FALLBACK = ("clone3",)
+EXEC = ("execve", "execveat")
 
 
-def _instruction(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-    return struct.pack("=HBBI", code, jt, jf, k)
+def machine_arch(machine: str | None = None) -> str | None:
+    """'x86_64' or 'aarch64' for this (or the given) machine, None for any other."""
+    return _ARCH_ALIASES.get(platform.machine() if machine is None else machine)
 
 
-def _errno(number: int) -> int:
-    return RET_ERRNO | number
+def syscall_number(name: str, machine: str | None = None) -> int | None:
+    """The number of `pivot_root` or `seccomp` on this machine's architecture, or None."""
+    return SYSCALL_NUMBERS.get(machine_arch(machine), {}).get(name)
 
 
-def assemble(table: dict[str, int], arch: int, last_reviewed: int) -> bytes:
-    """The filter (module docstring) for one architecture's system call `table`, as the
-    bytes of a `struct sock_filter[]`."""
-    program = [
-        _instruction(_LD_W_ABS, _OFFSET_ARCH),
-        _instruction(_JEQ_K, arch, jt=1),
-        _instruction(_RET_K, RET_KILL_PROCESS),
-        _instruction(_LD_W_ABS, _OFFSET_NR),
-        _instruction(_JGT_K, X32_SYSCALL_BIT - 1, jf=1),
-        _instruction(_RET_K, RET_KILL_PROCESS),
-        _instruction(_JGT_K, last_reviewed, jf=1),
-        _instruction(_RET_K, _errno(ENOSYS)),
-    ]
-
-    def refuse(name, action):
-        program.extend([_instruction(_JEQ_K, table[name], jf=1), _instruction(_RET_K, action)])
-
-    for name in REFUSED_PROCESS_CREATION + DENIED:
-        refuse(name, _errno(EPERM))
-    refuse("clone3", _errno(ENOSYS))
-    # clone: allowed only for a thread (CLONE_THREAD set, no namespace flag).
-    program.extend([
-        _instruction(_JEQ_K, table["clone"], jf=5),
-        _instruction(_LD_W_ABS, _OFFSET_ARG0),
-        _instruction(_JSET_K, CLONE_THREAD, jf=2),
-        _instruction(_JSET_K, CLONE_NAMESPACES, jt=1),
-        _instruction(_RET_K, RET_ALLOW),
-        _instruction(_RET_K, _errno(EPERM)),
-    ])
-    # socket: AF_UNIX only; the last instruction allows everything else.
-    program.extend([
-        _instruction(_JEQ_K, table["socket"], jf=3),
-        _instruction(_LD_W_ABS, _OFFSET_ARG0),
-        _instruction(_JEQ_K, AF_UNIX, jt=1),
-        _instruction(_RET_K, _errno(EAFNOSUPPORT)),
-        _instruction(_RET_K, RET_ALLOW),
-    ])
-    return b"".join(program)
+def _libseccomp():
+    try:
+        import pyseccomp  # pylint: disable=import-outside-toplevel
+        return pyseccomp
+    except Exception as exc:  # pylint: disable=broad-except (no libseccomp.so: RuntimeError)
+        _log.warning("arl.tools.sandbox: no seccomp filter: libseccomp is not available "
+                     "(%s: %s); install the system's libseccomp2 and `pip install "
+                     "pyseccomp`", type(exc).__name__, exc)
+        return None
 
 
-def seccomp_filter(machine: str | None = None) -> bytes | None:
-    """The filter for this machine's architecture, or None where there is no table."""
-    machine = platform.machine() if machine is None else machine
-    if machine in ("x86_64", "AMD64", "amd64"):
-        return assemble(X86_64, AUDIT_ARCH_X86_64, LAST_REVIEWED)
-    return None
+@functools.lru_cache(maxsize=None)
+def filter_program(machine: str | None = None) -> bytes | None:
+    """The policy (module docstring) as the bytes of a `struct sock_filter[]` for this (or
+    the given) machine's architecture; None without libseccomp or on another arch."""
+    arch = machine_arch(machine)
+    if arch is None:
+        _log.warning("arl.tools.sandbox: no seccomp filter on this architecture (%s): the "
+                     "policy covers x86_64 and aarch64 only, so the sandbox has no kernel "
+                     "boundary here", machine or platform.machine())
+        return None
+    seccomp = _libseccomp()
+    if seccomp is None:
+        return None
+    try:
+        return _compile(seccomp, getattr(seccomp.Arch, arch.upper()))
+    except OSError as exc:  # e.g. a libseccomp or kernel without user notification
+        _log.warning("arl.tools.sandbox: no seccomp filter: libseccomp could not compile "
+                     "the policy for %s (%s)", arch, exc)
+        return None
 
 
-def pivot_root_number(machine: str | None = None) -> int | None:
-    """The `pivot_root` system call's number (glibc has no wrapper), or None."""
-    machine = platform.machine() if machine is None else machine
-    return X86_64["pivot_root"] if machine in ("x86_64", "AMD64", "amd64") else None
+def _compile(seccomp, table: int) -> bytes:
+    """The policy compiled by libseccomp (the `pyseccomp` module) for one architecture."""
+    policy = seccomp.SyscallFilter(seccomp.ERRNO(errno.ENOSYS))
+    policy.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
+    try:
+        policy.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)  # a binary tree (libseccomp >= 2.5)
+    except OSError:
+        pass
+    if seccomp.system_arch() != table:
+        policy.add_arch(table)
+        policy.remove_arch(seccomp.Arch.NATIVE)
+
+    def add(action, name, *conditions):
+        if seccomp.resolve_syscall(table, name) >= 0:  # e.g. no `open` on aarch64
+            policy.add_rule(action, name, *conditions)
+
+    for name in ALLOWED:
+        add(seccomp.ALLOW, name)
+    for name, entries in CONDITIONAL.items():
+        for index, mask, value in entries:
+            add(seccomp.ALLOW, name, seccomp.Arg(index, seccomp.MASKED_EQ, mask, value))
+    for name, entries in CONDITIONAL_REFUSED.items():
+        for index, mask, value in entries:
+            condition = (seccomp.Arg(index, seccomp.NE, 0) if value is None
+                         else seccomp.Arg(index, seccomp.MASKED_EQ, mask, value))
+            add(seccomp.ERRNO(errno.EPERM), name, condition)
+    for name in REFUSED:
+        add(seccomp.ERRNO(errno.EPERM), name)
+    # FALLBACK: the default action already (libseccomp refuses a rule that repeats it)
+    for name in EXEC:
+        add(seccomp.NOTIFY, name)
+    with tempfile.TemporaryFile() as exported:
+        policy.export_bpf(exported)
+        exported.seek(0)
+        return exported.read()

@@ -37,7 +37,7 @@ from arl import envs as envs_lib
 from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
 from arl.optim import make_optimizer, rl_updates
-from arl.data import datasets as datasets_lib
+from arl.rollout import episode_datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
 from arl.runs import allocator

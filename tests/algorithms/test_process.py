@@ -414,3 +414,36 @@ B2 = np.ones((2, 3), bool)
 def test_bad_arguments_name_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_monte_carlo_values_match_numpy_under_jit():
+    """VinePPO's mean return and Math-Shepherd's soft / hard labels over the last axis,
+    against NumPy, jitted; bfloat16 returns give float32 values."""
+    rng = np.random.default_rng(0)
+    returns = rng.normal(size=(3, 2, 5)).astype(np.float32)
+    success = rng.random((3, 2, 5)) < 0.3
+    success[0, 0] = False  # no continuation succeeded: hard 0, soft 0
+    expected = {"mean_return": returns.mean(-1), "soft": success.mean(-1),
+                "hard": success.max(-1).astype(np.float32)}
+    for estimate, want in expected.items():
+        got = jax.jit(alg.monte_carlo_values, static_argnames="estimate")(
+            returns, success, estimate=estimate)
+        assert got.dtype == jnp.float32 and got.shape == (3, 2)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_array_equal(alg.monte_carlo_values(returns, success, "hard")[0, 0], 0.0)
+    low = alg.monte_carlo_values(jnp.asarray(returns, jnp.bfloat16), success, "mean_return")
+    assert low.dtype == jnp.float32
+    np.testing.assert_allclose(low, returns.mean(-1), atol=2e-2)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: alg.monte_carlo_values(Z2, B2, "median"),
+     r"monte_carlo_values: estimate='median'; allowed values are \('mean_return', 'soft', 'hard'\)"),
+    (lambda: alg.monte_carlo_values(Z2, B2[:, :2], "soft"),
+     r"`success` must have the shape of `returns`"),
+    (lambda: alg.monte_carlo_values(np.zeros((2, 0), np.float32), np.zeros((2, 0)), "soft"),
+     r"non-empty last axis"),
+])
+def test_monte_carlo_values_bad_arguments(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

@@ -12,7 +12,7 @@ import pytest
 
 import arl
 from arl import rollout as rollout_lib
-from arl.envs import codec as codec_lib
+from arl.text import codec as codec_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
 from arl.envs.tasks.code_interpreter import FAMILIES, CodeInterpreter, notebook_cell

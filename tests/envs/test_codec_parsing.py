@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arl.envs import chunks, parsing
+from arl.text import chunks, parsing
 from arl.envs.base import TokenChunk
-from arl.envs.codec import CHARACTERS, SPECIAL_TOKENS, CharCodec
+from arl.text.codec import CHARACTERS, SPECIAL_TOKENS, CharCodec
 
 CODEC = CharCodec()
 SIZE = 16

@@ -494,7 +494,7 @@ def test_bpe_codec():
     solves every task with no format error, and spaced answers parse on subword ids."""
     tokenizers = pytest.importorskip("tokenizers")
     del tokenizers
-    from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer
+    from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     rng = np.random.default_rng(0)
     corpus = list(countdown.REPLIES) + ["numbers", " target ", "wrong: "]

@@ -20,7 +20,7 @@ import pytest
 import arl.envs as E
 from arl import caches
 from arl.data import text_tasks, word_problems
-from arl.envs import verifiers
+from arl.text import verifiers
 from arl.envs.base import TokenChunk
 from arl.envs.tasks.dataset_task import DatasetTask
 
@@ -294,7 +294,7 @@ def test_string_verifiers_and_a_custom_one(tmp_path):
 
     def within_one(response, answer):
         """A numeric verifier with tolerance 1 (integers up to 9 digits)."""
-        from arl.envs import parsing
+        from arl.text import parsing
         number, length, found = verifiers.canonical_number(response.chars, response.num_chars)
         digits = jnp.where(number >= 0, number, ord("0"))
         value, ok = parsing.parse_int(digits, 0, length, np.arange(128) - ord("0"), ord("-"))
@@ -311,7 +311,7 @@ def test_string_verifiers_and_a_custom_one(tmp_path):
 
 
 def test_hugging_face_tokenizer_dataset(tmp_path):
-    from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer
+    from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     problems = word_problems.generate(40, seed=1)
     corpus = [p["prompt"] for p in problems] + ["correct", "wrong, try again", "no answer"]

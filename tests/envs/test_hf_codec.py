@@ -12,7 +12,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from arl.envs.tasks import calculator, guess_number  # noqa: E402
 from arl.envs.base import TokenChunk  # noqa: E402
-from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer  # noqa: E402
+from arl.text.hf_codec import HFCodec, train_bpe_tokenizer  # noqa: E402
 
 BATCH = 64
 
@@ -183,11 +183,11 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("name", ["bandit", "frozen_lake"])
 def test_every_other_builtin_env_runs_on_bpe_ids(name):
-    """bandit and frozen_lake on a BPE trained on `arl.envs.hf_codec.env_corpus`: the
+    """bandit and frozen_lake on a BPE trained on `arl.envs.tokenizer_corpus.env_corpus`: the
     oracle solves every task with no format error (budgets counted in subword ids)."""
     from arl import rollout as rollout_lib
     from arl.envs import make
-    from arl.envs.hf_codec import env_corpus as arl_env_corpus
+    from arl.envs.tokenizer_corpus import env_corpus as arl_env_corpus
 
     codec = HFCodec(train_bpe_tokenizer(arl_env_corpus(), vocab_size=320))
     env = make(name, codec=codec)

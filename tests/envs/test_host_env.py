@@ -20,7 +20,7 @@ from flax import struct
 import arl
 from arl import rollout as rollout_lib
 from arl.envs import CharCodec, Mixture, host
-from arl.envs import codec as codec_lib
+from arl.text import codec as codec_lib
 from arl.envs.base import TokenChunk
 from arl.envs.tasks.calculator import Calculator
 from arl.envs.host import HostEnvironment, HostTurn

@@ -417,7 +417,7 @@ def test_bpe_codec():
     """On a BPE trained with grids and turns: the oracle solves every level with no
     format error; the prompt decodes to the grid."""
     pytest.importorskip("tokenizers")
-    from arl.envs.hf_codec import HFCodec, train_bpe_tokenizer
+    from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     state, first = RESET(jax.random.split(jax.random.key(8), BATCH), PARAMS)
     corpus = [ENV.render_chunk(row(first.observation, i)) for i in range(64)]

@@ -11,7 +11,7 @@ import numpy as np
 
 import arl
 from arl import rollout as rollout_lib
-from arl.envs import codec as codec_lib
+from arl.text import codec as codec_lib
 from arl.envs import host
 from arl.envs.base import TokenChunk
 from arl.envs.tasks.sql_query import SqlQuery, single_cell

@@ -1,4 +1,4 @@
-"""The in-graph answer verifiers (`arl.envs.verifiers`) against their plain-Python
+"""The in-graph answer verifiers (`arl.text.verifiers`) against their plain-Python
 references, on thousands of random texts, and the references on hand-computed cases."""
 
 import string
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arl.envs import verifiers as V
-from arl.envs.codec import CharCodec
+from arl.text import verifiers as V
+from arl.text.codec import CharCodec
 
 WIDTH = 40  # characters per text
 BATCH = 64  # texts per hypothesis example: 40 examples x 64 = 2,560 texts per property
@@ -123,7 +123,8 @@ def test_char_table_of_char_codec_reads_text_and_marks_specials():
 
 @pytest.fixture(scope="module")
 def bpe_codec():
-    from arl.envs.hf_codec import HFCodec, env_corpus, train_bpe_tokenizer
+    from arl.envs.tokenizer_corpus import env_corpus
+    from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     corpus = env_corpus() + ["Tom has 12 apples and buys 7 more. How many apples?",
                              "the answer is #### 1,234.5 and New York"] * 3

@@ -1,5 +1,5 @@
 """The kernel as the sandbox's boundary: attack programs of each class, run twice, with
-every layer (`run_python`) and with the audit hooks off (`sandbox._execute(...,
+every layer (`run_python`) and with the audit hooks off (`sandbox.execute(...,
 audit_hooks=False)`: what the minimal root, the seccomp filter, the namespaces and the
 unprivileged uid hold on their own, as if a program had got past the hooks).
 
@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import glob
 import os
-import shutil
 import stat
 import sys
 import time
@@ -25,9 +24,9 @@ import uuid
 import pytest
 
 from arl.tools import ToolPool, rootfs, sandbox
-from arl.tools._sandbox_child import BLOCKED_MODULES
+from arl.tools._sandbox_worker import BLOCKED_MODULES
 from arl.tools.sandbox import SandboxLimits, Status
-from tests.tools.conftest import SECRET_VALUE
+from tests.tools.conftest import SECRET_VALUE, other_python
 
 PYTHON = os.path.realpath(sys.executable)
 CAPABILITIES = sandbox.sandbox_capabilities()
@@ -176,7 +175,7 @@ def _allowed_prefixes() -> tuple[str, ...]:
         return ()
     plan = rootfs.root_plan(PYTHON, sandbox.BLOCKED_MODULES)
     return tuple(target for _, target, _ in plan.binds) + (
-        "/dev/null", "/dev/urandom", "/tmp/")
+        "/dev/null", "/tmp/")
 
 
 WORLD_READABLE = PRELUDE + f'''ALLOWED = {_allowed_prefixes()!r}
@@ -247,7 +246,7 @@ def _lingering_sandbox_processes(grace_s: float = 30.0) -> list[int]:
 def _run(case):
     name, hooks = case
     code, limits = CASES[name]
-    return sandbox._execute(code, limits, PYTHON, CAPABILITIES, audit_hooks=hooks)
+    return sandbox.execute(code, limits, PYTHON, CAPABILITIES, audit_hooks=hooks)
 
 
 @pytest.fixture(scope="module")
@@ -298,14 +297,20 @@ def test_aliased_extension_modules(results, hooks):
     assert out["math"].startswith("ok"), out  # an allowed one loads under another name
     if not hooks:
         # Past the hooks they may load, but what they reach is refused by the kernel:
-        # raw system calls through ctypes (seccomp: -1, EPERM), sockets beyond AF_UNIX,
+        # raw system calls through ctypes (seccomp: -1, EPERM or ENOSYS), any socket,
         # shm_open (no /dev/shm in the root).
-        assert out["_ctypes"] == "ok None", out
-        for name in ("fork", "execve", "clone", "unshare", "ptrace", "mount", "keyctl",
-                     "bpf", "perf_event_open", "userfaultfd", "setns", "io_uring_setup"):
-            assert out["ctypes " + name] == "ok -1", (name, out)
-        for family in (2, 10, 16, 17):
-            assert out[f"socket {family}"].startswith("OSError [Errno 97]"), out
+        # ctypes' native library (libffi) is not in the root when `_ctypes` links it (the
+        # root's plan brings in no library of a blocked module): no FFI at all. Where it
+        # loads (a static libffi), raw system calls get EPERM or ENOSYS.
+        if out["_ctypes"].startswith("ImportError"):
+            assert "libffi" in out["_ctypes"], out
+        else:
+            assert out["_ctypes"] == "ok None", out
+            for name in ("fork", "execve", "clone", "unshare", "ptrace", "mount", "keyctl",
+                         "bpf", "perf_event_open", "userfaultfd", "setns", "io_uring_setup"):
+                assert out["ctypes " + name] == "ok -1", (name, out)
+        for family in (2, 10, 16, 17):  # no socket at all
+            assert out[f"socket {family}"].startswith("PermissionError [Errno 1]"), out
         assert refused(out["shm_open"]), out
 
 
@@ -346,12 +351,16 @@ def test_fifos_and_device_nodes(results):
     for name in ("fifo", "char device", "block device"):
         assert out[name].startswith("PermissionError [Errno 1]"), out  # seccomp: mknod
     assert out["read /dev/null"] == "ok b''"
-    assert out["devices"] == "ok ['null', 'urandom']"
+    assert out["devices"] == "ok ['null']"
 
 
 def test_a_foreign_system_call_abi_kills_the_program(results):
     result = results["foreign_abi", False]  # the x32 ABI's fork, through ctypes
-    assert result.status is Status.KILLED and result.observation == "x32 fork:\nkilled by SIGSYS"
+    if "ImportError" in result.observation:  # no libffi in the root: no FFI to try it with
+        assert "libffi" in result.observation  # (test_seccomp checks the filter kills it)
+    else:
+        assert result.status is Status.KILLED
+        assert result.observation == "x32 fork:\nkilled by SIGSYS"
     assert attempts_refused_by_hooks(results["foreign_abi", True], "module 'ctypes'")
 
 
@@ -399,35 +408,26 @@ def test_world_readable_files_are_not_there(results, hooks):
         assert out[path].startswith(expected), (path, out[path])
     if not hooks:
         # Every file the program can see belongs to the root's plan: the interpreter,
-        # the standard library and the libraries it links, /dev/null, /dev/urandom,
+        # the standard library and the libraries it links, /dev/null,
         # /proc (this PID namespace only) and its own /tmp.
         assert out["outside"] == [], out
         assert out["count"] > 100, out
         assert "etc" not in out["visible"] and "home" not in out["visible"], out
 
 
-def _other_python():
-    """The machine's own python3 when it is another interpreter than this one (the
-    sub-interpreter escape was first seen with Debian's), else None."""
-    found = shutil.which("python3", path="/usr/bin:/bin")
-    if found and os.path.realpath(found) != PYTHON:
-        return os.path.realpath(found)
-    return None
-
-
-@pytest.mark.skipif(_other_python() is None, reason="no other python3 on this machine")
+@pytest.mark.skipif(other_python() is None, reason="no other python3 on this machine")
 def test_the_machines_own_python_is_contained_too():
-    python = _other_python()
+    python = other_python()
     assert sandbox.sandbox_capabilities(python).kernel_boundary
     code, limits = CASES["subinterpreter"]
-    result = sandbox._execute(code, limits, python, sandbox.sandbox_capabilities(python),
+    result = sandbox.execute(code, limits, python, sandbox.sandbox_capabilities(python),
                               audit_hooks=False)
     if result.status is not Status.KILLED:
         out = attempts(result)
         assert out["import"].startswith("ok"), out  # past the hooks it loads...
         assert not out["run"].startswith("ok"), out  # ...and reaches nothing of the machine
     code, limits = CASES["daemons"]
-    out = attempts(sandbox._execute(code, limits, python,
+    out = attempts(sandbox.execute(code, limits, python,
                                     sandbox.sandbox_capabilities(python), audit_hooks=False))
     assert out["fork"].startswith("PermissionError [Errno 1]"), out
     for directory in WORLD_WRITABLE:

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import chunks, parsing
+from arl.text import chunks, parsing
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 INVALID_TEXT = "invalid"
 PAYOFF_DIGITS = 4  # payoffs are shown as [0, 9999.99]

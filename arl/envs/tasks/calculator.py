@@ -29,10 +29,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import arithmetic, chunks, parsing
+from arl.envs import arithmetic
+
+from arl.text import chunks, parsing
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState, tree_select)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 OPERATORS = arithmetic.OPERATORS[:arithmetic.DIV]  # + - *: the tool's results are integers
 REPLIES = ("correct", "wrong", "bad expression", "overflow", "bad answer", "unknown tool",

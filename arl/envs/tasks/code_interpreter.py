@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import random
 
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask
 from arl.tools.executor import HttpExecutor, LocalSandbox, PythonExecutor
 from arl.tools.sandbox import ExecutionResult, SandboxLimits

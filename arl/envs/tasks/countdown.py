@@ -65,11 +65,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import arithmetic, chunks, parsing
+from arl.envs import arithmetic
+
+from arl.text import chunks, parsing
 from arl.envs.arithmetic import ADD, DIV, OPERATORS
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState,
                            tree_select)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 REPLIES = ("correct", "wrong: fraction", "wrong: undefined", "illegal numbers", "invalid")
 CORRECT, FRACTION, UNDEFINED, ILLEGAL, INVALID = range(5)

@@ -12,12 +12,12 @@ default, the shipped arithmetic word problems (`arl.data.word_problems`). The wh
 [N, ...]); they are constants of every compiled program that uses the env.
 
 Episode: the prompt is row r of the split; each agent turn is an answer. The turn's text
-(its token ids read as characters through the codec, `arl.envs.verifiers`) is checked
+(its token ids read as characters through the codec, `arl.text.verifiers`) is checked
 against row r's reference by the verifier named by `verifier`:
 
 * "numeric": the final number in the GSM8K convention (the first number after "####" if
   the turn has one, else the last number), compared exactly after normalisation (commas
-  dropped, leading / trailing zeros dropped, sign kept: `arl.envs.verifiers`);
+  dropped, leading / trailing zeros dropped, sign kept: `arl.text.verifiers`);
 * "exact": the turn equals the answer text, up to leading / trailing whitespace;
 * "normalized": equal after ASCII lower-casing, removing ASCII punctuation and
   collapsing whitespace (short free-text answers).
@@ -69,10 +69,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.envs import chunks, verifiers
+from arl.data import text_tasks, word_problems
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState, tree_select)
-from arl.envs.codec import Codec
+from arl.text import chunks, verifiers
+from arl.text.codec import CharCodec, Codec
 
 SPLITS = ("train", "eval")
 # Replies: index outcome (CORRECT, WRONG, NO_ANSWER) on the last attempt, 3 + outcome
@@ -150,16 +151,10 @@ VERIFIERS: dict[str, Callable] = {"numeric": verify_numeric, "exact": verify_exa
 
 def _load(path, split, codec, eval_fraction, split_seed):
     """(TextTasks, codec) of `path` (module docstring), checking the codec and settings."""
-    # arl.data imports arl.envs: imported here, when an env is built, not at import time.
-    from arl.data import text_tasks  # pylint: disable=g-import-not-at-top
-    from arl.data import word_problems  # pylint: disable=g-import-not-at-top
-
     if path is None:
         path = word_problems.SHIPPED_JSONL
     path = os.fspath(path)
     if path.endswith(".jsonl"):
-        from arl.envs.codec import CharCodec  # pylint: disable=g-import-not-at-top
-
         codec = CharCodec() if codec is None else codec
         path = text_tasks.cached_text_tasks(
             path, codec=codec,
@@ -198,7 +193,7 @@ class DatasetTask(TokenEnvironment):
       eval_fraction, split_seed: how a .jsonl path is split (defaults 0.1 and 0); for a
         built dataset they must match its metadata if given.
       max_token_chars: ids whose text is longer read as one unknown character
-        (`arl.envs.verifiers.char_table`).
+        (`arl.text.verifiers.char_table`).
     """
 
     name = "dataset_task"

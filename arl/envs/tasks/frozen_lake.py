@@ -39,10 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.envs import chunks, parsing
+from arl.text import chunks, parsing
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk,
                            TokenEnvironment, TokenEnvState)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 DIRECTIONS = ("Left", "Down", "Right", "Up")  # action indices 0..3, as in gym
 MOVES = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # (row, col) deltas

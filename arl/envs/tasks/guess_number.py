@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import chunks, parsing
+from arl.text import chunks, parsing
 from arl.envs.base import NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 REPLIES = ("higher", "lower", "correct", "invalid")
 HIGHER, LOWER, CORRECT, INVALID = range(4)

@@ -76,10 +76,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.envs import chunks, parsing
+from arl.text import chunks, parsing
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState)
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 
 DIRECTIONS = ("Up", "Down", "Left", "Right")  # indices 0..3; d ^ 1 is the opposite
 SYMBOLS = "#_OX*PS"  # wall, floor, target, box, box on target, player, player on target

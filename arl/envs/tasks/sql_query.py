@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import threading
 
-from arl.envs.codec import CharCodec, Codec
+from arl.text.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask, parse_int
 from arl.tools.sandbox import ExecutionResult
 from arl.tools.sql import (DEPARTMENTS, FIRST_NAMES, SqlLimits, answers_match,

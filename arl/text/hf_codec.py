@@ -2,7 +2,7 @@
 
 Token environments tokenize their fixed strings (prompts, replies, tool tags) once at
 construction through `codec.encode`, and parse the agent's turn from token ids inside
-`jit` with id-level patterns (`arl.envs.parsing`). For that to work with a subword
+`jit` with id-level patterns (`arl.text.parsing`). For that to work with a subword
 vocabulary the codec checks, at construction, what the parsers rely on:
 
 * every decimal digit "0".."9" is exactly one token (Llama 2, Qwen2 and the BPE that
@@ -25,7 +25,7 @@ A checkpoint directory (`HFCodec.from_pretrained`): `tokenizer.json` with the to
 `tokenizer_config.json` names (pad, eos, optional bos: a model without a BOS gets none),
 its added special tokens and its chat template (`chat_template` there, or a
 `chat_template.jinja` file next to it). With a template the codec carries its
-`ChatFormat` (`arl.envs.chat_template`): the rollout then wraps the prompt and every
+`ChatFormat` (`arl.text.chat_template`): the rollout then wraps the prompt and every
 reply in the template's pieces, and the end-of-turn token is the one the template
 closes an assistant turn with (`<|im_end|>`, `<|eot_id|>`); without one, the eos token.
 The pad token is tokenizer_config's pad_token, else generation_config.json's
@@ -43,7 +43,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from arl.envs.codec import Codec
+from arl.text.codec import Codec
 
 PAD, BOS, EOT = "<pad>", "<bos>", "<eot>"
 SYSTEM, USER, ASSISTANT = "<system>", "<user>", "<agent>"
@@ -106,7 +106,7 @@ class HFCodec(Codec):
         be split into static pieces)."""
         from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
 
-        from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
+        from arl.text import chat_template  # pylint: disable=g-import-not-at-top
 
         directory = os.fspath(directory)
         path = os.path.join(directory, "tokenizer.json")
@@ -221,7 +221,7 @@ class HFCodec(Codec):
         a checkpoint's codec (`from_pretrained`) renders its chat template instead."""
         template = getattr(self, "chat_template", None)
         if template is not None:
-            from arl.envs import chat_template  # pylint: disable=g-import-not-at-top
+            from arl.text import chat_template  # pylint: disable=g-import-not-at-top
             return self.encode(chat_template.render(
                 template, messages, add_generation_prompt=add_generation_prompt,
                 special_tokens=self.template_tokens))
@@ -276,21 +276,6 @@ def _chat_template(directory: str, settings: dict[str, Any]) -> str | None:
         template = next((t.get("template") for t in template
                          if isinstance(t, dict) and t.get("name") == "default"), None)
     return template if isinstance(template, str) and template else None
-
-
-def env_corpus(num_expressions: int = 300, seed: int = 0) -> list[str]:
-    """Training text for a tokenizer of the built-in arithmetic / guessing environments:
-    their prompts, replies and tool-call turns (calculator and guess_number)."""
-    from arl.envs.tasks import calculator, guess_number
-
-    rng = np.random.default_rng(seed)
-    lines = [f"guess 0-{n - 1}" for n in (8, 16, 100, 1000)]
-    lines += list(guess_number.REPLIES) + list(calculator.REPLIES)
-    for _ in range(num_expressions):
-        a, b = rng.integers(-999, 1000, 2)
-        op = "+-*"[rng.integers(3)]
-        lines += [f"<calc>{a}{op}{b}</calc>", f"<answer>{a}</answer>", f"{a}{op}{b}"]
-    return lines
 
 
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,

@@ -1,4 +1,5 @@
-"""Building observation chunks inside `jit`: constants, concatenation, integers.
+"""Padded chunks of token ids (`TokenChunk`, what token environments observe and act
+with) and building them inside `jit`: constants, concatenation, integers.
 
 All outputs are `TokenChunk`s of a static size, padded with the codec's pad id.
 """
@@ -10,9 +11,18 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
-from arl.envs.base import TokenChunk
-from arl.envs.codec import Codec
+from arl.text.codec import Codec
+
+
+@struct.dataclass
+class TokenChunk:
+    """One padded chunk of token ids: `tokens` int32 [L] (pad_id-padded), `length` int32 []
+    (number of valid tokens, a prefix)."""
+
+    tokens: jax.Array
+    length: jax.Array
 
 
 def constant_chunk(codec: Codec, text: str, size: int) -> TokenChunk:

@@ -35,8 +35,9 @@ import numpy as np
 from flax import struct
 
 from arl import envs as envs_lib
-from arl import rollout as rollout_lib
 from arl.data import records
+from arl.rollout.play import env_ids_of, rollout
+from arl.rollout.trajectory import context_length
 
 
 def _env_config_dict(env_config) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def build_task_set(data_dir, env_config, *, num_tasks: int, seed: int = 0) -> st
     params = _task_params(env, env_config, num_tasks)
     _, timestep = jax.jit(jax.vmap(env.reset))(keys, params)
     key_data = np.asarray(jax.random.key_data(keys))
-    env_ids = np.asarray(rollout_lib.env_ids_of(timestep, num_tasks))
+    env_ids = np.asarray(env_ids_of(timestep, num_tasks))
     prompts = np.asarray(timestep.observation.tokens)
 
     def generate():
@@ -147,7 +148,7 @@ def build_demonstrations(data_dir, env_config, *, num_episodes: int, seed: int =
     env = envs_lib.make_env(env_config)
     chunk_size = min(chunk_size, num_episodes)
     base_key = jax.random.key(seed)
-    play = jax.jit(lambda key, env_params: rollout_lib.rollout(
+    play = jax.jit(lambda key, env_params: rollout(
         env, key, num_tasks=chunk_size, group_size=1, action_source=action_source,
         env_params=env_params))
     env_params = _task_params(env, env_config, chunk_size)
@@ -173,7 +174,7 @@ def build_demonstrations(data_dir, env_config, *, num_episodes: int, seed: int =
     return records.prepare(demonstrations_cls, data_dir, env_config=env_config,
                            num_examples=num_episodes, seed=seed, generate=generate,
                            extra_metadata={"action_source": action_source,
-                                           "context_length": rollout_lib.context_length(env)})
+                                           "context_length": context_length(env)})
 
 
 def load_demonstrations(path: str, *, env_config=None, context_length: int | None = None

@@ -48,7 +48,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
-from arl.envs.base import TokenChunk
+from arl.text.chunks import TokenChunk
 
 # Placeholder contents: plain words, so no template rewrites them and no tokenizer
 # merges them with what surrounds them differently from ordinary text.

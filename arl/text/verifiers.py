@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from arl.envs import parsing
-from arl.envs.codec import Codec
+from arl.text import parsing
+from arl.text.codec import Codec
 
 WHITESPACE = " \t\n\r\x0b\x0c"
 PUNCTUATION = string.punctuation
@@ -107,7 +107,7 @@ def code_points(text: str, width: int) -> tuple[np.ndarray, int]:
 # ---------------------------------------------------------------- token ids -> chars
 def _token_texts(codec: Codec) -> list[str | None]:
     """Text of every id (None for special tokens), as it reads inside a longer text."""
-    from arl.envs.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
+    from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
 
     if isinstance(codec, HFCodec):
         tokenizer = codec.tokenizer
