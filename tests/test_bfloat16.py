@@ -361,9 +361,13 @@ def test_checkpoint_recipe_trains_resumes_evaluates_and_exports_in_bfloat16(
     jax.tree.map(lambda p, m: np.testing.assert_array_equal(
         np.asarray(p), np.asarray(m.astype(jnp.bfloat16))), state.params, masters[0])
     assert {str(m.dtype) for m in jax.tree.leaves(masters[0])} == {"float32"}
-    _, params = hf_import.load_hf_checkpoint(str(out))
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 jax.device_get(trainer.policy_params(state)), params)
-    assert {str(p.dtype) for p in jax.tree.leaves(params)} == {"bfloat16"}
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+    with safe_open(str(out / "model.safetensors"), framework="numpy") as f:
+        assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"bfloat16"}
+    _, params = hf_import.load_hf_checkpoint(str(out), dtype=jnp.bfloat16)
+    trained = jax.device_get(trainer.policy_params(state))
+    assert jax.tree.structure(trained) == jax.tree.structure(params)
+    jax.tree.map(lambda a, b: (np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                               np.testing.assert_equal(a.dtype, b.dtype)), trained, params)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
     assert str(model.dtype) == "torch.bfloat16"
