@@ -18,7 +18,8 @@ body, chunked log-probs, its own sizes; only the directory and the task file giv
 
 Two levels, for the default suite's time:
 
-* default: each config's bfloat16 train step is traced (not compiled, ~1-3 CPU-s each)
+* default: each config's bfloat16 train step is traced (not compiled; 60 CPU-s for the
+  module, the stand-in checkpoint's build included, on the 2-core host)
   and checked: every metric leaving the step is float32, and no statistic is computed in
   bfloat16 — no reduction, exponential, logarithm, division or square root on a
   bfloat16 operand anywhere in the step, except the backward pass's sums of gradients
@@ -318,7 +319,7 @@ def test_every_config_logs_two_finite_bfloat16_steps_through_the_cli(name, reque
     assert os.path.isdir(tmp_path / "checkpoints" / "2")
 
 
-@pytest.mark.slow  # three CLI runs and an export, the recipe at its shipped sizes
+@pytest.mark.slow  # three CLI runs and an export at the shipped sizes: 7 minutes (2 cores, loaded)
 def test_checkpoint_recipe_trains_resumes_evaluates_and_exports_in_bfloat16(
         hf_standin, tmp_path):
     """configs/grpo_hf_checkpoint.py as shipped (bfloat16): two logged steps with a
