@@ -304,7 +304,7 @@ def _finite_records(workdir):
     return records
 
 
-@pytest.mark.slow  # ~10-60 s a config on the 2-core host (~9 CPU-minutes in all)
+@pytest.mark.slow  # 17-700 s a config; 35 minutes for all 18 on the 2-core host under load
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_every_config_logs_two_finite_bfloat16_steps_through_the_cli(name, request,
                                                                     tmp_path):
