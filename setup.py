@@ -25,6 +25,8 @@ TRAIN = [
     "pyseccomp>=0.1.2",
 ]
 
+DATA = ["pyarrow>=14"]
+
 setuptools.setup(
     name="arl",
     version="0.1.0",
@@ -34,7 +36,10 @@ setuptools.setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["arl", "arl.*", "experiments", "configs"]),
+    # The library only: the command lines (experiments/) and the shipped configs
+    # (configs/) run from a checkout (`python -m experiments.train --config=configs/...`),
+    # so an install claims no generic top-level name such as `experiments` or `configs`.
+    packages=setuptools.find_packages(include=["arl", "arl.*"]),
     # The shipped example tasks of the dataset_task environment (arl.data.word_problems).
     package_data={"arl.data": ["*.jsonl"]},
     python_requires=">=3.10",
@@ -48,7 +53,12 @@ setuptools.setup(
     ],
     extras_require={
         "train": TRAIN,
-        "test": TRAIN + [
+        # Datasets as users keep them (arl.data.task_files): Parquet files and
+        # datasets.save_to_disk directories are read with pyarrow.
+        "data": DATA,
+        "test": TRAIN + DATA + [
+            "datasets>=2.14",  # writes save_to_disk directories for tests/test_task_files.py
+            "sympy>=1.12",  # the README's "Bring your own task" reward function
             # The golden runs (tests/test_golden_run.py) compare every metric with values
             # recorded under this JAX: another XLA rounds differently, so the test
             # environment pins the version they were recorded with.

@@ -1,15 +1,26 @@
 """arl: JAX-native, functional agentic reinforcement learning.
 
-The public face; the layers below it (docs/architecture.md):
+    import arl
+    arl.setup()                       # process settings, once, first (arl.runs.process_settings)
+    trainer = arl.build(config)       # validates; changes nothing global
+    state, metrics = trainer.train_step(trainer.init_state())
 
-    arl.algorithms   pure kernels (advantages, losses, filters): jax, chex, numpy only
-    arl.algorithm_table  one row per `config.algorithm` (credit family, policy loss)
-    arl.envs         jittable environments, the registry, env construction from config
-    arl.models       Flax models (decoder LM with value head, MLP actor-critic), sampling
-    arl.rollout      multi-turn rollouts and Monte Carlo branching, inside the step
+The public face; the layers below it, top down (docs/architecture.md, checked by
+tests/test_layers.py):
+
+    arl.runs         the effectful shell: `setup`, the experiment loop, evaluation,
+                     checkpoints, metric writers
     arl.trainers     the compiled train steps (token envs, vector envs), warm start
-    arl.data         task sets and demonstrations on disk
-    arl.runs         the experiment loop, evaluation, checkpoints, metric writers
+    arl.rollout      multi-turn rollouts, Monte Carlo branching, episode datasets
+    arl.config       the config schema and its validation
+    arl.envs         jittable environments, the registry, env construction from config
+    arl.algorithm_table  one row per `config.algorithm` (credit family, policy loss)
+    arl.data         text tasks on disk (tfds array_record)
+    arl.models       Flax models (decoder LM with value head, MLP actor-critic), sampling
+    arl.algorithms   pure kernels (advantages, losses, filters): jax, chex, numpy only
+    arl.text         codecs, tokenizers, chat templates, in-jit parsing and verifiers
+    arl.tools        host-side tool executors (sandboxed Python, SQL)
+    arl.optim, arl.sharding, arl.backend, arl.caches, arl.errors   foundations
 """
 
 import importlib
@@ -22,7 +33,7 @@ __version__ = "0.1.0"
 # first touched.
 _SUBMODULES = frozenset({
     "algorithm_table", "algorithms", "backend", "caches", "config", "data", "envs", "errors",
-    "host", "models", "optim", "rollout", "sharding", "tools", "trainers",
+    "models", "optim", "rollout", "runs", "sharding", "text", "tools", "trainers",
 })
 _EXPORTS = {
     "Algorithm": "arl.algorithm_table",
@@ -39,6 +50,7 @@ _EXPORTS = {
     "TrainState": "arl.trainers",
     "VectorPPO": "arl.trainers",
     "build": "arl.trainers",
+    "setup": "arl.runs.process_settings",
 }
 
 __all__ = sorted({"algorithms", "envs", "rollout", "trainers", *_EXPORTS})

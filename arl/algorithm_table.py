@@ -16,6 +16,13 @@ an algorithm is one kernel and one row:
         min_group_size=2, summary="RLOO at half scale"))
     # config.algorithm = "rloo_half" now validates, builds and trains.
 
+The policy loss is a choice of its own (`config.loss.policy_loss`: "ppo", "gspo",
+"cispo" or one added with `register_policy_loss`), beside the row's advantage estimator:
+any estimator trains with any policy loss. "auto" (the default) takes the loss the row
+presets (`Algorithm.policy_loss`: "ppo" except the presets `gspo` and `cispo`, GRPO's
+advantages with those losses). One set of clip settings serves every loss:
+`loss.clip_low` / `clip_high`, where 0 means the chosen loss's own default.
+
 Credit families (how a trajectory becomes token advantages):
   "outcome"      a sequence advantage [B] from the episode scores of each group (GRPO and
                  friends), broadcast over the agent tokens, plus optional process-reward
@@ -55,29 +62,106 @@ class OutcomeBatch:
 # (batch, settings) -> float32 [B]; `settings` is the config's `advantage` section.
 OutcomeAdvantages = Callable[[OutcomeBatch, Any], jax.Array]
 # (logp, old_logp, advantages, mask, settings, *, agg, norm) -> (loss, metrics): the
-# policy term of the loss; `settings` is the config's `loss` section.
-PolicyLoss = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+# policy term of the loss; `settings` is a `ClipSettings`.
+PolicyLossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@struct.dataclass
+class ClipSettings:
+    """The clip settings a policy loss reads: `loss.clip_low` / `clip_high` with 0
+    resolved to the loss's own default, and `loss.dual_clip` (0: off)."""
+
+    clip_low: float = struct.field(pytree_node=False)
+    clip_high: float = struct.field(pytree_node=False)
+    dual_clip: float = struct.field(pytree_node=False, default=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    """One policy loss, a choice of its own (`config.loss.policy_loss`) beside the
+    advantage estimator (`config.algorithm`'s row): any estimator pairs with any loss.
+
+    Attributes:
+      name: the value of `config.loss.policy_loss`.
+      fn: `(logp, old_logp, advantages, mask, ClipSettings, *, agg, norm) -> (loss,
+        metrics)`.
+      clip_low, clip_high: the defaults of `loss.clip_low` / `clip_high` for this loss
+        (those keys at 0 mean these).
+      dual_clip: whether `loss.dual_clip` applies (a bound on a token ratio's loss).
+      summary: one line for docs and error messages.
+    """
+
+    name: str
+    fn: PolicyLossFn
+    clip_low: float
+    clip_high: float
+    dual_clip: bool = False
+    summary: str = ""
+
+    def clips(self, loss_settings) -> ClipSettings:
+        """The config's `loss` section's clip settings, 0 read as this loss's default."""
+        return ClipSettings(clip_low=float(loss_settings.clip_low or self.clip_low),
+                            clip_high=float(loss_settings.clip_high or self.clip_high),
+                            dual_clip=float(loss_settings.dual_clip))
 
 
 def ppo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
-    """PPO's clipped token ratio (`alg.policy_loss`): loss.clip_low, clip_high, dual_clip."""
+    """PPO's clipped token ratio (`alg.policy_loss`): clip_low, clip_high, dual_clip."""
     return alg.policy_loss(logp, old_logp, advantages, mask, clip_low=settings.clip_low,
                            clip_high=settings.clip_high,
                            dual_clip=settings.dual_clip or None, agg=agg, norm=norm)
 
 
 def gspo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
-    """GSPO's clipped sequence ratio: loss.gspo_clip_low, gspo_clip_high."""
+    """GSPO's clipped sequence ratio (`alg.gspo_policy_loss`): clip_low, clip_high."""
     return alg.gspo_policy_loss(logp, old_logp, advantages, mask,
-                                clip_low=settings.gspo_clip_low,
-                                clip_high=settings.gspo_clip_high, agg=agg, norm=norm)
+                                clip_low=settings.clip_low,
+                                clip_high=settings.clip_high, agg=agg, norm=norm)
 
 
 def cispo_policy_loss(logp, old_logp, advantages, mask, settings, *, agg, norm):
-    """CISPO's clipped importance weight: loss.cispo_clip_low, cispo_clip_high."""
+    """CISPO's clipped importance weight (`alg.cispo_policy_loss`): clip_low, clip_high."""
     return alg.cispo_policy_loss(logp, old_logp, advantages, mask,
-                                 clip_low=settings.cispo_clip_low,
-                                 clip_high=settings.cispo_clip_high, agg=agg, norm=norm)
+                                 clip_low=settings.clip_low,
+                                 clip_high=settings.clip_high, agg=agg, norm=norm)
+
+
+_POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(policy_loss: PolicyLoss) -> PolicyLoss:
+    """Adds a policy loss; the same definition again replaces it, a different one under a
+    taken name is an error."""
+    existing = _POLICY_LOSSES.get(policy_loss.name)
+    if existing is not None and not all(
+            _same_definition(getattr(existing, f.name), getattr(policy_loss, f.name))
+            for f in dataclasses.fields(PolicyLoss)):
+        raise ValueError(f"policy loss {policy_loss.name!r} is already registered with a "
+                         "different definition")
+    _POLICY_LOSSES[policy_loss.name] = policy_loss
+    return policy_loss
+
+
+def policy_loss_names() -> tuple[str, ...]:
+    """Registered policy losses, in registration order."""
+    return tuple(_POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss `name`; `ConfigError` naming `config.loss.policy_loss` if none."""
+    if name not in _POLICY_LOSSES:
+        raise invalid_field("loss.policy_loss", name,
+                            f"allowed values are {('auto',) + policy_loss_names()}")
+    return _POLICY_LOSSES[name]
+
+
+def chosen_policy_loss(config) -> PolicyLoss:
+    """The policy loss a config trains with: `loss.policy_loss`, or with "auto" the one
+    its algorithm's row presets."""
+    name = config.loss.policy_loss
+    if name == "auto":
+        name = get_algorithm(config.algorithm).policy_loss
+    return get_policy_loss(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +177,8 @@ class Algorithm:
       trainer: which trainer runs it, "token" (multi-turn token envs) or "vector"
         (vector envs with an MLP actor-critic).
       validate: extra checks of a config using this algorithm; raises `ConfigError`.
-      policy_loss: the policy term of the token trainer's loss (`PolicyLoss`); PPO's
-        clipped token ratio unless the row names another.
+      policy_loss: the name of the policy loss the row presets (`loss.policy_loss =
+        "auto"`); PPO's clipped token ratio unless the row names another.
       summary: one line for docs and error messages.
     """
 
@@ -105,7 +189,7 @@ class Algorithm:
     min_group_size: int = 1
     trainer: str = "token"
     validate: Callable[[Any], None] | None = None
-    policy_loss: PolicyLoss = ppo_policy_loss
+    policy_loss: str = "ppo"
     summary: str = ""
 
     def __post_init__(self):
@@ -120,6 +204,9 @@ class Algorithm:
                              "credit 'outcome' and only for it")
         if self.critic != (self.credit == "gae"):
             raise ValueError(f"Algorithm {self.name!r}: critic=True goes with credit 'gae'")
+        if not isinstance(self.policy_loss, str):
+            raise ValueError(f"Algorithm {self.name!r}: policy_loss={self.policy_loss!r}; "
+                             "name a registered policy loss (register_policy_loss)")
 
 
 _TABLE: dict[str, Algorithm] = {}
@@ -206,30 +293,6 @@ def _validate_vineppo(config) -> None:
                             "'vineppo' baselines returns: use 'mean_return'")
 
 
-def _validate_clip_range(config, prefix: str) -> None:
-    """loss.<prefix>_clip_low in (0, 1] and loss.<prefix>_clip_high > 0, finite; no
-    dual clip (it bounds PPO's token ratio, which this loss does not use)."""
-    for side, high in (("low", 1.0), ("high", None)):
-        field = f"loss.{prefix}_clip_{side}"
-        value = config.loss[f"{prefix}_clip_{side}"]
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not 0.0 < value < float("inf") or (high is not None and value > high)):
-            raise invalid_field(field, value, "expected a finite number in (0, 1]"
-                                if high is not None else "expected a finite number > 0")
-    if config.loss.dual_clip:
-        raise invalid_field("loss.dual_clip", config.loss.dual_clip,
-                            f"algorithm {config.algorithm!r} has no token ratio to dual-"
-                            "clip: set 0")
-
-
-def _validate_gspo(config) -> None:
-    _validate_clip_range(config, "gspo")
-
-
-def _validate_cispo(config) -> None:
-    _validate_clip_range(config, "cispo")
-
-
 for _row in (
         Algorithm("ppo", credit="gae", critic=True,
                   summary="PPO with a learned critic: token- or turn-level GAE"),
@@ -247,16 +310,27 @@ for _row in (
                   summary="VinePPO: turn advantages from Monte Carlo values of forked "
                           "states"),
         Algorithm("gspo", credit="outcome", outcome_advantages=_grpo, min_group_size=2,
-                  policy_loss=gspo_policy_loss,
-                  validate=_validate_gspo,
-                  summary="GSPO: GRPO advantages, PPO clip of the sequence-level ratio"),
+                  policy_loss="gspo",
+                  summary="GSPO (a preset): GRPO advantages, policy loss 'gspo'"),
         Algorithm("cispo", credit="outcome", outcome_advantages=_grpo, min_group_size=2,
-                  policy_loss=cispo_policy_loss,
-                  validate=_validate_cispo,
-                  summary="CISPO: GRPO advantages, clipped stop-gradient importance "
-                          "weight"),
+                  policy_loss="cispo",
+                  summary="CISPO (a preset): GRPO advantages, policy loss 'cispo'"),
         Algorithm("ppo_vector", credit="gae", critic=True, trainer="vector",
                   summary="PureJaxRL-style PPO on vector (gymnax) environments"),
 ):
     register_algorithm(_row)
 del _row
+
+for _loss in (
+        PolicyLoss("ppo", ppo_policy_loss, clip_low=0.2, clip_high=0.2, dual_clip=True,
+                   summary="PPO's clipped token ratio (optionally dual-clipped)"),
+        # The paper's 3e-4 / 4e-4 (GSPO, arXiv 2507.18071).
+        PolicyLoss("gspo", gspo_policy_loss, clip_low=3e-4, clip_high=4e-4,
+                   summary="GSPO: PPO's clip of the sequence-level ratio"),
+        # Low 1.0: no lower bound on the weight (CISPO, arXiv 2506.13585).
+        PolicyLoss("cispo", cispo_policy_loss, clip_low=1.0, clip_high=0.28,
+                   summary="CISPO: REINFORCE weighted by the clipped, stop-gradient "
+                           "importance weight"),
+):
+    register_policy_loss(_loss)
+del _loss

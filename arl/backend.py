@@ -14,10 +14,10 @@ index as a min over positions rather than an argmax (`arl/algorithms/losses.py`:
 `policy_loss` forward + backward 2.9-3.5x from 65k to 1M tokens).
 
 Process-wide host settings for the CPU are not switches of a program and live with
-their measurements in `arl.runs.allocator`: glibc keeping freed memory mapped, and JAX's
-CPU computations run on the calling thread (steps 1.2-1.3x faster on the peers'
-settings); `TokenTrainer` applies them itself on the CPU (opt out with
-`ARL_KEEP_FREED_MEMORY=0` or `arl.runs.allocator.keep_process_defaults()`).
+their measurements in `arl.runs.process_settings`: glibc keeping freed memory mapped, and
+JAX's CPU computations run on the calling thread (steps 1.2-1.3x faster on the peers'
+settings); `arl.setup()` applies them on the CPU (the CLI and `experiment.run` call it;
+`ARL_KEEP_FREED_MEMORY=0` opts out).
 
 Imports jax only, so the kernels (`arl.algorithms`) may ask it too.
 """

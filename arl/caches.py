@@ -1,12 +1,13 @@
 """What arl keeps between runs: its cache directory and JAX's persistent compilation cache.
 
     from arl import caches
-    caches.enable_compilation_cache()   # the CLI and every trainer call it; idempotent
+    caches.enable_compilation_cache()   # `arl.setup()` calls it; idempotent
 
 The compiled train step is most of a short run's start-up (`benchmarks/first_step.py`):
 the quickstart's step compiled in 32-103 s on a busy 2-core CPU and loaded from the
-cache in 2.5-5 s. So `experiments.train` and the trainers (`TokenTrainer`,
-`VectorPPO`) turn on JAX's persistent compilation cache, in this order of precedence:
+cache in 2.5-5 s. So `arl.setup()` (called by the CLI, `arl.runs.experiment.run` and a
+notebook's first cell) turns on JAX's persistent compilation cache, in this order of
+precedence:
 
 1. ``ARL_COMPILATION_CACHE=0`` (or ``off``, ``false``, ``no``) turns it off; any other
    value names the directory to use.

@@ -15,6 +15,18 @@ class ConfigError(ValueError):
     """A configuration field has a value outside its allowed set."""
 
 
+class RunStopped(RuntimeError):
+    """A run ended on a fault it can name in one line (a checkpoint it could not write,
+    a non-finite step); the command-line programs print that line and exit with
+    status 1. Everything written before it (checkpoints, logs) is intact."""
+
+
+class RewardFunctionError(RunStopped):
+    """A user's Python reward function failed (raised, timed out, or returned something
+    other than one finite number or None per row); the message is one line naming the
+    function and the row (`arl.envs.reward_functions`)."""
+
+
 def invalid_field(field: str, value, allowed: str) -> ConfigError:
     """The error for `config.<field>` = `value`, saying what is `allowed`."""
     return ConfigError(f"config.{field}={value!r} is invalid: {allowed}.")

@@ -15,7 +15,8 @@ Each mode runs `--steps` steps per round, round-robin over `--rounds`
 rounds (the machine's load hits all alike); the table shows median ms per step, the
 ratio to the fused step, and the ratio to the bound max(R, U) of the two programs timed
 alone (R: rollout, U: update, each blocked on). Pipeline fill (the first rollout of each
-`steps` call, not overlapped) is included, spread over `--steps` steps.
+mode's turn, not overlapped: the modes take turns on one trainer) is included, spread
+over `--steps` steps.
 """
 
 from __future__ import annotations
@@ -81,15 +82,12 @@ def main(argv=None):
         jax.block_until_ready((state, metrics))
         states["fused"] = state
 
-    histories = {}
-
     def pipelined(name, two, lag):
         def run():
-            state = states.pop(name, None) or trainer.init_state()
             two.policy_lag = lag
-            history = histories.setdefault(name, {})  # continues the previous call's run
-            for state, metrics in two.steps(state, args.steps, history=history):
-                pass
+            state = states.pop(name, None) or two.init_state()  # continues its last run
+            for _ in range(args.steps):
+                state, metrics = two.train_step(state)
             jax.block_until_ready((state, metrics))
             states[name] = state
         return run

@@ -173,10 +173,10 @@ def largest_cond_branch_flops(jaxpr, choose_inner: Callable[[Sequence[float]], f
 def host_settings_as_the_cli() -> None:
     """The training CLI's host settings, before this process's first computation: JAX
     computations run inline on the calling thread and freed memory stays mapped (a fresh
-    mapping per step costs large matmuls up to 2x in page faults; `arl.runs.allocator`)."""
-    from arl.runs import allocator  # pylint: disable=import-outside-toplevel
-    allocator.run_computations_inline()
-    allocator.keep_freed_memory()
+    mapping per step costs large matmuls up to 2x in page faults; `arl.runs.process_settings`)."""
+    from arl.runs import process_settings  # pylint: disable=import-outside-toplevel
+    process_settings.run_computations_inline()
+    process_settings.keep_freed_memory()
 
 
 def load_average() -> float:

@@ -2,7 +2,7 @@
 
 Times are medians over `--repeats` runs after compilation (`block_until_ready`), all
 measured in the same process so the ratios are comparable on a shared machine, with the
-host allocator set as arl's command line sets it (`arl.runs.allocator`; every candidate
+host allocator set as arl's command line sets it (`arl.setup()`; every candidate
 shares the process, so every candidate gets it; ARL_KEEP_FREED_MEMORY=0 turns it off).
 
     python benchmarks/kernels.py              # print the table
@@ -21,7 +21,7 @@ import rlax
 
 import arl
 from arl import algorithms as alg
-from arl.runs import allocator
+from arl.runs import process_settings
 
 import common  # noqa: E402  (benchmarks/, the script's own directory)
 
@@ -193,8 +193,8 @@ def main():
     parser.add_argument("--record", action="store_true",
                         help="write the table as the Kernels section of benchmarks/RESULTS.md")
     args = parser.parse_args()
-    inline = allocator.run_computations_inline_unless_disabled()
-    kept = allocator.keep_freed_memory_unless_disabled()
+    settings = process_settings.setup()
+    inline, kept = settings.computations_inline, settings.freed_memory_kept
     rng = np.random.default_rng(0)
     gae_rows = bench_gae(args.repeats, rng)
     group_rows = bench_groups(args.repeats, rng)

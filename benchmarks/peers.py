@@ -29,11 +29,11 @@ their own generation (TRL: `GRPOTrainer._generate`; tunix: `RLCluster.generate`)
 arl's row is its DEFAULT configuration built as a notebook user builds it:
 `arl.config.default_config()` with only the equal-work settings above (`arl_config`:
 the env and sizes, learning rate 1e-5, gradient clip 1, no KL, every update taken; none
-of them a speed setting), passed to `TokenTrainer` through the public API. The trainer
-itself applies the library's CPU host settings (`arl.runs.allocator`: computations run
-inline, glibc keeps freed memory), which it can only do as this process's first use of
-JAX: the checkpoints are written by a child process, and nothing else touches JAX
-before the first setting's trainer is built. The peers get the same host settings from
+of them a speed setting), passed to `TokenTrainer` through the public API, after
+`arl.setup()` as a notebook's first cell calls it (the library's CPU host settings,
+`arl.runs.process_settings`: computations run inline, glibc keeps freed memory), which
+takes effect only as this process's first use of JAX: the checkpoints are written by a
+child process, and nothing touches JAX before it. The peers get the same host settings from
 their environment (GLIBC_TUNABLES; tunix's computations inline). There is no tuned row:
 no setting beyond the defaults is known to make arl's step faster at these sizes (each
 measured option of docs/performance.md is either the default or slower here, e.g.
@@ -120,7 +120,7 @@ from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-po
 from arl import caches  # noqa: E402
 from arl import config as config_lib  # noqa: E402
 from arl import envs as envs_lib  # noqa: E402
-from arl.runs import allocator  # noqa: E402
+from arl.runs import process_settings  # noqa: E402
 from arl.models import hf_import  # noqa: E402
 from arl.models import transformer as transformer_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -438,10 +438,10 @@ def peer_environment() -> dict:
     path, the tests' fake devices, a JAX compilation cache: a peer runs with its
     library's defaults), plus the host settings every side gets."""
     env = child_environment("PYTHONPATH", "XLA_FLAGS")
-    # arl's host settings (`arl.runs.allocator`) for every side: freed memory kept
+    # arl's host settings (`arl.runs.process_settings`) for every side: freed memory kept
     # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
     # inline (torch runs every op on the calling thread anyway).
-    env["GLIBC_TUNABLES"] = allocator.GLIBC_TUNABLES
+    env["GLIBC_TUNABLES"] = process_settings.GLIBC_TUNABLES
     env["ARL_PEERS_INLINE_DISPATCH"] = "1"
     return env
 
@@ -862,11 +862,12 @@ def main(argv=None):
     def log(text):
         print(text, flush=True)
 
-    # arl's side is built as a notebook builds it: its first TokenTrainer is the first
-    # use of JAX in this process, so the trainer applies the library's host settings
-    # itself (`arl.runs.allocator`); the checkpoints are written by a child process, and
-    # the machine line and the first peak measurement wait for the first setting's
-    # trainers. The peers get the same settings from their environment (WorkerRunner).
+    # arl's side is built as a notebook builds it: `arl.setup()` first, before any use
+    # of JAX in this process (the library's host settings, `arl.runs.process_settings`);
+    # the checkpoints are written by a child process, and the machine line and the
+    # first peak measurement wait for the first setting's trainers. The peers get the
+    # same settings from their environment (WorkerRunner).
+    process_settings.setup()
     write_checkpoints([protocol.SETTINGS[name] for name in settings], args.cache_dir)
     load_start = common.load_average()
     if load_start > LOAD_WARNING:
@@ -914,12 +915,12 @@ def main(argv=None):
             log(first_step_details(result["first_step"]))
     peak = max(peaks)
     load_end = common.load_average()
-    inline, kept = allocator.applied()
+    inline, kept = process_settings.applied()
     allocator_line = (
-        f"arl: the library's defaults as `TokenTrainer` applies them (`arl.runs.allocator`"
+        f"arl: the library's defaults as `arl.setup()` applies them (`arl.runs.process_settings`"
         f": computations {'inline' if inline else 'dispatched asynchronously'}, freed "
         f"memory {'kept mapped' if kept else 'returned (glibc defaults)'}); the peers: "
-        f"freed memory kept mapped (GLIBC_TUNABLES={allocator.GLIBC_TUNABLES}) and JAX "
+        f"freed memory kept mapped (GLIBC_TUNABLES={process_settings.GLIBC_TUNABLES}) and JAX "
         f"computations inline (tunix; torch runs inline)")
     log(f"allocator: {allocator_line}")
     arl_line = ("`default_config()` with the equal-work settings only (`arl_config`), "

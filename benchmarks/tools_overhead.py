@@ -24,7 +24,9 @@ import subprocess
 import sys
 import time
 
-from arl.tools import ToolPool, run_sql, sandbox, sql
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs
+
+from arl.tools import ToolPool, run_sql, sandbox, sql  # noqa: E402
 
 # A typical code_interpreter cell (the `squares` family's program).
 CELL = "total = 0\nfor i in range(1, 48):\n    total += i * i\nprint(total)"

@@ -18,6 +18,11 @@ The tasks: `{"prompt": ..., "answer": ...}` lines (`env.kwargs.path`, built into
 dataset on first use with the checkpoint's tokenizer; 10% held out as the "eval" split),
 checked by `env.kwargs.verifier` ("numeric": the last number, GSM8K's "#### n";
 "exact"; "normalized"), `max_turns = 2` attempts, `action_len = 256` tokens per answer.
+A template that renders earlier turns otherwise than the policy wrote them (Qwen3 drops
+their <think> blocks) is refused for more than one turn: `--config.env.kwargs.max_turns=1`.
+The template's own arguments go in `model.chat_template_kwargs`, e.g.
+`--config.model.chat_template_kwargs="{'enable_thinking': False}"`. docs/checkpoints.md
+says what each family supports.
 
 Sizes: full fine-tuning at learning rate 1e-6 with bfloat16 parameters and activations
 (float32 master weights and Adam moments), each layer rematerialised, the layers scanned

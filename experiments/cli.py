@@ -9,7 +9,10 @@ config file that cannot be loaded, a misspelt config key (``--config.trian_steps
 the closest valid key is named), and every `arl.errors.ConfigError`, wherever it is
 raised (`arl.config.validate`, environment and model construction, checkpoint import),
 as well as `app.UsageError`. A bug in a config file's own code (a NameError in
-`get_config`) still shows its traceback.
+`get_config`) still shows its traceback. A run ended on a fault it names
+(`arl.errors.RunStopped`: a checkpoint that could not be written, a non-finite step, a
+failing Python reward function with its function and row) is one line too, with exit
+status 1 (`RUN_STOPPED`).
 
 Logging: by default only `arl`'s and `experiments`' INFO lines are shown (start or
 resume, warm start, one progress line every `log_every` steps with rate, ETA, reward and
@@ -29,9 +32,10 @@ from typing import Callable, NoReturn
 from absl import app, flags
 from absl import logging as absl_logging
 
-from arl.errors import ConfigError, one_line
+from arl.errors import ConfigError, RunStopped, one_line
 
 USAGE_ERROR = 2  # exit status of every rejected input (as argparse and getopt tools use)
+RUN_STOPPED = 1  # exit status of a run ended on a named fault (arl.errors.RunStopped)
 _LOUD_FLAGS = ("verbosity", "alsologtostderr", "logtostderr")
 _OWN_PACKAGES = ("arl", "experiments")
 
@@ -42,11 +46,11 @@ def program_name() -> str:
     return spec.name if spec is not None else os.path.basename(sys.argv[0] or "arl")
 
 
-def fail(message) -> NoReturn:
-    """Ends the program: one line on stderr, exit status `USAGE_ERROR`."""
+def fail(message, status: int = USAGE_ERROR) -> NoReturn:
+    """Ends the program: one line on stderr, exit status `status`."""
     sys.stderr.write(f"{program_name()}: error: {one_line(message)}\n")
     sys.stderr.flush()
-    sys.exit(USAGE_ERROR)
+    sys.exit(status)
 
 
 def parse_flags(argv: list[str], config_flag: str = "config") -> list[str]:
@@ -146,5 +150,7 @@ def run(main: Callable[[list[str]], None], *, config_flag: str = "config") -> No
             return main(argv)
         except (ConfigError, app.UsageError) as error:
             fail(error)
+        except RunStopped as error:
+            fail(error, RUN_STOPPED)
 
     app.run(checked_main, flags_parser=lambda argv: parse_flags(argv, config_flag))

@@ -9,8 +9,9 @@ line per environment for mixtures, plus baselines: the environment's demonstrato
 oracle, where it defines them) and a few sampled transcripts. With `--split` (runs of
 `dataset_task`), every row of that split of the run's dataset is played exactly once, in
 row order (`DatasetTask.split_tasks()`), instead of `--num_tasks` fresh tasks: "eval"
-scores the held-out rows. Bad input is one line on stderr and exit status 2
-(experiments/cli.py).
+scores the held-out rows. The newest checkpoint whose checksums verify is evaluated (a
+corrupt one is skipped with one warning; docs/faults.md). Bad input is one line on
+stderr and exit status 2 (experiments/cli.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main(argv):
     del argv
     import jax
 
+    import arl
     from arl import algorithm_table, rollout
     from arl import config as config_lib
     from arl.runs import evaluation
@@ -53,8 +55,12 @@ def main(argv):
     if _SPLIT.value is not None and config.env.name != "dataset_task":
         raise app.UsageError(f"--split={_SPLIT.value!r} plays the rows of a dataset; the run's "
                              f"env is {config.env.name!r}, not 'dataset_task'")
+    arl.setup(config)  # the compilation cache and the CPU host settings
     trainer = evaluation.trainer_for_checkpoint(config)
-    step, params = evaluation.restore_params(trainer, _WORKDIR.value)
+    try:
+        step, params = evaluation.restore_params(trainer, _WORKDIR.value)
+    except FileNotFoundError as error:  # every step corrupt (each warned about)
+        raise app.UsageError(f"--workdir={_WORKDIR.value!r}: {error}") from error
     key = jax.random.key(_SEED.value)  # the same tasks for every policy
     env, play = trainer.env, None
     num_tasks = _NUM_TASKS.value

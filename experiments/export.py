@@ -18,7 +18,7 @@ from __future__ import annotations
 from absl import flags
 
 from experiments import cli
-from experiments.exporting import export_run
+from arl.runs.export import export_run
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by experiments.train.")
 _OUT = flags.DEFINE_string("out", None, "Directory to write (must not exist or be empty).")

@@ -245,6 +245,9 @@ def main(argv):
     from experiments import cli  # pylint: disable=g-import-not-at-top
 
     config = cli.loaded_config(flags.FLAGS["config"])
+    import arl  # pylint: disable=g-import-not-at-top
+
+    arl.setup(config)  # the compilation cache and the CPU host settings
     steps = flags.FLAGS.sft_steps
     settings = dict(sft_steps=steps if steps >= 0 else None,
                     sft_batch=flags.FLAGS.sft_batch or None,

@@ -3,7 +3,9 @@ r"""Turns a JSONL file of prompts and reference answers into a dataset for `data
     python -m experiments.make_dataset --input=tasks.jsonl --output=/data/tasks \
         --tokenizer=char --eval_fraction=0.1 --seed=0
 
-Each input line is ``{"prompt": "...", "answer": "..."}``. Writes a tfds array_record
+Each input line is ``{"prompt": "...", "answer": "..."}``; `--input` may also be a
+Parquet or CSV file or a `datasets.save_to_disk` directory, with the columns
+`--prompt_key` / `--answer_key` (`arl.data.task_files`). Writes a tfds array_record
 dataset with "train" and "eval" splits (`arl.data.text_tasks`) and prints its directory,
 ``<output>/arl_text_tasks/1.0.0``, which is what the environment takes:
 
@@ -28,7 +30,8 @@ from absl import app, flags
 
 from experiments import cli
 
-_INPUT = flags.DEFINE_string("input", None, "JSONL file of {\"prompt\", \"answer\"} lines.")
+_INPUT = flags.DEFINE_string("input", None, "JSONL file of {\"prompt\", \"answer\"} lines "
+                             "(or a .parquet / .csv file, a save_to_disk directory).")
 _OUTPUT = flags.DEFINE_string("output", None, "Directory to write the dataset under.")
 _TOKENIZER = flags.DEFINE_string("tokenizer", "char",
                                  "'char', the path of a Hugging Face tokenizer.json, or a "
@@ -40,6 +43,8 @@ _MAX_PROMPT_LEN = flags.DEFINE_integer("max_prompt_len", 512, "Prompt limit in t
 _MAX_ANSWER_LEN = flags.DEFINE_integer("max_answer_len", 256, "Answer limit in tokens.")
 _DROP_LONG = flags.DEFINE_bool("drop_long", False,
                                "Drop (and list) rows over the limits instead of failing.")
+_PROMPT_KEY = flags.DEFINE_string("prompt_key", "prompt", "The input's prompt column.")
+_ANSWER_KEY = flags.DEFINE_string("answer_key", "answer", "The input's answer column.")
 flags.mark_flags_as_required(["input", "output"])
 
 
@@ -73,7 +78,7 @@ def main(argv):
             max_prompt_len=_MAX_PROMPT_LEN.value, max_answer_len=_MAX_ANSWER_LEN.value,
             drop_long=_DROP_LONG.value, log=logging.info,
             long_rows_advice="raise --max_prompt_len / --max_answer_len or pass --drop_long "
-            "to drop them")
+            "to drop them", prompt_key=_PROMPT_KEY.value, answer_key=_ANSWER_KEY.value)
     except (ValueError, FileNotFoundError) as error:  # bad input: one line, exit 2
         raise app.UsageError(str(error)) from error
     print(path)

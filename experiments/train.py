@@ -11,12 +11,17 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id on ever
 
 A bad flag or config value ends the program before anything is compiled with one line
 on stderr naming the field, the value and what is allowed (exit status 2; see
-experiments/cli.py). Environments of your own: `--config.imports=my_pkg.my_envs` (or
+experiments/cli.py); so does a workdir another run is training in. SIGTERM or SIGINT
+(Ctrl-C) stops the run after the step in progress, writes its checkpoint and ends with
+one line saying so and exit status 143 or 130 (128 + the signal's number); running the
+same command again resumes (docs/faults.md). Environments of your own: `--config.imports=my_pkg.my_envs` (or
 `config.imports` in the config file) imports the module that registers them. The log
 shows progress, warnings and errors; `--verbosity=0` adds the libraries' INFO lines.
 """
 
 from __future__ import annotations
+
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -38,7 +43,8 @@ _EXPORT_TO = flags.DEFINE_string(
     "(runs from config.model.hf_checkpoint; as `python -m experiments.export`).")
 _KILL_AFTER = flags.DEFINE_integer(
     "debug_kill_after_step", None,
-    "Testing aid: SIGKILL this process right after the checkpoint of this step.")
+    "Testing aid: SIGKILL this process right after the checkpoint of this step "
+    "(nothing else flushed first).")
 
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -48,44 +54,40 @@ def main(argv):
     config = cli.loaded_config(_CONFIG)
     import jax
 
-    from arl import caches
+    import arl
     from arl import config as config_lib
-    from arl.runs import allocator
-
-    # Compiled programs persist across runs (arl/caches.py: ARL_COMPILATION_CACHE=0 is
-    # the opt-out); before anything compiles.
-    caches.enable_compilation_cache()
-
-    # Before JAX's backend starts: steps run on this thread, whose heap is kept mapped
-    # between steps (arl/runs/allocator.py; the trainer would set both itself, with a
-    # log line meant for notebooks). Not with asynchronous rollouts: a one-device program
-    # run inline would block the host loop that overlaps rollout and update
-    # (docs/async.md).
-    if not config_lib.uses_two_programs(config):
-        allocator.run_computations_inline_unless_disabled()
-    allocator.keep_freed_memory_unless_disabled()
 
     if _COORDINATOR.value is not None:
         jax.distributed.initialize(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value)
+    # Before anything runs on a device: the compilation cache and the CPU host settings
+    # (arl/runs/process_settings.py; `experiment.run` calls it again, a no-op then).
+    arl.setup(config)
 
     # Before the experiment loop's imports (orbax, tensorboardX): a bad config fails fast.
     config_lib.validate(config, num_devices=jax.device_count(), workdir=_WORKDIR.value)
     if _EXPORT_TO.value is not None:
         from absl import app  # pylint: disable=g-import-not-at-top
 
-        from experiments import exporting  # pylint: disable=g-import-not-at-top
+        from arl.runs import export  # pylint: disable=g-import-not-at-top
         if not config.model.get("hf_checkpoint", ""):
             raise app.UsageError(f"--export_to={_EXPORT_TO.value!r} exports next to "
                                  "config.model.hf_checkpoint, which this config does not set")
-        exporting.check_target(_EXPORT_TO.value, "--export_to")
-    from arl.runs import experiment
+        export.check_target(_EXPORT_TO.value, "--export_to")
+    from arl.runs import experiment, preemption, workdir_lock
 
-    experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    try:
+        experiment.run(config, _WORKDIR.value, kill_after_step=_KILL_AFTER.value)
+    except workdir_lock.WorkdirInUseError as error:
+        cli.fail(error)
+    except preemption.Preempted as stopped:
+        sys.stderr.write(f"{cli.program_name()}: {stopped}\n")
+        sys.stderr.flush()
+        sys.exit(stopped.exit_code)
     if _EXPORT_TO.value is not None and jax.process_index() == 0:
-        step, path, changed = exporting.export_run(_WORKDIR.value, _EXPORT_TO.value)
+        step, path, changed = export.export_run(_WORKDIR.value, _EXPORT_TO.value)
         print(f"Exported step {step} of {_WORKDIR.value} to {path}"
               + (f" (config.json changed: {sorted(changed)})" if changed else ""))
 

@@ -12,7 +12,7 @@ from tests import xla_flags
 # setting (tests/xla_flags.py says which flags and why).
 xla_flags.set_suite_flags()
 # A test worker runs hundreds of short programs, mostly compiling: it keeps glibc's
-# defaults (tests/test_allocator.py checks `arl.runs.allocator` in a subprocess).
+# defaults (tests/test_process_settings.py checks `arl.setup()` in a subprocess).
 os.environ.setdefault("ARL_KEEP_FREED_MEMORY", "0")
 
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"

@@ -138,9 +138,13 @@ LLAMA3_TEMPLATE = (
     "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
 
+# Llama-3.1-Instruct's chat template (date header, tools, the ipython role).
+LLAMA31_TEMPLATE = '{{- bos_token }}\n{%- if custom_tools is defined %}\n    {%- set tools = custom_tools %}\n{%- endif %}\n{%- if not tools_in_user_message is defined %}\n    {%- set tools_in_user_message = true %}\n{%- endif %}\n{%- if not date_string is defined %}\n    {%- set date_string = "26 Jul 2024" %}\n{%- endif %}\n{%- if not tools is defined %}\n    {%- set tools = none %}\n{%- endif %}\n\n{#- This block extracts the system message, so we can slot it into the right place. #}\n{%- if messages[0][\'role\'] == \'system\' %}\n    {%- set system_message = messages[0][\'content\']|trim %}\n    {%- set messages = messages[1:] %}\n{%- else %}\n    {%- set system_message = "" %}\n{%- endif %}\n\n{#- System message + builtin tools #}\n{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}\n{%- if builtin_tools is defined or tools is not none %}\n    {{- "Environment: ipython\\n" }}\n{%- endif %}\n{%- if builtin_tools is defined %}\n    {{- "Tools: " + builtin_tools | reject(\'equalto\', \'code_interpreter\') | join(", ") + "\\n\\n"}}\n{%- endif %}\n{{- "Cutting Knowledge Date: December 2023\\n" }}\n{{- "Today Date: " + date_string + "\\n\\n" }}\n{%- if tools is not none and not tools_in_user_message %}\n    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}\n    {{- \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\' }}\n    {{- "Do not use variables.\\n\\n" }}\n    {%- for t in tools %}\n        {{- t | tojson(indent=4) }}\n        {{- "\\n\\n" }}\n    {%- endfor %}\n{%- endif %}\n{{- system_message }}\n{{- "<|eot_id|>" }}\n\n{#- Custom tools are passed in a user message with some extra guidance #}\n{%- if tools_in_user_message and not tools is none %}\n    {#- Extract the first user message so we can plug it in here #}\n    {%- if messages | length != 0 %}\n        {%- set first_user_message = messages[0][\'content\']|trim %}\n        {%- set messages = messages[1:] %}\n    {%- else %}\n        {{- raise_exception("Cannot put tools in the first user message when there\'s no first user message!") }}\n{%- endif %}\n    {{- \'<|start_header_id|>user<|end_header_id|>\\n\\n\' -}}\n    {{- "Given the following functions, please respond with a JSON for a function call " }}\n    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}\n    {{- \'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.\' }}\n    {{- "Do not use variables.\\n\\n" }}\n    {%- for t in tools %}\n        {{- t | tojson(indent=4) }}\n        {{- "\\n\\n" }}\n    {%- endfor %}\n    {{- first_user_message + "<|eot_id|>"}}\n{%- endif %}\n\n{%- for message in messages %}\n    {%- if not (message.role == \'ipython\' or message.role == \'tool\' or \'tool_calls\' in message) %}\n        {{- \'<|start_header_id|>\' + message[\'role\'] + \'<|end_header_id|>\\n\\n\'+ message[\'content\'] | trim + \'<|eot_id|>\' }}\n    {%- elif \'tool_calls\' in message %}\n        {%- if not message.tool_calls|length == 1 %}\n            {{- raise_exception("This model only supports single tool-calls at once!") }}\n        {%- endif %}\n        {%- set tool_call = message.tool_calls[0].function %}\n        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}\n            {{- \'<|start_header_id|>assistant<|end_header_id|>\\n\\n\' -}}\n            {{- "<|python_tag|>" + tool_call.name + ".call(" }}\n            {%- for arg_name, arg_val in tool_call.arguments | items %}\n                {{- arg_name + \'="\' + arg_val + \'"\' }}\n                {%- if not loop.last %}\n                    {{- ", " }}\n                {%- endif %}\n                {%- endfor %}\n            {{- ")" }}\n        {%- else  %}\n            {{- \'<|start_header_id|>assistant<|end_header_id|>\\n\\n\' -}}\n            {{- \'{"name": "\' + tool_call.name + \'", \' }}\n            {{- \'"parameters": \' }}\n            {{- tool_call.arguments | tojson }}\n            {{- "}" }}\n        {%- endif %}\n        {%- if builtin_tools is defined %}\n            {#- This means we\'re in ipython mode #}\n            {{- "<|eom_id|>" }}\n        {%- else %}\n            {{- "<|eot_id|>" }}\n        {%- endif %}\n    {%- elif message.role == "tool" or message.role == "ipython" %}\n        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}\n        {%- if message.content is mapping or message.content is iterable %}\n            {{- message.content | tojson }}\n        {%- else %}\n            {{- message.content }}\n        {%- endif %}\n        {{- "<|eot_id|>" }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- \'<|start_header_id|>assistant<|end_header_id|>\\n\\n\' }}\n{%- endif %}\n'
+
 QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                    "<|end_header_id|>", "<|eot_id|>")
+LLAMA31_SPECIALS = LLAMA3_SPECIALS + ("<|eom_id|>", "<|python_tag|>")
 
 
 def _corpus() -> list[str]:
@@ -155,9 +159,10 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _tokenizer(specials, vocab_size: int):
+def _tokenizer(specials, vocab_size: int, digit_group: int = 1):
     from arl.text.hf_codec import train_bpe_tokenizer
-    return train_bpe_tokenizer(_corpus(), vocab_size=vocab_size, special_tokens=specials)
+    return train_bpe_tokenizer(_corpus(), vocab_size=vocab_size, special_tokens=specials,
+                               digit_group=digit_group)
 
 
 def _save_tokenizer(directory, tokenizer, *, template, bos, eos, pad):
@@ -173,7 +178,10 @@ def _save_tokenizer(directory, tokenizer, *, template, bos, eos, pad):
 def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
                   tokenizer_vocab: int = 360, padded_vocab: int = 384):
     """Writes a stand-in checkpoint directory of `family` ("qwen2": Qwen2.5-style, "qwen3":
-    Qwen3-style, "llama3": Llama-3-style) and returns it."""
+    Qwen3-style, "llama3": Llama-3-style, "llama3.1": Llama-3.1-style: its template with
+    the date header, BOS, up to three digits per token, eos ids end_of_text, eom and eot)
+    and returns it. The model's vocabulary is the tokenizer's rounded up to 64 when the
+    tokenizer has more than `padded_vocab` tokens."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -200,11 +208,20 @@ def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
             bos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"],
             eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], do_sample=True,
             temperature=0.7, top_p=0.8)
-    elif family == "llama3":
-        tokenizer = _tokenizer(LLAMA3_SPECIALS, tokenizer_vocab)
-        ids = {t: tokenizer.token_to_id(t) for t in LLAMA3_SPECIALS}
-        _save_tokenizer(directory, tokenizer, template=LLAMA3_TEMPLATE,
+    elif family in ("llama3", "llama3.1"):
+        specials = LLAMA3_SPECIALS if family == "llama3" else LLAMA31_SPECIALS
+        tokenizer = _tokenizer(specials, tokenizer_vocab,
+                               digit_group=1 if family == "llama3" else 3)
+        ids = {t: tokenizer.token_to_id(t) for t in specials}
+        if family == "llama3.1":  # as Meta's tokenizer.json: encode() puts BOS in front
+            from tokenizers import processors
+            tokenizer.post_processor = processors.TemplateProcessing(
+                single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                special_tokens=[("<|begin_of_text|>", ids["<|begin_of_text|>"])])
+        _save_tokenizer(directory, tokenizer,
+                        template=LLAMA3_TEMPLATE if family == "llama3" else LLAMA31_TEMPLATE,
                         bos="<|begin_of_text|>", eos="<|eot_id|>", pad=None)
+        padded_vocab = max(padded_vocab, -(-tokenizer.get_vocab_size() // 64) * 64)
         config = transformers.LlamaConfig(
             vocab_size=padded_vocab, hidden_size=32, intermediate_size=64,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -212,12 +229,14 @@ def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
             tie_word_embeddings=False, bos_token_id=ids["<|begin_of_text|>"],
             eos_token_id=ids["<|eot_id|>"])
         model_class = transformers.LlamaForCausalLM
+        eos = ["<|end_of_text|>", "<|eot_id|>"] if family == "llama3" else [
+            "<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"]
         generation = GenerationConfig(
-            bos_token_id=ids["<|begin_of_text|>"],
-            eos_token_id=[ids["<|end_of_text|>"], ids["<|eot_id|>"]], do_sample=True,
-            temperature=0.6, top_p=0.9)
+            bos_token_id=ids["<|begin_of_text|>"], eos_token_id=[ids[t] for t in eos],
+            do_sample=True, temperature=0.6, top_p=0.9)
     else:
-        raise ValueError(f"family must be 'qwen2', 'qwen3' or 'llama3', got {family!r}")
+        raise ValueError(f"family must be 'qwen2', 'qwen3', 'llama3' or 'llama3.1', got "
+                         f"{family!r}")
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32)
     model.save_pretrained(directory)

@@ -6,6 +6,7 @@ resharding is exact; bad combinations are one-line config errors."""
 import re
 
 import jax
+from jax.experimental import io_callback
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -74,16 +75,18 @@ def reference_run(two, state, steps, lag):
 
 
 def recorded_run(two, state, steps, monkeypatch):
-    """`two.steps`, recording what each rollout was called with."""
+    """`two.train_step` from `state`, recording what each rollout was called with."""
     calls = []
     rollout = two.rollout
     monkeypatch.setattr(two, "rollout", lambda params, key, step: calls.append(
         (jax.device_get(params), int(step))) or rollout(params, key, step))
     metrics = []
-    for state, m in two.steps(state, steps):
+    state = two.start(state)
+    for _ in range(steps):
+        state, m = two.train_step(state)
         metrics.append(m)
     monkeypatch.setattr(two, "rollout", rollout)
-    return state, calls, jax.device_get(metrics)
+    return state.state, calls, jax.device_get(metrics)
 
 
 @pytest.mark.parametrize("two", [0, 2], indirect=True)
@@ -91,7 +94,8 @@ def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, mo
     lag = two.policy_lag
     ref_state, ref = reference_run(two, trainer.init_state(), STEPS, lag)
     state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
-    assert [step for _, step in calls] == list(range(STEPS))
+    # ... and the rollout of the next step, out when the loop stops (train_steps > STEPS)
+    assert [step for _, step in calls] == list(range(STEPS + 1))
     for t, ((params, _), (ref_params, _, ref_metrics), m) in enumerate(
             zip(calls, ref, metrics)):
         assert leaves_equal(params, ref_params), t  # the params of step max(t - lag, 0)
@@ -153,14 +157,59 @@ def test_snapshots_survive_donation(trainer):
 
 
 @pytest.mark.parametrize("two", [2], indirect=True)
-def test_resume_needs_the_pending_versions(trainer, two):
-    history = {}
-    steps = two.steps(trainer.init_state(), 3, history=history)
+def test_a_restored_state_recomputes_the_rollouts_in_flight(trainer, two):
+    """A state `train_step` did not return itself (here: copied through the host, as a
+    checkpoint restores it) carries on bit for bit: the rollouts the first run had in
+    flight are sampled again from the behaviour versions in the state."""
+    state = two.init_state()
+    straight = []
+    for _ in range(4):
+        state, metrics = two.train_step(state)
+        straight.append(jax.device_get(metrics))
+    final = jax.device_get(state)
+
+    state = two.init_state()
     for _ in range(2):
-        state, _ = next(steps)
-    assert sorted(history) == [0, 1, 2]  # rollouts 2, 3 and 4 read versions 0, 1, 2
-    with pytest.raises(ValueError, match=r"versions \[0, 1\]"):
-        next(two.steps(state, 2))
+        state, _ = two.train_step(state)
+    assert len(state.behaviour) == 2  # versions 0 and 1: rollouts 2 and 3
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    restored = jax.device_put(jax.device_get(state), shardings)
+    for t in (2, 3):
+        restored, metrics = two.train_step(restored)
+        assert leaves_equal(jax.device_get(metrics), straight[t]), t
+    assert leaves_equal(jax.device_get(restored), final)
+
+
+def test_the_update_is_dispatched_before_the_next_rollout(trainer, two, monkeypatch):
+    """At lag 1 rollout t + 1 is dispatched after update t (a rollout that holds the
+    host would otherwise delay the update), and the run's last step samples none."""
+    calls = []
+    for name in ("rollout", "update"):
+        program = getattr(two, name)
+        monkeypatch.setattr(two, name, lambda *args, program=program, name=name: calls.append(
+            name) or program(*args))
+    monkeypatch.setattr(trainer.config, "train_steps", 3)
+    monkeypatch.setattr(two, "_rollout_first", None)
+    state = two.init_state()
+    for _ in range(3):
+        state, _ = two.train_step(state)
+    assert calls == ["rollout", "update", "rollout", "update", "rollout", "update"]
+    assert two._rollout_first is False  # decided from the programs: no host env here
+
+
+def test_the_program_that_calls_the_host_goes_second(two, monkeypatch):
+    """A program with host callbacks holds the dispatching thread: the rollout goes
+    first only when the update calls the host and the rollout does not."""
+    calls_host = jax.jit(lambda *args: io_callback(
+        lambda: np.int32(0), jax.ShapeDtypeStruct((), jnp.int32), ordered=True))
+    pure = jax.jit(lambda *args: jnp.int32(0))
+    for rollout, update, rollout_first in ((pure, pure, False), (calls_host, pure, False),
+                                           (pure, calls_host, True),
+                                           (calls_host, calls_host, False)):
+        monkeypatch.setattr(two, "_rollout_program", rollout)
+        monkeypatch.setattr(two, "_update_program", update)
+        monkeypatch.setattr(two, "_rollout_first", None)
+        assert two.rollout_first((jnp.int32(1),), (jnp.int32(2),)) == rollout_first
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -257,8 +306,7 @@ def test_sigkilled_cli_run_at_lag_two_resumes_exactly(tmp_path):
 
     raw = [json.loads(line) for line in
            (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in raw] == [1, 2, 3, 4, 5, 5, 6, 7]  # 5 logged twice
-    assert raw[4] == raw[5]  # recomputed bitwise from the checkpointed behaviour versions
+    assert [r["step"] for r in raw] == [1, 2, 3, 4, 5, 6, 7]  # 5 dropped, logged again
     assert writers.read_metrics(tmp_path / "resumed") == writers.read_metrics(
         tmp_path / "reference") == reference  # every metric of every step, bitwise
     assert [r["off_policy/staleness"] for r in reference] == [0, 1, 2, 2, 2, 2, 2]

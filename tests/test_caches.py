@@ -98,6 +98,8 @@ def on_span(event, start, end, fun_name="", **_):
         hits.clear()
 jax.monitoring.register_event_listener(on_event)
 jax.monitoring.register_event_time_span_listener(on_span)
+import arl
+arl.setup()  # a notebook's first cell
 from arl import trainers
 if sys.argv[1] == "vector":
     from tests.test_experiment import _tiny_vector_config as tiny_config
@@ -123,7 +125,7 @@ def _build_and_step(trainer, env):
     pytest.param("token", "jit(step)", marks=pytest.mark.slow),  # ~1 min: two compiles
 ])
 def test_a_second_process_loads_the_train_step_from_the_cache(tmp_path, trainer, step):
-    """The trainer turns the cache on by itself (no JAX setting in the environment):
+    """`arl.setup()` turns the cache on (no JAX setting in the environment):
     the first process compiles the step and writes it, the second loads it, and both
     compute the same metrics bit for bit."""
     env = {k: v for k, v in os.environ.items()

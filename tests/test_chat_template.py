@@ -49,18 +49,24 @@ def _reply(reward, turn, max_turns):
     return "wrong, try again" if turn + 1 < max_turns else "wrong"
 
 
-@pytest.mark.parametrize("family,system", [("qwen2", None), ("qwen2", SYSTEM),
-                                           ("qwen3", SYSTEM), ("llama3", SYSTEM)])
-def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, system):
+@pytest.mark.parametrize("family,system,kwargs,max_turns", [
+    ("qwen2", None, {}, 3), ("qwen2", SYSTEM, {}, 3),
+    # Qwen3 rewrites earlier turns (test_templates_that_rewrite_history...): one turn,
+    # thinking on and off.
+    ("qwen3", SYSTEM, {}, 1), ("qwen3", SYSTEM, {"enable_thinking": False}, 1),
+    ("llama3", SYSTEM, {}, 3), ("llama3.1", SYSTEM, {}, 3)])
+def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, system, kwargs,
+                                                     max_turns):
     from transformers import AutoTokenizer
 
     directory = standins(family)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    codec = HFCodec.from_pretrained(directory, system_prompt=system)
-    eot = {"qwen2": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}[family]
+    codec = HFCodec.from_pretrained(directory, system_prompt=system, template_kwargs=kwargs)
+    eot = "<|eot_id|>" if family.startswith("llama") else "<|im_end|>"
     assert codec.eot_id == tokenizer.convert_tokens_to_ids(eot)
-    assert (codec.bos_id is None) == (family != "llama3")
-    max_turns = 3
+    assert (codec.bos_id is None) == (not family.startswith("llama"))
+    if family == "llama3.1":  # Llama 3's merged digits: "100" is one token
+        assert codec.digit_group == 3 and len(tokenizer.encode("100")) == 2  # BOS + "100"
     env = DatasetTask(jsonl, codec=codec, max_turns=max_turns)
     keys, params = env.split_tasks(group_size=2)
     params = params.replace(demonstrator_accuracy=params.demonstrator_accuracy * 0 + 0.4)
@@ -75,7 +81,7 @@ def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, sy
         for t in range(int(traj.num_turns[b])):
             start = int(traj.turn_starts[b, t])
             expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tokenize=True)
+                                                     tokenize=True, **kwargs)
             expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
             assert tokens[:start].tolist() == expected, (family, b, t)
             if codec.bos_id is None:
@@ -90,7 +96,65 @@ def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, sy
             messages.append({"role": "user", "content": _reply(
                 float(traj.turn_rewards[b, t]), t, max_turns)})
             turns_seen.add(t)
-    assert turns_seen == {0, 1, 2}  # multi-turn episodes were checked
+    assert turns_seen == set(range(max_turns))  # every turn was checked
+
+
+@pytest.mark.parametrize("kwargs,what", [
+    ({}, "rewrites earlier assistant turns: '<think>"),
+    ({"enable_thinking": False},
+     r"opening as '<|im_end|>\n<|im_start|>assistant\n', not as the generation prompt")])
+def test_templates_that_rewrite_history_are_refused_for_multi_turn_envs(standins, jsonl,
+                                                                        kwargs, what):
+    """Qwen3's template renders earlier assistant turns differently from what the policy
+    wrote (their <think> blocks dropped; with enable_thinking=False, the empty think block
+    of the generation prompt): one-turn episodes are fine, more turns are refused in one
+    line, by the config and by the rollout."""
+    import ml_collections
+
+    from arl.envs import from_config
+    from arl.errors import ConfigError
+
+    directory = standins("qwen3")
+    codec = HFCodec.from_pretrained(directory, template_kwargs=kwargs)
+    assert what in codec.chat.multi_turn_error
+    DatasetTask(jsonl, codec=codec, max_turns=1)
+    env = DatasetTask(jsonl, codec=codec, max_turns=2)
+    with pytest.raises(chat_template.ChatTemplateError,
+                       match="env 'dataset_task' has max_turns=2, but the chat template") as e:
+        rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=2, group_size=1,
+                                     action_source="demonstrator")
+    assert "\n" not in str(e.value)  # one line
+    config = ml_collections.ConfigDict(dict(model=dict(
+        hf_checkpoint=directory, system_prompt="", chat_template_kwargs=kwargs)))
+    env_config = dict(name="dataset_task", kwargs=dict(path=jsonl, max_turns=2))
+    with pytest.raises(ConfigError, match="max_turns=2, but the chat template"):
+        from_config.make_env(env_config, from_config.checkpoint_codec(config))
+
+
+def test_stop_ids_are_the_templates_eot_and_every_eos_of_generation_config(standins):
+    """As generate() does: Qwen stops on <|im_end|> and <|endoftext|>, Llama 3.1 on
+    <|eot_id|>, <|end_of_text|> and <|eom_id|>; a turn ended by any of them ends there."""
+    import jax.numpy as jnp
+
+    from arl.envs.base import TokenChunk
+    from arl.text.codec import stop_ids
+    from arl.envs.tasks.guess_number import GuessNumber
+
+    qwen = HFCodec.from_pretrained(standins("qwen2"))
+    names = lambda codec: [codec.tokenizer.id_to_token(i) for i in stop_ids(codec)]
+    assert names(qwen) == ["<|im_end|>", "<|endoftext|>"]
+    llama = HFCodec.from_pretrained(standins("llama3.1"))
+    assert names(llama) == ["<|eot_id|>", "<|end_of_text|>", "<|eom_id|>"]
+    env = GuessNumber(codec=qwen, max_n=16)
+    params = env.default_params()
+    state, _ = env.reset(jax.random.key(0), params)
+    state = state.replace(hidden=jnp.asarray(7))
+    end = qwen.tokenizer.token_to_id("<|endoftext|>")
+    for ids, reply in [(qwen.encode("7") + [end] + qwen.encode("9"), "correct"),
+                       (qwen.encode("79"), "invalid")]:
+        _, ts = env.step(jax.random.key(1), state, TokenChunk(
+            jnp.asarray(ids + [qwen.pad_id] * 2, jnp.int32), jnp.asarray(len(ids))), params)
+        assert env.render_chunk(ts.observation) == reply, ids
 
 
 def test_a_cut_action_is_closed_by_the_eot_in_the_reply(standins):
@@ -118,10 +182,6 @@ def _derive(codec, template):
     ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n"
      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
      "rewrites message contents"),
-    # the turn header depends on the turn's position
-    ("{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n{{ m.content }}"
-     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-     "{% endif %}", "differs from the generation prompt"),
     # an assistant turn ends without a special token
     ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
      "{% if add_generation_prompt %}assistant: {% endif %}", "one special token"),
@@ -130,6 +190,17 @@ def test_templates_that_cannot_be_split_are_refused(standins, template, message)
     codec = HFCodec.from_pretrained(standins("qwen2"))
     with pytest.raises(chat_template.ChatTemplateError, match=message):
         _derive(codec, template)
+
+
+def test_templates_whose_later_turns_depend_on_position_serve_one_turn_only(standins):
+    codec = HFCodec.from_pretrained(standins("qwen2"))
+    chat = _derive(codec, "{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index }}\n"
+                          "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt "
+                          "%}<|im_start|>assistant\n{% endif %}")
+    assert "renders an earlier assistant turn's opening as" in chat.multi_turn_error
+    chat.check_turns(1)
+    with pytest.raises(chat_template.ChatTemplateError, match="max_turns=2"):
+        chat.check_turns(2)
 
 
 def test_codec_of_a_directory_without_bos_or_pad(standins, tmp_path):
@@ -150,7 +221,7 @@ def test_padded_vocabulary_ids_are_never_sampled_nor_scored():
     import jax.numpy as jnp
 
     from arl.models import sampling
-    from arl.models.logprobs import chunked_token_logprobs
+    from arl.models.chunked_logprobs import chunked_token_logprobs
     from arl.models.transformer import Transformer, TransformerConfig, output_matrix
 
     config = TransformerConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2,
@@ -259,3 +330,48 @@ def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, js
     with pytest.raises(ConfigError, match=r"model.hf_checkpoint=.*eos_token='<\|nope\|>' is "
                                           r"not a token"):
         envs.checkpoint_codec(c)
+
+
+def test_the_rollout_stops_a_turn_on_every_stop_id(standins):
+    """With every id but the eot declared a stop id, each sampled turn is one token: the
+    rollout's decoding stops on the codec's stop ids, not on the eot alone; a turn ended
+    by another stop id is closed by the template's eot in front of the reply."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from arl.envs.tasks.guess_number import GuessNumber
+    from arl.models.transformer import Transformer, TransformerConfig
+
+    codec = HFCodec.from_pretrained(standins("qwen2"))
+    codec.stop_ids = tuple(i for i in range(codec.vocab_size))  # eot first via stop_ids()
+    env = GuessNumber(codec=codec, max_n=16, max_turns=2)
+    config = TransformerConfig(vocab_size=codec.vocab_size, d_model=16, num_layers=1,
+                               num_heads=2, num_kv_heads=2, mlp_dim=32, max_len=128)
+    model = Transformer(config)
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+    traj = jax.device_get(rollout_lib.rollout(env, jax.random.key(1), num_tasks=8,
+                                              group_size=1, model=model, params=params))
+    for b in range(8):
+        agent = np.flatnonzero(traj.agent_mask[b] > 0)
+        assert len(agent) == int(traj.num_turns[b]) == 2
+        first = int(agent[0])
+        if traj.tokens[b, first] != codec.eot_id:  # closed by the eot the reply starts with
+            assert traj.tokens[b, first + 1] == codec.eot_id
+
+
+def test_chat_template_kwargs_must_be_json_values():
+    import ml_collections
+
+    import arl
+    from arl.errors import ConfigError
+
+    config = arl.default_config()
+    config.model.chat_template_kwargs = ml_collections.ConfigDict(
+        {"enable_thinking": False, "tools": [{"type": "function",
+                                              "function": {"name": "python"}}]})
+    arl.validate(config)
+    config.model.chat_template_kwargs = ml_collections.ConfigDict({"when": {1, 2}})
+    with pytest.raises(ConfigError, match=r"config.model.chat_template_kwargs=\{'when': "
+                                          r"\{1, 2\}\} is invalid: must be a dict of JSON") as e:
+        arl.validate(config)
+    assert "\n" not in str(e.value)

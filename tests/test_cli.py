@@ -44,6 +44,13 @@ CATALOGUE = {
     "unknown_key_in_unknown_section": Case(
         (_BANDIT, "--config.optimm.learning_rate=0.1"),
         ("config.optimm.learning_rate", "did you mean config.optim.learning_rate?")),
+    "retired_clip_key": Case(
+        (_BANDIT, "--config.algorithm=gspo", "--config.loss.gspo_clip_low=0.001"),
+        ("config.loss.gspo_clip_low=0.001 is no longer a key: set config.loss.clip_low "
+         "with loss.policy_loss='gspo'",)),
+    "unknown_policy_loss": Case(
+        (_BANDIT, "--config.loss.policy_loss=dpo"),
+        ("config.loss.policy_loss='dpo' is invalid: allowed values are", "'cispo'")),
     "bad_algorithm": Case(
         (_BANDIT, "--config.algorithm=a2c"),
         ("config.algorithm='a2c' is invalid: allowed values are", "'grpo'")),

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from arl.runs import allocator
+from arl.runs import process_settings
 from arl.runs import writers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ def _run(program, *args, platforms_unset=False, host_defaults=False):
     if platforms_unset:  # as a user runs it: JAX probes the TPU/GPU backends
         env.pop("JAX_PLATFORMS", None)
     if host_defaults:  # as a user runs it: steps inline, freed memory kept (the suite's
-        env.pop(allocator.ENV_VAR, None)  # conftest turns both off)
+        env.pop(process_settings.ENV_VAR, None)  # conftest turns both off)
     return subprocess.run([sys.executable, "-m", program, *args], cwd=_ROOT, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
 

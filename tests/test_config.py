@@ -56,7 +56,7 @@ _BAD_CONFIGS = [
     ("unknown_schedule", lambda c: setattr(c.optim, "schedule", "step"), "optim.schedule",
      None),
     ("clip_low_above_one", lambda c: setattr(c.loss, "clip_low", 1.5), "loss.clip_low", None),
-    ("clip_high_zero", lambda c: setattr(c.loss, "clip_high", 0.0), "loss.clip_high", None),
+    ("clip_high_negative", lambda c: setattr(c.loss, "clip_high", -0.1), "loss.clip_high", None),
     ("dual_clip_below_one", lambda c: setattr(c.loss, "dual_clip", 0.5), "loss.dual_clip",
      None),
     ("unknown_aggregation", lambda c: setattr(c.loss, "agg", "mean"), "loss.agg", None),
@@ -502,3 +502,33 @@ def test_hf_tensor_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path):
     with pytest.raises(config_lib.ConfigError,
                        match=rf"^config\.model\.hf_checkpoint='{path}' is invalid: .*layers"):
         trainer.init_state()
+
+
+def test_a_config_is_checked_once_per_content(monkeypatch, tmp_path):
+    """The CLI, `experiment.run` and the trainer each validate the config they get: the
+    checks run once for the same content (and device count), again when it changes."""
+    from arl import trainers
+
+    checked = []
+    check = config_lib._check  # pylint: disable=protected-access
+    monkeypatch.setattr(config_lib, "_check", lambda *a: checked.append(1) or check(*a))
+    c = config_lib.default_config()
+    c.seed = 7919  # content no other test validated in this process
+    c.rollout.num_tasks, c.rollout.group_size = 2, 2
+    c.model.d_model, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim = 32, 4, 2, 64
+    config_lib.validate(c, num_devices=jax.device_count(), workdir=str(tmp_path))  # the CLI
+    config_lib.validate(c, num_devices=jax.device_count(), workdir=str(tmp_path))  # run
+    trainers.build(c)
+    assert len(checked) == 1
+    c.rollout.top_k = 3
+    config_lib.validate(c, num_devices=jax.device_count())
+    assert len(checked) == 2
+    c.rollout.top_k = -3  # a changed config is checked: the error still comes
+    with pytest.raises(config_lib.ConfigError, match="rollout.top_k"):
+        config_lib.validate(c, num_devices=jax.device_count())
+    c.rollout.top_k = 3
+    open(tmp_path / "file", "w").close()
+    with pytest.raises(config_lib.ConfigError, match="workdir"):  # always checked
+        config_lib.validate(c, num_devices=jax.device_count(),
+                            workdir=str(tmp_path / "file" / "below"))
+    assert len(checked) == 3

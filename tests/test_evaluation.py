@@ -122,11 +122,9 @@ def test_restore_params_of_a_run_at_a_policy_lag(tmp_path):
     state = trainer.init_state()
     state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
     stale = jax.tree.map(lambda p: p - 1.0, state.params)
-    two = async_step.build(trainer)
     with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
-        ckpt.save(7, two.checkpoint(state, {0: stale, 1: stale}), force=True,
-                  metadata={"config": experiment.config_json(config)})
-    assert len(two.checkpoint(state, {0: stale, 1: stale}).behaviour) == 2
+        ckpt.save(7, async_step.AsyncCheckpoint(state=state, behaviour=(stale, stale)),
+                  force=True, metadata={"config": experiment.config_json(config)})
     step, params = evaluation.restore_params(trainer, str(tmp_path))
     assert step == 7
     expected = trainer.policy_params(state)

@@ -91,12 +91,11 @@ def _check_sigkill_resume(tmp_path, flags, kill_after, resumed_from, metric):
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"Resumed from step {resumed_from}" in resumed.stdout
 
-    # The killed run logged steps up to kill_after; the resumed one re-logged the steps
-    # after its checkpoint. The raw file holds both, identical; read_metrics keeps one.
+    # The killed run logged steps up to kill_after; the resumed one dropped those after
+    # its checkpoint and logged them again: the raw file holds each step once.
     raw = [json.loads(line) for line in
            (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in raw]
-    assert steps == list(range(1, kill_after + 1)) + list(range(resumed_from + 1, 7))
+    assert [r["step"] for r in raw] == list(range(1, 7))
     expected = writers.read_metrics(tmp_path / "reference")
     actual = writers.read_metrics(tmp_path / "resumed")
     assert [r["step"] for r in actual] == list(range(1, 7))

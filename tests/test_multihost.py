@@ -156,3 +156,46 @@ def test_a_mesh_on_one_process_only_is_a_one_line_error(tmp_path, local_devices,
         assert "allowed are shapes of a multiple of 2 devices" in errors[0]
         assert "Compiling" not in output and "Traceback" not in output
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow  # two processes compile the train step
+def test_sigterm_on_one_process_stops_both_at_the_same_step(tmp_path):
+    """A preemption notice (SIGTERM) to process 1 only: JAX's preemption service makes
+    both processes stop after the same step s, write checkpoint s together and end with
+    the same one line and exit status 143; the logs hold steps 1..s once."""
+    import signal
+    import time
+
+    workdir = tmp_path / "run"
+    port = _free_port()
+    processes = [_start(workdir, 1, f"--coordinator_address=127.0.0.1:{port}",
+                        "--num_processes=2", f"--process_id={i}",
+                        flags=(*_RUN_FLAGS, "--config.mesh=(2,1,1)",
+                               "--config.train_steps=100000", "--config.checkpoint_every=1000"))
+                 for i in range(2)]
+    try:
+        metrics = workdir / writers.METRICS_FILE
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+            assert time.monotonic() < deadline and all(
+                p.poll() is None for p in processes), "the run did not log 3 steps"
+            time.sleep(0.05)
+        processes[1].send_signal(signal.SIGTERM)
+        outputs = [p.communicate(timeout=600)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    steps = sorted(int(name) for name in os.listdir(workdir / "checkpoints") if name.isdigit())
+    assert len(steps) == 1, os.listdir(workdir / "checkpoints")
+    step = steps[0]
+    expected = (f"experiments.train: stopped by SIGTERM after step {step} (checkpoint {step} "
+                f"saved in {workdir / 'checkpoints'}); run the same command again to resume "
+                "(exit status 143)")
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 143, output[-3000:]
+        assert [line for line in output.splitlines() if "stopped by" in line] == [expected]
+        assert "Traceback" not in output
+    assert [r["step"] for r in writers.read_metrics(workdir)] == list(range(1, step + 1))
+    assert metrics.read_text().count("\n") == step
+    assert not [name for name in os.listdir(workdir / "checkpoints") if "tmp" in name]

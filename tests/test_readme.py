@@ -1,5 +1,5 @@
-"""The README's code examples run as written (composition example, custom environment,
-a Python-tool environment, custom algorithm)."""
+"""The README's code examples run as written (the ten-line Python example, composition
+example, custom environment, a Python-tool environment, custom algorithm)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 _README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                        "README.md")
-_TESTED_SECTIONS = ("## Compose `arl.algorithms` into your own train step",
+_TESTED_SECTIONS = ("## Python", "## Compose `arl.algorithms` into your own train step",
                     "## Add an environment", "## Train with a Python tool",
                     "## Add an algorithm")
 
@@ -29,7 +29,9 @@ def test_readme_example_runs(title, capsys):
     assert len(blocks) == 1, title
     exec(compile(blocks[0], f"README.md:{title}", "exec"), {"__name__": "readme_example"})
     out = capsys.readouterr().out
-    if title.startswith("## Compose"):
+    if title == "## Python":
+        assert re.search(r"^step 2: reward_mean -?\d\.\d{3}$", out, flags=re.M), out
+    elif title.startswith("## Compose"):
         assert re.search(r"mean reward \d\.\d\d -> \d\.\d\d \(optimum 6\)", out), out
     elif title == "## Add an environment":
         assert "[env]   say" in out and "-- success" in out, out

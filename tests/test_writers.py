@@ -170,27 +170,45 @@ def test_write_text_files_per_step(tmp_path):
     assert (tmp_path / "samples" / "step_000012.txt").read_text() == "== greedy ==\nrerun\n"
 
 
-def test_resume_appends_and_read_metrics_deduplicates(tmp_path):
+def test_resume_drops_the_records_after_the_checkpoint(tmp_path):
     with writers.MetricsWriter(tmp_path, tensorboard=False) as writer:
         for step in (1, 2, 3):
             writer.write(step, {"loss": float(step)})
         writer.write(2, {"eval_success": 0.75})  # a second record at step 2
+        writer.write_text(3, "greedy", "from the killed run")
     # The crash cut the last record in half.
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "loss": 4.')
     # Resumed from a checkpoint at step 2: steps 3 and 4 are logged again.
     with writers.MetricsWriter(tmp_path, tensorboard=False, resume_step=2) as writer:
+        assert not (tmp_path / "samples" / "step_000003.txt").exists()
         writer.write(3, {"loss": 30.0})
         writer.write(4, {"loss": 40.0})
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert lines[-3] == '{"step": 4, "loss": 4.'  # the fragment stays on its own line
-    assert _strict_json(lines[-1]) == {"step": 4, "loss": 40.0}
+    lines = [_strict_json(line) for line in
+             (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0},
+                     {"step": 2, "eval_success": 0.75}, {"step": 3, "loss": 30.0},
+                     {"step": 4, "loss": 40.0}]
     assert writers.read_metrics(tmp_path) == [
         {"step": 1, "loss": 1.0},
         {"step": 2, "loss": 2.0, "eval_success": 0.75},
         {"step": 3, "loss": 30.0},
         {"step": 4, "loss": 40.0},
     ]
+    # Without resume_step (another program's writer) the file is only appended to.
+    with writers.MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.write(4, {"loss": 41.0})
+    assert [_strict_json(line)["step"] for line in
+            (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 2, 3, 4, 4]
+
+
+def test_a_fresh_start_drops_every_record(tmp_path):
+    with writers.MetricsWriter(tmp_path) as writer:
+        writer.write(1, {"loss": 1.0})
+    with writers.MetricsWriter(tmp_path, resume_step=0) as writer:
+        writer.write(1, {"loss": 2.0})
+    assert writers.read_metrics(tmp_path) == [{"step": 1, "loss": 2.0}]
+    assert _scalars(_read_events(str(tmp_path / "tensorboard")))["loss"] == [(1, 2.0)]
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -273,18 +291,37 @@ def test_progress_bar_rejects_bad_arguments():
         writers.ProgressBar(5, log_every=0)
 
 
-def test_resumed_tensorboard_writer_purges_steps_after_the_checkpoint(tmp_path):
+def test_resumed_tensorboard_writer_drops_the_events_after_the_checkpoint(tmp_path):
     with writers.MetricsWriter(tmp_path) as writer:
         for step in range(1, 6):
             writer.write(step, {"loss": float(step)})
+        writer.write_text(4, "sampled", "stale")
+    event_file = glob.glob(str(tmp_path / "tensorboard" / "*tfevents*"))[0]
+    with open(event_file, "ab") as f:  # a record cut off by a crash
+        f.write(struct.pack("<Q", 100) + b"\0" * 20)
     with writers.MetricsWriter(tmp_path, resume_step=2) as writer:
         writer.write(3, {"loss": 30.0})
-    events = _read_events(str(tmp_path / "tensorboard"))
-    purges = [e.step for e in events
-              if e.HasField("session_log") and e.session_log.status == e.session_log.START]
-    # TensorBoard drops earlier events with step >= 3 when it reads this marker.
-    assert purges == [3]
-    assert _scalars(events)["loss"][-1] == (3, 30.0)
+        writer.write_text(4, "sampled", "rerun")
+    events = _read_events(str(tmp_path / "tensorboard"))  # asserts no frame is cut off
+    assert _scalars(events)["loss"] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    texts = [(e.step, v.tensor.string_val[0]) for e in events for v in e.summary.value
+             if v.HasField("tensor")]
+    assert texts == [(4, b"```\nrerun\n```")]
+
+
+def test_sync_puts_records_on_disk_before_close(tmp_path):
+    """After `sync` a reader sees every record, in metrics.jsonl and the event file,
+    while the writer is still open (what a SIGKILL right after a checkpoint leaves)."""
+    writer = writers.MetricsWriter(tmp_path)
+    for step in range(1, 4):
+        writer.write(step, {"loss": float(step)})
+    writer.write_text(3, "sampled", "text")
+    writer.sync()
+    assert [json.loads(line)["step"] for line in
+            (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert _scalars(_read_events(str(tmp_path / "tensorboard")))["loss"] == [
+        (1, 1.0), (2, 2.0), (3, 3.0)]
+    writer.close()
 
 
 def test_write_after_close_raises(tmp_path):

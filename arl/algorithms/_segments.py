@@ -58,6 +58,15 @@ def segment_moments(scores, segment_ids, num_segments, valid):
     return mean, std, count, degenerate
 
 
+def divide_where(numerator, denominator, keep):
+    """`numerator / denominator` where `keep` and the denominator is non-zero, else 0.
+
+    The double where: the division itself never sees a zero denominator, so a zero-variance
+    segment at eps = 0 sends 0, not 0 * inf = NaN, into the gradient of every score."""
+    usable = keep & (denominator != 0)
+    return jnp.where(usable, numerator / jnp.where(usable, denominator, 1.0), 0.0)
+
+
 def gather(per_group, ids, num_groups):
     """Each row's value of its segment (ids clipped into range)."""
     return per_group[jnp.clip(ids, 0, num_groups - 1)]

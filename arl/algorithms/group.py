@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from arl.algorithms import _validation as v
-from arl.algorithms._segments import check_group_inputs, gather, segment_moments, valid_mask
+from arl.algorithms._segments import (check_group_inputs, divide_where, gather,
+                                     segment_moments, valid_mask)
 from arl.algorithms.normalization import whiten
 
 
@@ -88,9 +89,9 @@ def group_advantages(scores, group_ids, *, num_groups: int, scale_by_std: bool =
     eps = v.scalar(fn, "eps", eps, low=0.0)
     mean, std, _, degenerate = segment_moments(scores, group_ids, num_groups, valid)
     advantages = scores - gather(mean, group_ids, num_groups)
-    if scale_by_std:
-        advantages = advantages / (gather(std, group_ids, num_groups) + eps)
     keep = valid & ~gather(degenerate, group_ids, num_groups)
+    if scale_by_std:
+        return divide_where(advantages, gather(std, group_ids, num_groups) + eps, keep)
     return jnp.where(keep, advantages, 0.0)
 
 
@@ -196,5 +197,4 @@ def env_advantages(scores, group_ids, env_ids, *, num_groups: int, num_envs: int
         mean, _, _, degenerate = segment_moments(scores, group_ids, num_groups, valid)
         centred = scores - gather(mean, group_ids, num_groups)
         keep = keep & ~gather(degenerate, group_ids, num_groups)
-    advantages = centred / (gather(env_std, env_ids, num_envs) + eps)
-    return jnp.where(keep, advantages, 0.0)
+    return divide_where(centred, gather(env_std, env_ids, num_envs) + eps, keep)

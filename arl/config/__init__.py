@@ -13,7 +13,7 @@ default lives in one place.
 
 One module per section holds that section's defaults (with what each key means) beside
 its checks: `run` (the top-level keys), `env`, `rollout`, `model`, `optim`, `updates`,
-`advantage`, `loss`, `warm_start`, `vector`, `process`, `filters`; `schema` assembles
+`advantage`, `loss`, `warm_start`, `vector`, `process`, `filters`, `reward`; `schema` assembles
 them. `off_policy` checks the asynchronous-rollout keys of `rollout` and `loss` together.
 
 `config.imports` names modules imported first (by `validate` and by everything that
@@ -23,6 +23,8 @@ checkpoint's config.
 """
 
 from __future__ import annotations
+
+import collections
 
 import ml_collections
 
@@ -35,6 +37,7 @@ from arl.config import model as model_section
 from arl.config import off_policy as off_policy_section
 from arl.config import optim as optim_section
 from arl.config import process as process_section
+from arl.config import reward as reward_section
 from arl.config import rollout as rollout_section
 from arl.config import run as run_section
 from arl.config import updates as updates_section
@@ -55,13 +58,45 @@ __all__ = ["ConfigError", "FLOAT_DTYPES", "FREE_FORM_SECTIONS", "MINIBATCH_SHUFF
            "validate", "with_defaults"]
 
 
+# The configs validated in this process, by content: the CLI, `experiment.run` and the
+# trainer each validate what they are given (each is an entry point), and a config
+# already checked is not checked again (its environment is not built again either).
+_VALIDATED: collections.OrderedDict = collections.OrderedDict()
+_VALIDATED_KEPT = 32
+
+
+def _validation_key(config: ml_collections.ConfigDict, num_devices: int | None):
+    """What the checks read: the config's content, the device count and the algorithm row
+    (a re-registered name is checked again). None: not memoizable (no JSON form)."""
+    try:
+        text = config.to_json_best_effort(sort_keys=True)
+        row = algorithm_table.get_algorithm(config.algorithm)
+    except Exception:  # pylint: disable=broad-except  # a malformed config: check it
+        return None
+    return text, num_devices, id(row)
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = None,
              workdir: str | None = None) -> None:
     """Rejects inconsistent settings with a `ConfigError` naming the field.
 
     Imports `config.imports` first (so the names they register are valid). Builds the
     token environment (cheap, no compilation) to check its constructor arguments,
-    params overrides, `max_turns` and scripted policies against the config."""
+    params overrides, `max_turns` and scripted policies against the config. A config
+    that passed with the same content and `num_devices` earlier in the process is not
+    checked again (`workdir`, when given, always is)."""
+    key = _validation_key(config, num_devices)
+    if key is None or key not in _VALIDATED:
+        _check(config, num_devices)
+        if key is not None:
+            _VALIDATED[key] = None
+            while len(_VALIDATED) > _VALIDATED_KEPT:
+                _VALIDATED.popitem(last=False)
+    if workdir is not None:
+        run_section.validate_workdir(workdir)
+
+
+def _check(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
     import_modules(config)
     check_known_keys(config)
     algorithm = algorithm_table.get_algorithm(config.algorithm)
@@ -81,7 +116,6 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: int | None = Non
         model_section.validate(config)
         env_section.validate(config)
         process_section.validate(config)
+        reward_section.validate(config)
         if algorithm.validate is not None:
             algorithm.validate(config)
-    if workdir is not None:
-        run_section.validate_workdir(workdir)

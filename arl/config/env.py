@@ -10,8 +10,9 @@ from arl.config.checks import fail
 from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 # Sections whose keys the schema does not fix: the environment's constructor arguments
-# and params (checked against the environment itself) and the mixture members.
-FREE_FORM_SECTIONS = ("env.kwargs", "env.params", "env.members")
+# and params (checked against the environment itself), the mixture members and the chat
+# template's own arguments (checked by rendering the template).
+FREE_FORM_SECTIONS = ("env.kwargs", "env.params", "env.members", "model.chat_template_kwargs")
 
 
 def defaults() -> ml_collections.ConfigDict:

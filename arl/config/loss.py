@@ -7,6 +7,7 @@ import os
 
 import ml_collections
 
+from arl import algorithm_table
 from arl import algorithms as alg
 from arl.config.checks import check_choice, check_range, fail
 from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
@@ -14,16 +15,15 @@ from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 def defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.clip_low = 0.2
-    c.clip_high = 0.2
-    c.dual_clip = 0.0  # 0 disables; e.g. 3.0
-    # The clip ranges of the policy losses of the "gspo" and "cispo" rows (checked by
-    # their rows, arl/algorithm_table.py): GSPO clips the sequence-level ratio (the
-    # paper's 3e-4 / 4e-4); CISPO its importance weight (low 1.0 = no lower bound).
-    c.gspo_clip_low = 3e-4
-    c.gspo_clip_high = 4e-4
-    c.cispo_clip_low = 1.0
-    c.cispo_clip_high = 0.28
+    # The policy term (arl.algorithm_table): "ppo" (clipped token ratio), "gspo"
+    # (clipped sequence ratio), "cispo" (clipped importance weight), or "auto": the one
+    # `algorithm` presets ("ppo" except the presets "gspo" and "cispo").
+    c.policy_loss = "auto"
+    # The chosen policy loss's clip range; 0 = that loss's default (ppo 0.2 / 0.2, gspo
+    # 3e-4 / 4e-4, cispo 1.0 / 0.28).
+    c.clip_low = 0.0
+    c.clip_high = 0.0
+    c.dual_clip = 0.0  # ppo only; 0 disables; e.g. 3.0
     c.agg = "token-mean"
     c.norm = 0.0  # constant N for seq-mean-token-sum-norm; 0 = the context length
     c.value_coef = 0.5
@@ -52,11 +52,28 @@ def defaults() -> ml_collections.ConfigDict:
     return c
 
 
+# Keys since replaced, with what replaces them (a config that sets one gets this error).
+RETIRED_KEYS = {
+    f"loss.{loss}_clip_{side}": (f"loss.clip_{side} with loss.policy_loss='{loss}' (or "
+                                 f"algorithm '{loss}'); 0 means {loss}'s default")
+    for loss in ("gspo", "cispo") for side in ("low", "high")}
+
+
 def validate(config) -> None:
     loss = config.loss
-    check_range(config, "loss.clip_low", 0.0, 1.0, low_open=True)
-    check_range(config, "loss.clip_high", 0.0, low_open=True)
+    check_choice(config, "loss.policy_loss",
+                 ("auto",) + algorithm_table.policy_loss_names())
+    chosen = algorithm_table.chosen_policy_loss(config)
+    if algorithm_table.get_algorithm(config.algorithm).trainer == "vector" \
+            and chosen.name != "ppo":
+        fail("loss.policy_loss", loss.policy_loss,
+             f"algorithm {config.algorithm!r} (VectorPPO) trains with 'ppo' only")
+    check_range(config, "loss.clip_low", 0.0, 1.0)  # 0: the policy loss's default
+    check_range(config, "loss.clip_high", 0.0)
     if loss.dual_clip != 0.0:
+        if not chosen.dual_clip:
+            fail("loss.dual_clip", loss.dual_clip,
+                 f"policy loss {chosen.name!r} has no token ratio to dual-clip: set 0")
         check_range(config, "loss.dual_clip", 1.0, low_open=True)
     check_choice(config, "loss.agg", alg.AGGREGATIONS)
     if loss.norm and loss.agg != "seq-mean-token-sum-norm":

@@ -4,6 +4,7 @@ LoRA adapters."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
@@ -54,7 +55,7 @@ def defaults() -> ml_collections.ConfigDict:
     c.vocab_size = 0
     c.norm_eps = 1e-6  # RMSNorm epsilon of a fresh model (Llama 3: 1e-5)
     # > 0: training log-probs/entropies come from the final hidden states in chunks of
-    # this many positions (arl.models.logprobs), never the full [B, T, V] logits.
+    # this many positions (arl.models.chunked_logprobs), never the full [B, T, V] logits.
     c.logprob_chunk = 0
     # Self-attention: "dense" ([B, H, T, T] scores), "blocked" (FlashAttention-style
     # tiling in JAX, memory linear in the context, any backend), "cudnn" (cuDNN's fused
@@ -77,6 +78,11 @@ def defaults() -> ml_collections.ConfigDict:
     # default). Token envs read the checkpoint's tokenizer and template unless
     # env.kwargs.codec names another codec.
     c.system_prompt = ""
+    # With hf_checkpoint: the chat template's own arguments, as apply_chat_template's
+    # keyword arguments, e.g. {'enable_thinking': False} (Qwen3) or {'tools': [...]}
+    # (on the command line: --config.model.chat_template_kwargs="{'enable_thinking':
+    # False}"). Empty: the template's defaults.
+    c.chat_template_kwargs = ml_collections.ConfigDict()
     # LoRA (arl.models.lora): rank > 0 trains low-rank adapters W + (alpha/rank) A B on
     # the `lora_targets` projections of a frozen base (the checkpoint's or the fresh
     # init's weights); the KL reference is the base itself. 0 = full fine-tuning.
@@ -101,6 +107,13 @@ def validate(config) -> None:
         if m[field] not in FLOAT_DTYPES:
             fail(f"model.{field}", m[field], f"allowed values are {FLOAT_DTYPES}")
     check_bool(config, "model.remat")
+    kwargs = m.chat_template_kwargs
+    kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs)
+    try:
+        json.dumps(kwargs)
+    except (TypeError, ValueError) as error:
+        fail("model.chat_template_kwargs", kwargs,
+             f"must be a dict of JSON values (the template's arguments): {error}")
     check_range(config, "model.vocab_size", 0, integer=True)
     check_range(config, "model.norm_eps", 0.0, low_open=True)
     check_range(config, "model.rope_theta", 0.0, low_open=True)

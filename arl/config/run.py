@@ -9,9 +9,11 @@ import os
 
 import ml_collections
 
-from arl.config.checks import check_bool, check_range, fail
+from arl.config.checks import check_bool, check_choice, check_range, fail
 from arl.errors import ConfigError, one_line
 from arl.sharding import MESH_AXES
+
+ON_NON_FINITE = ("stop", "skip")  # on_non_finite (arl.trainers.guards)
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -36,6 +38,13 @@ def defaults() -> ml_collections.ConfigDict:
     # stream ("involuntary full rematerialization"). No effect on a one-device mesh; on
     # larger meshes the numbers move at float rounding level (another partitioning).
     c.activation_sharding = False
+    # A step whose env returned NaN/inf rewards or token ids outside the vocabulary, or
+    # whose loss or gradients went non-finite: "stop" ends the run with one line naming
+    # the env, the step and the quantity, before that step's state is checkpointed;
+    # "skip" keeps the parameters of such a step (the update is skipped inside the
+    # compiled step, at the cost of keeping both parameter sets alive for the select)
+    # and logs a warning per skipped step (docs/faults.md).
+    c.on_non_finite = "stop"
     return c
 
 
@@ -63,6 +72,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None) -> None
     check_range(config, "sample_every", 0, integer=True)
     mesh = tuple(config.mesh)
     check_bool(config, "activation_sharding")
+    check_choice(config, "on_non_finite", ON_NON_FINITE)
     if len(mesh) != 3 or any(not isinstance(m, int) or m < 1 for m in mesh):
         fail("mesh", mesh, f"expected three positive integers for axes {MESH_AXES}")
     if num_devices is not None and math.prod(mesh) > num_devices:

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from arl.config import advantage, env, filters, loss, model, optim, process, rollout, run
-from arl.config import updates, vector, warm_start
+from arl import algorithm_table
+from arl.config import advantage, env, filters, loss, model, optim, process, reward, rollout
+from arl.config import run, updates, vector, warm_start
 from arl.config.checks import fail
 from arl.config.env import FREE_FORM_SECTIONS
 from arl.errors import ConfigError, closest, one_line
@@ -20,7 +21,7 @@ from arl.errors import ConfigError, closest, one_line
 SECTIONS = (("env", env), ("rollout", rollout), ("model", model), ("optim", optim),
             ("updates", updates), ("advantage", advantage), ("loss", loss),
             ("warm_start", warm_start), ("vector", vector), ("process", process),
-            ("filters", filters))
+            ("filters", filters), ("reward", reward))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -37,6 +38,7 @@ def with_defaults(stored: Mapping[str, Any]) -> ml_collections.ConfigDict:
     an old checkpoint still loads. A stored key that is no longer in the schema, or a
     value of the wrong type, is a `ConfigError`."""
     stored = ml_collections.ConfigDict(dict(stored))
+    _migrate_retired_keys(stored)
     check_known_keys(stored, require_all=False)
     config = default_config()
     try:
@@ -45,6 +47,29 @@ def with_defaults(stored: Mapping[str, Any]) -> ml_collections.ConfigDict:
         raise ConfigError(f"the stored config does not fit the schema: "
                           f"{one_line(error)}") from error
     return config
+
+
+def _migrate_retired_keys(stored: ml_collections.ConfigDict) -> None:
+    """A config stored before the policy loss was a key of its own: its loss-specific
+    clip keys (`loss.gspo_clip_low`, ...) become `loss.clip_low` / `clip_high` when its
+    algorithm trained with that loss (otherwise those held the PPO clips), and go."""
+    section = stored.get("loss")
+    if not isinstance(section, ml_collections.ConfigDict):
+        return
+    retired = [key for key in list(section.keys()) if f"loss.{key}" in loss.RETIRED_KEYS]
+    if not retired:
+        return
+    try:
+        preset = algorithm_table.get_algorithm(stored.get("algorithm", "")).policy_loss
+    except ConfigError:
+        preset = None  # an unregistered algorithm: reported by the checks that follow
+    with section.unlocked():
+        for side in ("low", "high"):
+            key = f"{preset}_clip_{side}"
+            if key in section:
+                section[f"clip_{side}"] = section[key]
+        for key in retired:
+            del section[key]
 
 
 def check_known_keys(config: ml_collections.ConfigDict, *, require_all: bool = True) -> None:
@@ -82,6 +107,9 @@ def _check_section(section, schema, prefix: str, require_all: bool) -> None:
     for key in section.keys():
         path, value = prefix + key, section[key]
         if key not in schema:
+            if path in loss.RETIRED_KEYS:
+                raise ConfigError(f"config.{path}={value!r} is no longer a key: set "
+                                  f"config.{loss.RETIRED_KEYS[path]}.")
             while isinstance(value, ml_collections.ConfigDict) and len(value):
                 inner = next(iter(value.keys()))  # name a whole leaf path: optimm.lr
                 path, value = f"{path}.{inner}", value[inner]

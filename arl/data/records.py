@@ -119,6 +119,8 @@ def builder_classes():
                     "answer": ids(widths["answer"]),
                     "answer_length": np.int32,
                     "answer_text": tfds.features.Text(),
+                    # {"prompt": as the source holds it, "columns": the row's others}
+                    "source_json": tfds.features.Text(),
                     **{f"{form}_chars": ids(widths[form]) for form in CANONICAL_FORMS},
                     **{f"{form}_length": np.int32 for form in CANONICAL_FORMS},
                 }),

@@ -30,6 +30,7 @@ by its content and the build settings (what `DatasetTask(path="x.jsonl")` uses).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from arl import caches
-from arl.data import records
+from arl.data import records, task_files
 from arl.text import verifiers
 from arl.text.codec import CharCodec, Codec
 
@@ -50,7 +51,7 @@ TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "eval")
 MAX_PROMPT_LEN = 512
 MAX_ANSWER_LEN = 256
-_FORMAT_VERSION = 1  # bump when the records change meaning (invalidates cached builds)
+_FORMAT_VERSION = 2  # bump when the records change meaning (invalidates cached builds)
 _MAX_LISTED = 20  # bad lines listed in one error
 # What a .jsonl path built on use (DatasetTask(path="x.jsonl")) can do about long rows:
 # the env takes no limits, a dataset built by make_dataset can drop them.
@@ -170,11 +171,14 @@ def codec_from_dataset(path: str, spec: dict[str, Any]) -> Codec:
 
 
 # ---------------------------------------------------------------------------- building
-def _encode(codec: Codec, text: str, where: str, field: str, errors: list[str]):
+def _encode(codec: Codec, text, where: str, field: str, errors: list[str]):
+    """The ids of `text` (a string, or a `TextTask`'s prompt: `task_files.prompt_ids`)."""
     try:
+        if isinstance(text, task_files.TextTask):
+            return task_files.prompt_ids(codec, text)
         return codec.encode(text)
     except ValueError as error:
-        errors.append(f"{where}: field {field!r}: {error}")
+        errors.append(f"{where}: {field}: {error}")
         return []
 
 
@@ -184,6 +188,20 @@ def _split_order(count: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     keys = [rng.random() for _ in range(count)]
     return sorted(range(count), key=lambda i: keys[i])
+
+
+def _sha256_source(path: str) -> str:
+    """sha256 of a file, or of a directory's files (names and bytes, sorted)."""
+    if not os.path.isdir(path):
+        return _sha256_file(path)
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            digest.update(os.path.relpath(full, path).encode("utf-8"))
+            digest.update(_sha256_file(full).encode("ascii"))
+    return digest.hexdigest()
 
 
 def _sha256_file(path: str) -> str:
@@ -199,9 +217,14 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
                      max_prompt_len: int = MAX_PROMPT_LEN,
                      max_answer_len: int = MAX_ANSWER_LEN, drop_long: bool = False,
                      log: Callable[[str], None] | None = None,
-                     long_rows_advice: str = "") -> str:
+                     long_rows_advice: str = "", prompt_key: str = "prompt",
+                     answer_key: str = "answer") -> str:
     """Writes the tasks of `jsonl_path` as a dataset under `data_dir`; returns its
-    directory. `codec` (default `CharCodec()`) tokenizes prompts and answers;
+    directory. `jsonl_path` may also be any file `arl.data.task_files` reads (Parquet,
+    CSV, a `datasets.save_to_disk` directory), with the columns `prompt_key` and
+    `answer_key`; chat prompts are tokenized with the codec's chat format
+    (`task_files.prompt_ids`), and each row's prompt as given and its other columns are
+    kept (`TextTasks.source_prompt` / `source_columns`). `codec` (default `CharCodec()`) tokenizes prompts and answers;
     `max_prompt_len` / `max_answer_len` are the limits in tokens (module docstring).
     Bad input is one ValueError line naming the file and the (first) line, raised
     before anything is written; `long_rows_advice` replaces the advice of the error for
@@ -216,30 +239,43 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     log = log or (lambda message: None)
     jsonl_path = os.fspath(jsonl_path)
-    tasks = read_jsonl(jsonl_path)
+    tasks = task_files.read_task_file(jsonl_path, prompt_key=prompt_key,
+                                      answer_key=answer_key)
+    word = task_files.field_word(jsonl_path)
+    chat = getattr(codec, "chat", None)
+    if chat is not None and any(t.messages for t in tasks):
+        system = task_files.system_prompt_of(tasks, jsonl_path)
+        if system is not None and system != chat.system_prompt:
+            raise ValueError(f"{jsonl_path}: the rows' system message {system!r} is not the "
+                             f"codec's chat system prompt {chat.system_prompt!r} (dataset_task "
+                             "takes it from the rows: point env.kwargs.path at the file)")
 
     errors, too_long, rows = [], [], []
     for task in tasks:
-        where = f"{jsonl_path}:{task.line}"
-        prompt = _encode(codec, task.prompt, where, "prompt", errors)
-        answer = _encode(codec, task.answer, where, "answer", errors)
-        long = [f"field {field!r} has {len(ids)} tokens, more than {name}={limit}"
-                for field, ids, name, limit in (("prompt", prompt, "max_prompt_len",
-                                                 max_prompt_len),
-                                                ("answer", answer, "max_answer_len",
-                                                 max_answer_len)) if len(ids) > limit]
+        where = task_files.location(jsonl_path, task.line)
+        prompt = _encode(codec, task, where, f"{word} {prompt_key!r}", errors)
+        answer = _encode(codec, task.answer, where, f"{word} {answer_key!r}", errors)
+        long = [f"{field} has {len(ids)} tokens, more than {name}={limit}"
+                for field, ids, name, limit in ((f"{word} {prompt_key!r}", prompt,
+                                                 "max_prompt_len", max_prompt_len),
+                                                (f"{word} {answer_key!r}", answer,
+                                                 "max_answer_len", max_answer_len))
+                if len(ids) > limit]
         if long:
             too_long.append((task.line, f"{where}: " + "; ".join(long)))
             continue
         number = verifiers.extract_number(task.answer)
-        rows.append(dict(line=task.line, prompt=prompt, answer=answer,
+        source = json.dumps({"prompt": task.source_prompt, "columns": task.columns},
+                            ensure_ascii=False)
+        rows.append(dict(line=task.line, prompt=prompt, answer=answer, source=source,
                          prompt_text=task.prompt, answer_text=task.answer,
                          exact=verifiers.strip_text(task.answer),
                          normalized=verifiers.normalize_text(task.answer), number=number))
-    _raise_listed(errors, f"text the codec {codec!r} cannot encode")
+    unit = task_files.unit_word(jsonl_path)
+    task_files.raise_listed(errors, f"text the codec {codec!r} cannot encode", unit=unit)
     if too_long and not drop_long:
-        _raise_listed([message for _, message in too_long], "rows over the limits",
-                      long_rows_advice or "raise max_prompt_len / max_answer_len or pass "
+        task_files.raise_listed([message for _, message in too_long],
+                                "rows over the limits", unit=unit, advice=long_rows_advice or "raise max_prompt_len / max_answer_len or pass "
                       "drop_long=True to drop them")
     for _, message in too_long:
         log(f"dropped {message}")
@@ -259,7 +295,8 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
     def generate(split):
         for index, row in enumerate(split_rows[split]):
             record = {"index": index, "line": row["line"],
-                      "prompt_text": row["prompt_text"], "answer_text": row["answer_text"]}
+                      "prompt_text": row["prompt_text"], "answer_text": row["answer_text"],
+                      "source_json": row["source"]}
             for field in ("prompt", "answer"):
                 padded = np.full((widths[field],), codec.pad_id, np.int32)
                 padded[: len(row[field])] = row[field]
@@ -273,8 +310,8 @@ def build_text_tasks(data_dir, jsonl_path, *, codec: Codec | None = None,
             yield index, record
 
     metadata = {
-        "source": {"file": os.path.basename(jsonl_path), "sha256": _sha256_file(jsonl_path),
-                   "rows": len(tasks)},
+        "source": {"file": os.path.basename(jsonl_path), "sha256": _sha256_source(jsonl_path),
+                   "rows": len(tasks), "prompt_key": prompt_key, "answer_key": answer_key},
         "tokenizer": spec, "eval_fraction": float(eval_fraction),
         "splits": {split: len(split_rows[split]) for split in SPLITS},
         "widths": widths,
@@ -318,10 +355,35 @@ class TextTasks:
     prompt_texts: list[str]
     answer_texts: list[str]
     metadata: dict[str, Any]
+    # Per row, JSON of {"prompt": the prompt as the source holds it, "columns": its other
+    # columns}; empty for datasets written before they were kept.
+    sources: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
         return int(self.prompts.shape[0])
+
+    @functools.cached_property
+    def _decoded_sources(self) -> list[dict[str, Any]]:
+        return [json.loads(s) for s in self.sources]
+
+    def source_prompt(self, row: int):
+        """Row `row`'s prompt as the source file holds it (text, or a message list)."""
+        if not self.sources:
+            return self.prompt_texts[row]
+        return self._decoded_sources[row]["prompt"]
+
+    def source_columns(self, row: int) -> dict[str, Any]:
+        """Row `row`'s columns other than the prompt and the answer."""
+        return self._decoded_sources[row]["columns"] if self.sources else {}
+
+    @functools.cached_property
+    def column_names(self) -> list[str]:
+        """Every column name some row holds, in first-seen order."""
+        names = {}
+        for source in self._decoded_sources:
+            names.update(dict.fromkeys(source["columns"]))
+        return list(names)
 
 
 def dataset_path(path) -> str:
@@ -363,13 +425,15 @@ def load_text_tasks(path, split: str = "train") -> TextTasks:
         lines=arrays["line"].astype(np.int32),
         prompt_texts=[_text(t) for t in arrays["prompt_text"]],
         answer_texts=[_text(t) for t in arrays["answer_text"]],
-        metadata=metadata)
+        metadata=metadata,
+        sources=[_text(t) for t in arrays["source_json"]] if "source_json" in arrays else [])
 
 
 # ---------------------------------------------------------------------------- cache
 def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: float = 0.1,
                       seed: int = 0, max_prompt_len: int = MAX_PROMPT_LEN,
-                      max_answer_len: int = MAX_ANSWER_LEN, cache_dir=None) -> str:
+                      max_answer_len: int = MAX_ANSWER_LEN, cache_dir=None,
+                      prompt_key: str = "prompt", answer_key: str = "answer") -> str:
     """The dataset of `jsonl_path`, built on first use into
     ``<cache_dir or arl.caches.cache_root()>/text_tasks/<key>`` (key: a hash of the
     file's bytes, the tokenizer and the settings), so a changed file or tokenizer builds
@@ -377,7 +441,11 @@ def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: 
     Concurrent callers (test workers) each build into a private directory and the first
     rename wins."""
     codec = CharCodec() if codec is None else codec
-    settings = {"source": _sha256_file(os.fspath(jsonl_path)), "tokenizer": tokenizer_spec(codec),
+    chat = getattr(codec, "chat", None)
+    settings = {"source": _sha256_source(os.fspath(jsonl_path)),
+                "tokenizer": tokenizer_spec(codec),
+                "chat": None if chat is None else repr(chat),
+                "prompt_key": prompt_key, "answer_key": answer_key,
                 "eval_fraction": float(eval_fraction), "seed": int(seed),
                 "max_prompt_len": max_prompt_len, "max_answer_len": max_answer_len,
                 "format_version": _FORMAT_VERSION}
@@ -391,7 +459,8 @@ def cached_text_tasks(jsonl_path, *, codec: Codec | None = None, eval_fraction: 
             build_text_tasks(scratch, jsonl_path, codec=codec, eval_fraction=eval_fraction,
                              seed=seed, max_prompt_len=max_prompt_len,
                              max_answer_len=max_answer_len,
-                             long_rows_advice=CACHED_LONG_ROWS_ADVICE)
+                             long_rows_advice=CACHED_LONG_ROWS_ADVICE,
+                             prompt_key=prompt_key, answer_key=answer_key)
             try:
                 os.rename(scratch, final)
             except OSError:  # another process finished first: use its copy

@@ -38,7 +38,7 @@ from flax import struct
 
 from arl.text import parsing
 from arl.text.chunks import TokenChunk
-from arl.text.codec import Codec
+from arl.text.codec import Codec, stop_ids
 
 # The scripted policies an environment may implement (`oracle_action`,
 # `demonstrator_action`), playable by `rollout(..., action_source=...)`.
@@ -307,7 +307,7 @@ class TokenEnvironment(Environment):
         tokens, length = parsing.sanitize(
             action.tokens, action.length, self.codec.vocab_size, self.codec.pad_id
         )
-        content_length = parsing.turn_content_length(tokens, length, self.codec.eot_id)
+        content_length = parsing.turn_content_length(tokens, length, stop_ids(self.codec))
         # split(key)[1] is reserved for auto-reset (see arl.envs.wrappers).
         key_step, _ = jax.random.split(key)
         live_state, observation, reward, format_error = self._transition(

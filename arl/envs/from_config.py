@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import os
 from typing import Any, Mapping
 
@@ -58,7 +59,10 @@ def checkpoint_codec(config) -> Any:
                 "or a directory holding one).")
         return None
     system_prompt = _get(model, "system_prompt", "") or None
-    return _cached_checkpoint_codec(os.path.abspath(directory), system_prompt)
+    kwargs = _get(model, "chat_template_kwargs", None)
+    kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
+    return _cached_checkpoint_codec(os.path.abspath(directory), system_prompt,
+                                    json.dumps(kwargs, sort_keys=True))
 
 
 def _envs_without_own_codec(env_config) -> list[str]:
@@ -88,10 +92,11 @@ def _envs_without_own_codec(env_config) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_checkpoint_codec(directory: str, system_prompt: str | None):
+def _cached_checkpoint_codec(directory: str, system_prompt: str | None, kwargs_json: str):
     from arl.text.hf_codec import HFCodec  # pylint: disable=g-import-not-at-top
     try:
-        return HFCodec.from_pretrained(directory, system_prompt=system_prompt)
+        return HFCodec.from_pretrained(directory, system_prompt=system_prompt,
+                                       template_kwargs=json.loads(kwargs_json))
     except (ValueError, OSError) as error:
         raise ConfigError(f"config.model.hf_checkpoint={directory!r} is invalid: "
                           f"{one_line(error)}") from error
@@ -152,7 +157,11 @@ def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env",
         raise ConfigError(f"config.{field}.kwargs={kwargs!r} is invalid: env {name!r} "
                           f"({_display(factory)}) needs the arguments {missing}.")
     try:
-        return registry.make(name, **kwargs)
+        env = registry.make(name, **kwargs)
+        chat = getattr(getattr(env, "codec", None), "chat", None)
+        if chat is not None:
+            chat.check_turns(int(getattr(env, "max_turns", 1)), f"env {name!r}")
+        return env
     except ConfigError:
         raise
     except (ValueError, OSError) as error:

@@ -424,7 +424,7 @@ def unembedding_matrix(params, config: TransformerConfig) -> jax.Array:
 
 def output_matrix(params, config: TransformerConfig) -> tuple[jax.Array, bool]:
     """(matrix, vocab_major): the output projection as stored, for
-    `arl.models.logprobs.chunked_token_logprobs`: the tied embedding table [V, D]
+    `arl.models.chunked_logprobs.chunked_token_logprobs`: the tied embedding table [V, D]
     (vocab_major True), or the untied `lm_head` [D, V] (False). Reading the tied table as
     stored spares the transposed copy `unembedding_matrix` makes of it. Accepts plain or
     boxed params."""

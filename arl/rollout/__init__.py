@@ -9,7 +9,7 @@ datasets recorded from episodes (evaluation task sets, scripted demonstrations).
 from arl.rollout.episode_datasets import (Demonstrations, TaskSet, build_demonstrations,
                                           build_task_set, load_demonstrations, load_task_set,
                                           sample_demonstrations)
-from arl.rollout.play import (default_row_params, env_ids_of, rollout, scripted_rollout,
+from arl.rollout.rollouts import (default_row_params, env_ids_of, rollout, scripted_rollout,
                               task_keys)
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format, context_length,
                                     first_observation_length, observation_length,

@@ -25,7 +25,7 @@ from flax import struct
 from arl.algorithms.process import MC_ESTIMATES, monte_carlo_values
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
-from arl.rollout import play
+from arl.rollout import rollouts
 from arl.rollout import turns as turns_lib
 from arl.rollout.trajectory import SamplingConfig, Trajectory
 
@@ -135,7 +135,7 @@ def play_continuations(env, key, traj, *, branch_turns, num_samples, model=None,
     num_branches = len(turns)
     horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
     if env_params is None:
-        env_params = play.default_row_params(env, batch, 1)
+        env_params = rollouts.default_row_params(env, batch, 1)
 
     turn_of = jnp.asarray(turns, jnp.int32)
     row = jnp.repeat(jnp.arange(batch), num_branches * num_samples)

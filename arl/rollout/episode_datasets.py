@@ -36,7 +36,7 @@ from flax import struct
 
 from arl import envs as envs_lib
 from arl.data import records
-from arl.rollout.play import env_ids_of, rollout
+from arl.rollout.rollouts import env_ids_of, rollout
 from arl.rollout.trajectory import context_length
 
 

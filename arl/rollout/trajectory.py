@@ -65,6 +65,9 @@ class Trajectory:
     # each position the model read, {name: [num_layers, B, S, *features]} (layer-major,
     # as `Transformer(..., projections=)` takes them); None otherwise.
     projections: Any = None
+    # int32 [B]: the row of the env's dataset each episode plays (envs with a `task_row`
+    # hook, e.g. dataset_task), for Python reward functions' columns; None otherwise.
+    task_rows: jax.Array | None = None
 
 
 def chat_format(env):

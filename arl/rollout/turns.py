@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from arl.envs.base import SCRIPTED_SOURCES, TokenChunk
+from arl.text import codec as codec_lib
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout.trajectory import SamplingConfig
@@ -130,6 +131,12 @@ class TurnPlayer:
     env_params: Any
     horizon: jax.Array
 
+    def __post_init__(self):
+        chat = getattr(self.env.codec, "chat", None)
+        if chat is not None:  # before tracing: a template that rewrites earlier turns
+            chat.check_turns(int(getattr(self.env, "max_turns", 1)),
+                             f"env {getattr(self.env, 'name', type(self.env).__name__)!r}")
+
     def play(self, carry: RolloutCarry, first_turn, num_turns: int, key, *,
              record_states: bool = False) -> tuple[RolloutCarry, TurnRecord]:
         """Runs `num_turns` turns (a `lax.scan`); row b's i-th turn is turn
@@ -166,7 +173,8 @@ class TurnPlayer:
         if use_model:
             gen = sampling_lib.generate(
                 model, params, carry.cache, carry.last_logits, act_key,
-                max_new_tokens=env.action_len, eot_id=codec.eot_id, pad_id=codec.pad_id,
+                max_new_tokens=env.action_len, eot_id=codec_lib.stop_ids(codec),
+                pad_id=codec.pad_id,
                 active=active, temperature=sampling.temperature, top_k=sampling.top_k,
                 top_p=sampling.top_p, greedy=sampling.greedy)
             action = TokenChunk(tokens=gen.tokens, length=gen.length)

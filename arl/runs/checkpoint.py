@@ -16,13 +16,24 @@ parameters, an optax state, a step counter and a PRNG key). `Checkpointer` wraps
 Saves are atomic: orbax writes into a temporary directory, writes
 ``commit_success.txt`` and renames it to ``<directory>/<step>``.
 
+Integrity: at save, a checksum of every array (`arl.runs.checksums`: two 32-bit lanes
+over its bits, computed where the array lives) and a SHA-256 of the JSON metadata are
+stored in the metadata item under ``"__arl_integrity__"`` (removed from what `restore`
+returns). A restore recomputes them from what it read and accepts the step only if
+every one matches: orbax finalises atomically but checks no data, and tensorstore
+reads most bit flips inside a data file as valid (different) numbers. A save refuses a
+state with NaN or inf in a floating leaf (`NonFiniteStateError`, naming the leaves)
+unless ``allow_non_finite=True``. A checkpoint written before checksums existed
+restores with one warning that it is unverified.
+
 Restoring walks the committed steps from newest to oldest. A step is skipped,
-with an absl warning naming the step and the reason, when
+with ONE absl warning naming the step, the reason and where it was moved, when
 
 1. its commit marker (``commit_success.txt``) or an item directory is missing,
 2. its metadata cannot be read (truncated or deleted JSON / tree metadata),
-3. reading the arrays fails (tensorstore checks every chunk: truncated,
-   deleted or bit-flipped data files raise ``DATA_LOSS`` / ``NOT_FOUND``).
+3. reading the arrays fails (any error of orbax or tensorstore: truncated or deleted
+   data files, garbled chunk headers; orbax re-raises some as a bare ``Exception``),
+4. a checksum does not match (bit flips tensorstore read as numbers).
 
 A skipped step is moved aside to ``<directory>/corrupt/<step>-<n>`` so that the
 resumed run can save that step number again and `max_to_keep` counts only good
@@ -30,12 +41,20 @@ checkpoints. A checkpoint whose tree does not match the abstract target
 (different leaves, shapes or dtypes) is NOT treated as corrupt: that is a
 program error, and `restore_latest` raises `CheckpointStructureError` (a
 `ValueError`) listing the differences instead of discarding good checkpoints.
+
+A save that fails (a full disk, a lost mount) raises `CheckpointWriteError` naming the
+directory, the step and the newest committed step, which is left intact; orbax's
+temporary directory of the failed step is removed at the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging as std_logging
 import os
+import shutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,12 +64,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from arl.errors import RunStopped
+from arl.runs import checksums
+
 PyTree = Any
 
 _STATE_ITEM = "state"
 _METADATA_ITEM = "metadata"
 _COMMIT_MARKER = "commit_success.txt"
 _QUARANTINE_DIR = "corrupt"
+INTEGRITY_KEY = "__arl_integrity__"  # in the metadata item: checksums of the step
 
 
 class CheckpointStructureError(ValueError):
@@ -58,7 +81,66 @@ class CheckpointStructureError(ValueError):
 
 
 class CheckpointCorruptError(RuntimeError):
-    """A checkpoint step is incomplete or its files cannot be read."""
+    """A checkpoint step is incomplete, its files cannot be read or a checksum differs."""
+
+
+class CheckpointWriteError(RunStopped):
+    """A save failed (disk full, lost mount); earlier checkpoints are intact."""
+
+
+class NonFiniteStateError(RunStopped):
+    """A state with NaN or inf in a floating leaf was given to `Checkpointer.save`."""
+
+
+# Read failures of orbax and tensorstore: tensorstore raises ValueError (DATA_LOSS,
+# OUT_OF_RANGE, NOT_FOUND, ...) and orbax re-raises some of them as a bare `Exception`.
+_READ_ERRORS = (OSError, ValueError, KeyError)
+
+
+def _is_read_error(error: BaseException) -> bool:
+    return isinstance(error, _READ_ERRORS) or type(error) is Exception
+
+
+def _metadata_digest(metadata: Any) -> str:
+    canonical = json.dumps(metadata, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _integrity_record(state: PyTree, json_metadata: dict[str, Any], *,
+                      allow_non_finite: bool, where: str) -> dict[str, Any]:
+    """What `restore` verifies: each array's checksum and the metadata's SHA-256."""
+    checks = checksums.tree_checksums(state)
+    bad = [f"{name} ({check.non_finite})" for name, check in checks.items()
+           if check.non_finite]
+    if bad and not allow_non_finite:
+        raise NonFiniteStateError(
+            f"refusing to checkpoint {where} with NaN or inf values (non-finite elements "
+            f"per leaf: {_listing(bad)}); allow_non_finite=True saves it anyway")
+    return {"algorithm": checksums.ALGORITHM,
+            "metadata_sha256": _metadata_digest(json_metadata),
+            "arrays": {name: check.digest for name, check in checks.items()}}
+
+
+def _listing(names: list[str], shown: int = 4) -> str:
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _verify(step_state: PyTree, metadata: dict[str, Any], record: Any) -> None:
+    """Raises CheckpointCorruptError unless `step_state` and `metadata` are what was
+    saved with `record`."""
+    if (not isinstance(record, dict) or record.get("algorithm") != checksums.ALGORITHM
+            or not isinstance(record.get("arrays"), dict)):
+        raise CheckpointCorruptError("integrity record unreadable")
+    if record.get("metadata_sha256") != _metadata_digest(metadata):
+        raise CheckpointCorruptError("checksum mismatch in the JSON metadata")
+    actual = {name: check.digest for name, check in
+              checksums.tree_checksums(step_state).items()}
+    expected = record["arrays"]
+    differing = sorted(name for name in set(actual) | set(expected)
+                       if actual.get(name) != expected.get(name))
+    if differing:
+        raise CheckpointCorruptError(f"checksum mismatch in {_listing(differing)}")
 
 
 def abstract_state(state: PyTree) -> PyTree:
@@ -160,6 +242,16 @@ def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
     return differences
 
 
+class _DropOrbaxErrors(std_logging.Filter):
+    """Drops error records logged from orbax's code (its writer threads' reports)."""
+
+    _ROOT = os.path.dirname(os.path.abspath(ocp.__file__)) + os.sep
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not (record.levelno >= std_logging.ERROR
+                    and os.path.abspath(record.pathname).startswith(self._ROOT))
+
+
 def _first_line(error: BaseException) -> str:
     text = (str(error).strip().splitlines() or [""])[0]
     return f"{type(error).__name__}: {text[:300]}"
@@ -189,6 +281,8 @@ class Checkpointer:
         read_only: for readers beside a running trainer (evaluation): never writes,
             never cleans up the trainer's in-flight temporary directories, never moves
             a corrupt step aside.
+        allow_non_finite: save states with NaN or inf in floating leaves (by default
+            `save` raises `NonFiniteStateError`).
     """
 
     def __init__(
@@ -199,6 +293,7 @@ class Checkpointer:
         save_every: int | None = None,
         async_save: bool = False,
         read_only: bool = False,
+        allow_non_finite: bool = False,
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
@@ -213,6 +308,7 @@ class Checkpointer:
         self._save_every = save_every
         self._async_save = async_save
         self._read_only = read_only
+        self._allow_non_finite = allow_non_finite
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             create=not read_only,
@@ -257,6 +353,11 @@ class Checkpointer:
 
         Returns:
             True if a checkpoint was written (or, with ``async_save``, started).
+
+        Raises:
+            NonFiniteStateError: a floating leaf holds NaN or inf (nothing written).
+            CheckpointWriteError: writing failed (e.g. the disk is full); the step is not
+                committed and earlier steps are intact.
         """
         if self._read_only:
             raise ValueError(f"Checkpointer({str(self._directory)!r}) is read-only")
@@ -268,23 +369,91 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return False
         json_metadata = _to_json_compatible(dict(metadata or {}))
-        saved = self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    _STATE_ITEM: ocp.args.StandardSave(state),
-                    _METADATA_ITEM: ocp.args.JsonSave(json_metadata),
-                }
-            ),
-            force=True,  # the save decision is ours, made above
-        )
-        if not self._async_save:
-            self._manager.wait_until_finished()
+        if INTEGRITY_KEY in json_metadata:
+            raise ValueError(f"metadata key {INTEGRITY_KEY!r} is reserved for checksums")
+        record = _integrity_record(state, json_metadata,
+                                   allow_non_finite=self._allow_non_finite,
+                                   where=f"step {step} in {self._directory}")
+        self._check_free_space(step, state)
+        args = ocp.args.Composite(**{
+            _STATE_ITEM: ocp.args.StandardSave(state),
+            _METADATA_ITEM: ocp.args.JsonSave({**json_metadata, INTEGRITY_KEY: record}),
+        })
+        with self._failures_as_write_errors(step):
+            saved = self._manager.save(step, args=args, force=True)  # due: decided above
+            if not self._async_save:
+                self._manager.wait_until_finished()
         return bool(saved)
 
     def wait(self) -> None:
-        """Blocks until any in-flight save is committed."""
-        self._manager.wait_until_finished()
+        """Blocks until any in-flight save is committed (CheckpointWriteError if it
+        failed)."""
+        with self._failures_as_write_errors(None):
+            self._manager.wait_until_finished()
+
+    @contextlib.contextmanager
+    def _failures_as_write_errors(self, step: int | None):
+        """Turns a failed write into one `CheckpointWriteError`; orbax's worker threads
+        would also log it, with its traceback, once per thread: those records are
+        dropped (the error is raised here instead)."""
+        log_filter = _DropOrbaxErrors()
+        logger = logging.get_absl_logger()  # orbax logs through absl's logger
+        logger.addFilter(log_filter)
+        try:
+            yield
+        except Exception as error:  # pylint: disable=broad-except
+            if not _is_read_error(error):  # a program error, not the filesystem's
+                raise
+            if step is not None:
+                self._remove_partial(step)
+            raise self._write_error(step, error) from error
+        finally:
+            logger.removeFilter(log_filter)
+
+    def _remove_partial(self, step: int) -> None:
+        """Frees the space of a failed save of `step` now (orbax would at the next
+        start)."""
+        if jax.process_index() != 0:
+            return
+        for partial in self._directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def _check_free_space(self, step: int, state: PyTree) -> None:
+        """CheckpointWriteError before writing when the local disk cannot hold the
+        state's bytes (uncompressed: an upper bound), so a full disk ends cleanly. Not
+        with several processes: each sees its own disk, and one refusing alone would
+        leave the others waiting in orbax's save."""
+        if str(self._directory).startswith(("gs://", "s3://")) or jax.process_count() > 1:
+            return
+        needed = sum(int(np.prod(getattr(leaf, "shape", ()))) *
+                     np.dtype(_physical_shape_dtype(leaf)[1]).itemsize
+                     for leaf in jax.tree.leaves(state) if hasattr(leaf, "dtype"))
+        try:
+            free = shutil.disk_usage(self._directory).free
+        except OSError:
+            return
+        if free < needed:
+            raise self._write_error(step, OSError(
+                f"no space left: {free} bytes free, the state has {needed}"))
+
+    def _write_error(self, step: int | None, error: BaseException) -> CheckpointWriteError:
+        committed = [s for s in self._committed_steps() if s != step]
+        last = (f"the newest committed checkpoint, step {committed[-1]}, is intact"
+                if committed else "no earlier checkpoint exists")
+        what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        text = str(error)
+        # tensorstore's message names the failing file deep in orbax's temporary tree.
+        reason = ("no space left on device" if "No space left on device" in text
+                  or "os_error_code='28'" in text else _first_line(error))
+        return CheckpointWriteError(
+            f"could not write {what} to {self._directory} ({reason}); {last}")
+
+    def _committed_steps(self) -> list[int]:
+        try:
+            return sorted(int(path.name) for path in self._directory.iterdir()
+                          if path.name.isdigit() and (path / _COMMIT_MARKER).exists())
+        except OSError:
+            return []
 
     def all_steps(self) -> list[int]:
         """Committed steps on disk, ascending (not yet checked for corruption)."""
@@ -301,12 +470,15 @@ class Checkpointer:
 
         Raises:
             CheckpointStructureError: the tree on disk does not match the target.
-            CheckpointCorruptError: a commit marker is missing or files are unreadable.
+            CheckpointCorruptError: a commit marker is missing, files are unreadable or
+                a checksum does not match what was saved.
         """
         self._check_committed(step)
         try:
             saved_tree = self._manager.item_metadata(step)[_STATE_ITEM]
-        except (OSError, ValueError) as error:  # JSONDecodeError is a ValueError
+        except Exception as error:  # pylint: disable=broad-except
+            if not _is_read_error(error):  # JSONDecodeError is a ValueError
+                raise
             raise CheckpointCorruptError(
                 f"tree metadata unreadable: {_first_line(error)}"
             ) from error
@@ -329,15 +501,22 @@ class Checkpointer:
                     }
                 ),
             )
-        except (OSError, ValueError) as error:
-            # tensorstore reports checksum, truncation and missing-file errors as
-            # ValueError (DATA_LOSS, OUT_OF_RANGE, NOT_FOUND, ...).
+        except Exception as error:  # pylint: disable=broad-except
+            if not _is_read_error(error):
+                raise
             raise CheckpointCorruptError(
                 f"arrays unreadable: {_first_line(error)}"
             ) from error
         metadata = restored[_METADATA_ITEM]
         if not isinstance(metadata, dict):
             raise CheckpointCorruptError(f"metadata is {type(metadata).__name__}, not a dict")
+        metadata = dict(metadata)
+        record = metadata.pop(INTEGRITY_KEY, None)
+        if record is None:
+            logging.warning("Checkpoint step %d in %s was written without checksums (by an "
+                            "older arl): restored unverified.", step, self._directory)
+        else:
+            _verify(restored[_STATE_ITEM], metadata, record)
         state = jax.tree.map(_as_target_key_kind, restored[_STATE_ITEM], abstract_target)
         return state, metadata
 
@@ -350,11 +529,19 @@ class Checkpointer:
                 self._check_committed(step)
                 restored = self._manager.restore(
                     step, args=ocp.args.Composite(**{_METADATA_ITEM: ocp.args.JsonRestore()}))
-            except (CheckpointCorruptError, OSError, ValueError, KeyError):
-                continue
+            except Exception as error:  # pylint: disable=broad-except
+                if isinstance(error, CheckpointCorruptError) or _is_read_error(error):
+                    continue
+                raise
             metadata = restored[_METADATA_ITEM]
-            if isinstance(metadata, dict):
-                return step, metadata
+            if not isinstance(metadata, dict):
+                continue
+            metadata = dict(metadata)
+            record = metadata.pop(INTEGRITY_KEY, None)
+            if isinstance(record, dict) and record.get(
+                    "metadata_sha256") != _metadata_digest(metadata):
+                continue
+            return step, metadata
         return None
 
     def restore_latest(
@@ -379,12 +566,12 @@ class Checkpointer:
             try:
                 state, metadata = self.restore(step, abstract_target)
             except CheckpointCorruptError as error:
+                moved = self._quarantine(step)
                 logging.warning(
-                    "Checkpoint step %d in %s is corrupt or incomplete (%s); "
+                    "Checkpoint step %d in %s is corrupt or incomplete (%s); %s"
                     "falling back to the previous checkpoint.",
                     step, self._directory, error,
-                )
-                self._quarantine(step)
+                    f"moved to {moved}; " if moved else "")
                 continue
             return step, state, metadata
         return None
@@ -419,8 +606,10 @@ class Checkpointer:
                 f"JSON metadata unreadable: {_first_line(error)}"
             ) from error
 
-    def _quarantine(self, step: int) -> None:
-        """Moves an unreadable step out of orbax's sight (primary process only)."""
+    def _quarantine(self, step: int) -> epath.Path | None:
+        """Moves an unreadable step out of orbax's sight (primary process only); returns
+        where it went (None: not moved)."""
+        destination = None
         if jax.process_index() == 0 and not self._read_only:
             quarantine = self._directory / _QUARANTINE_DIR
             quarantine.mkdir(parents=True, exist_ok=True)
@@ -430,10 +619,11 @@ class Checkpointer:
             destination = quarantine / f"{step}-{suffix}"
             try:
                 self._step_directory(step).rename(destination)
-                logging.warning("Moved corrupt checkpoint step %d to %s.", step, destination)
             except OSError as error:
                 logging.warning("Could not move corrupt checkpoint step %d: %s", step, error)
+                destination = None
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
             multihost_utils.sync_global_devices(f"arl_checkpoint_quarantine_{step}")
         self._manager.reload()
+        return destination

@@ -67,10 +67,15 @@ def trainer_for_checkpoint(config: ml_collections.ConfigDict):
     return trainers.build(config)
 
 
+CheckpointCorruptError = checkpoint_lib.CheckpointCorruptError
+
+
 def restore_params(trainer, workdir: str, step: int | None = None) -> tuple[int, Any]:
     """(step, policy parameters) of checkpoint `step` of `workdir`, by default the newest
-    good one (corrupt ones skipped); under LoRA the base with the adapters merged in.
-    Raises FileNotFoundError when there is no such checkpoint."""
+    good one (corrupt ones, whose checksums do not verify, skipped with one warning
+    each); under LoRA the base with the adapters merged in. Raises FileNotFoundError
+    when there is no such checkpoint, CheckpointCorruptError when the `step` asked for
+    does not verify."""
     target, train_state = checkpoint_target(trainer)
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:

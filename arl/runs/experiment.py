@@ -2,26 +2,32 @@
 
     records = run(config, workdir)
 
-1. `config_lib.validate(config, workdir=...)` rejects bad settings before compiling.
-2. `arl.trainers.build(config)` returns the trainer of the algorithm's row (a
-   `TokenTrainer` or a `VectorPPO`); the loop uses only the `arl.trainers.Trainer`
+1. `arl.setup(config)` applies the process settings (compilation cache, CPU host
+   settings; `arl.runs.process_settings`), then `config_lib.validate(config, workdir=...)`
+   rejects bad settings before compiling; the workdir's lock (`arl.runs.workdir_lock`)
+   turns a second run on it away.
+2. The trainer: `arl.trainers.build(config)` (a `TokenTrainer` or a `VectorPPO`, by the
+   algorithm's row), run as two overlapped programs (`arl.trainers.async_step`) with a
+   policy lag or a rollout mesh. The loop uses only the `arl.trainers.Trainer`
    protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
-   and the jitted, donating ``train_step(state) -> (state, metrics)``.
+   and ``train_step(state) -> (state, metrics)``, which donates ``state``.
 3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
    reported and skipped by `arl.runs.checkpoint.Checkpointer`); otherwise training starts
    fresh, after the behaviour-cloning warm start when ``warm_start.sft_steps > 0`` (its
-   state is saved as checkpoint 0, so a resume skips it).
+   state is saved as checkpoint 0, so a resume skips it). What an earlier run logged
+   after the restored step is removed from the logs (the steps are logged again).
 4. Per step: ``train_step``; every ``log_every`` steps one `jax.device_get` of the metrics
    into `MetricsWriter` (metrics.jsonl + TensorBoard); every ``sample_every`` steps an
    evaluation report (``eval/*`` metrics, logged with that step, and transcripts saved to
-   ``samples/``); a checkpoint every ``checkpoint_every`` steps and at the end; a progress
-   bar on a TTY.
+   ``samples/``); a checkpoint every ``checkpoint_every`` steps and at the end, each
+   after the logs it covers are synced to disk; a progress bar on a TTY. SIGTERM or
+   SIGINT stops the loop after the step in progress, with a checkpoint of it
+   (`arl.runs.preemption`; docs/faults.md).
 5. ``curves.png`` from the whole metrics history.
 
-With `config.rollout.policy_lag` or a `config.rollout.mesh` the steps come from
-`arl.trainers.async_step` (rollout t+1 overlapped with update t); checkpoints then also
-hold the behaviour parameters of the rollouts still to be consumed, from which a resumed
-run recomputes them.
+With two programs the state (`async_step.AsyncCheckpoint`) also holds the behaviour
+parameters of the rollouts still to be consumed, from which a resumed run recomputes
+them.
 
 Exact resume: everything a step computes is a function of the train state (its PRNG key
 included) and the step number, so a run restarted from checkpoint k recomputes steps
@@ -41,8 +47,12 @@ import ml_collections
 
 from arl import config as config_lib
 from arl import trainers as trainers_lib
-from arl.runs import allocator
+from arl.errors import RewardFunctionError
 from arl.runs import checkpoint as checkpoint_lib
+from arl.runs import process_settings
+from arl.runs import preemption
+from arl.runs import workdir_lock
+from arl.runs import run_guards
 from arl.runs import writers as writers_lib
 from arl.trainers import async_step
 from arl.trainers import placement
@@ -57,27 +67,11 @@ def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return json.loads(config.to_json_best_effort())
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _warn_config_changes(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    try:  # keys added to the schema since the checkpoint are not changes
-        saved = config_json(config_lib.with_defaults(saved))
-    except config_lib.ConfigError:
-        pass  # a key since removed: reported below as changed
-    saved_flat, current_flat = _flat(saved), _flat(current)
-    changed = sorted(k for k in set(saved_flat) | set(current_flat)
-                     if saved_flat.get(k) != current_flat.get(k))
+    changed = run_guards.config_differences(saved, current)
     if changed:
         logging.warning("Resuming with a config that differs from the checkpoint's in: %s",
-                        ", ".join(f"{k} ({saved_flat.get(k)!r} -> {current_flat.get(k)!r})"
-                                  for k in changed))
+                        ", ".join(changed))
 
 
 def evaluation_key(config: ml_collections.ConfigDict, step: int) -> jax.Array:
@@ -94,11 +88,14 @@ def _compiling_note() -> str:
     return f"compiling the train step first (or loading it from the cache in {cache})."
 
 
-def _fused_steps(trainer, state):
-    """(state, metrics) of each `trainer.train_step`, which donates `state`."""
-    while True:
-        state, metrics = trainer.train_step(state)
-        yield state, metrics
+def _raise_reward_failure(trainer, error: Exception) -> None:
+    """A Python reward function's failure surfaces from the step as a runtime error of
+    the host callback (a traceback); raise its one line instead."""
+    rewards = getattr(trainer, "python_rewards", None)
+    failure = None if rewards is None or rewards.scorer.on_error != "raise" \
+        else rewards.scorer.failure
+    if failure is not None and not isinstance(error, RewardFunctionError):
+        raise RewardFunctionError(failure) from error
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *,
@@ -108,31 +105,41 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     Args:
       config: an experiment config (see `arl.config.default_config`).
       workdir: output directory; created if missing, resumed if it holds checkpoints.
-      kill_after_step: testing aid: after step k is fully processed (logged, sampled and,
-        if due, checkpointed and committed) the process sends itself SIGKILL.
+      kill_after_step: testing aid: after step k is logged, sampled and, if due,
+        checkpointed, the process sends itself SIGKILL (nothing else is flushed).
 
     Returns:
       The metric records this call logged (one dict per logged step, with ``step``);
       `arl.runs.writers.read_metrics(workdir)` reads the whole history across restarts.
+
+    Raises:
+      arl.runs.workdir_lock.WorkdirInUseError: another process trains in `workdir`.
+      arl.runs.preemption.Preempted: SIGTERM or SIGINT stopped the run after a step,
+        whose checkpoint is written and whose logs are on disk.
     """
+    process_settings.setup(config)
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
     # Across processes a rollout mesh of its own takes a share of every process's
     # devices, and so does the training mesh (arl.trainers.placement); None: the default.
-    trainer = trainers_lib.build(config, mesh=placement.training_mesh(config))
-    two = async_step.build(trainer)  # two programs at a policy lag, or None: fused
+    # Built before the workdir is made: a setting only the trainer rejects leaves nothing.
+    trainer = async_step.build(
+        trainers_lib.build(config, mesh=placement.training_mesh(config)))
     os.makedirs(workdir, exist_ok=True)
+    with workdir_lock.hold(workdir):
+        return _run_locked(trainer, config, workdir, kill_after_step)
+
+
+def _run_locked(trainer, config, workdir, kill_after_step):
     total = config.train_steps
     metadata = {"config": config_json(config)}
+    checkpoint_dir = os.path.join(workdir, CHECKPOINT_DIR)
 
     records = []
     with checkpoint_lib.Checkpointer(
-            os.path.join(workdir, CHECKPOINT_DIR), max_to_keep=config.keep_checkpoints,
+            checkpoint_dir, max_to_keep=config.keep_checkpoints,
             save_every=config.checkpoint_every) as ckpt:
-        restored = ckpt.restore_latest(trainer.abstract_state() if two is None
-                                       else two.abstract_checkpoint())
-        history = {}  # two programs: behaviour parameters by version (async_step)
-        saved = (lambda state: state) if two is None else (
-            lambda state: two.checkpoint(state, history))
+        restored = run_guards.restore_latest(  # another run's checkpoint: one line
+            ckpt, trainer.abstract_state(), metadata["config"])
         if restored is None:
             start, state = 0, trainer.init_state()
             logging.info("Starting a fresh run in %s; %s", workdir, _compiling_note())
@@ -140,53 +147,63 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                 state = trainer.warm_start(state, log=logging.info)
                 # Checkpoint 0 holds the post-SFT state: a resumed run restores it (or a
                 # later step) and never repeats the warm start.
-                ckpt.save(0, saved(state), metadata=metadata, force=True)
+                ckpt.save(0, state, metadata=metadata, force=True)
         else:
             start, state, saved_metadata = restored
-            if two is not None:
-                state, history = two.restored(state)
             logging.info("Resumed from step %d of %s; %s", start, workdir, _compiling_note())
             _warn_config_changes(saved_metadata.get("config", {}), metadata["config"])
         if start >= total:
             logging.info("Checkpoint step %d >= train_steps=%d: nothing to do.", start, total)
 
-        writer = writers_lib.MetricsWriter(
-            workdir, resume_step=start if restored is not None else None)
+        # What a killed run logged after checkpoint `start` goes: this run logs it again.
+        writer = writers_lib.MetricsWriter(workdir, resume_step=start)
         progress = writers_lib.ProgressBar(total, initial=min(start, total),
                                            log_every=config.log_every)
+        guard = run_guards.NonFiniteGuard(config.on_non_finite)
+        stopped_at, saved = None, False
         try:
-            if two is None:
-                results = _fused_steps(trainer, state)
-            else:  # rollout t+1 runs while update t trains
-                results = two.steps(state, max(total - start, 0), history=history)
-            for step, (state, metrics) in zip(range(start + 1, total + 1), results):
-                if step == start + 1:
-                    # From the second step on, reuse the first one's memory (compiling
-                    # measured no faster this way; the steps do).
-                    allocator.keep_freed_memory_unless_disabled()
-                sample_due = config.sample_every > 0 and step % config.sample_every == 0
-                if sample_due:
-                    report = trainer.evaluation_report(state, evaluation_key(config, step))
-                    metrics = {**metrics, **report.metrics}
-                    if report.transcript is not None:
-                        writer.write_text(step, "samples/sampled", report.transcript)
-                if step % config.log_every == 0 or step == total or sample_due:
-                    record = writer.write(step, metrics)
-                    records.append(record)
-                    progress.update(step, {k: record[k] for k in CURVE_KEYS if k in record})
-                else:
-                    progress.update(step)
-                if ckpt.should_save(step, force=step == total):
-                    ckpt.save(step, saved(state), metadata=metadata, force=step == total)
-                if kill_after_step is not None and step == kill_after_step:
-                    writer.flush()
-                    logging.warning("--debug_kill_after_step=%d: sending SIGKILL.", step)
-                    os.kill(os.getpid(), signal.SIGKILL)
-            if start < total:
-                ckpt.save(total, saved(state), metadata=metadata, force=True)
+            with preemption.StopSignals() as stop:
+                for step in range(start + 1, total + 1):
+                    state, metrics = trainer.train_step(state)
+                    metrics = guard.step_done(step, metrics)  # NaN/inf: stop before saving
+                    sample_due = config.sample_every > 0 and step % config.sample_every == 0
+                    if sample_due:
+                        report = trainer.evaluation_report(state, evaluation_key(config, step))
+                        metrics = {**metrics, **report.metrics}
+                        if report.transcript is not None:
+                            writer.write_text(step, "samples/sampled", report.transcript)
+                    if step % config.log_every == 0 or step == total or sample_due:
+                        guard.check()
+                        record = writer.write(step, metrics)
+                        records.append(record)
+                        progress.update(step, {k: record[k] for k in CURVE_KEYS
+                                               if k in record})
+                    else:
+                        progress.update(step)
+                    stopping = stop.requested(step)
+                    force = step == total or stopping
+                    if ckpt.should_save(step, force=force):
+                        guard.check()
+                        writer.sync()  # the records this checkpoint covers, on disk first
+                        saved = ckpt.save(step, state, metadata=metadata, force=force)
+                    if kill_after_step is not None and step == kill_after_step:
+                        logging.warning("--debug_kill_after_step=%d: sending SIGKILL.", step)
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    if stopping:
+                        stopped_at = (stop.signum, step, saved)
+                        break
+                if start < total and stopped_at is None:
+                    guard.check()
+                    writer.sync()
+                    ckpt.save(total, state, metadata=metadata, force=True)
+        except Exception as error:  # pylint: disable=broad-except
+            _raise_reward_failure(trainer, error)
+            raise
         finally:
             progress.close()
             writer.close()
+    if stopped_at is not None:
+        raise preemption.Preempted(*stopped_at[:2], checkpoint_dir, saved=stopped_at[2])
 
     if jax.process_index() == 0:
         try:

@@ -12,6 +12,12 @@ bool dtypes) or floats; non-finite floats, which strict JSON cannot hold, are
 written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` and `read_metrics`
 turns them back into floats, so every line stays valid JSON and round-trips.
 
+Durability: `MetricsWriter.sync` puts every record written so far on disk (flush and
+fsync of metrics.jsonl, the event file, the samples and their directories); the
+experiment loop calls it before each checkpoint commits. A writer opened with
+``resume_step`` first removes what a run logged past the checkpoint it resumes from,
+so after any crash each step is logged once (docs/faults.md).
+
 Only the primary process (``jax.process_index() == 0``) writes; on other hosts
 every method is a no-op, so a multi-host program can call them unconditionally.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +44,8 @@ SAMPLES_DIR = "samples"
 DEFAULT_CURVE_KEYS = ("reward_mean", "success_rate", "episode_return")
 
 _NON_FINITE_STRINGS = frozenset({"nan", "inf", "-inf"})
+_EVENT_FILE_MARK = ".tfevents."
+_SAMPLE_PREFIX, _SAMPLE_SUFFIX = "step_", ".txt"
 
 
 def _is_primary_process() -> bool:
@@ -92,16 +101,134 @@ def _import_tensorboardx():
     return tensorboardX
 
 
+def _fsync_path(path: str) -> None:
+    """fsync of a file or directory by path (fsync through any descriptor of a file
+    writes its data, whoever wrote it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_durably(path: str, data: bytes) -> None:
+    """`path` now holds `data`, all or nothing: a temporary file, synced, renamed over
+    it, and the rename synced."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    _fsync_path(os.path.dirname(path) or ".")
+
+
+def _event_records(data: bytes) -> list[bytes]:
+    """The whole TFRecord frames of an event file (uint64 length, uint32 CRC of it,
+    payload, uint32 CRC of the payload; little-endian); a frame cut off by a crash
+    ends the list."""
+    frames, offset = [], 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        end = offset + 12 + length + 4
+        if end > len(data):
+            break
+        frames.append(data[offset:end])
+        offset = end
+    return frames
+
+
+def drop_records_after(workdir: str | os.PathLike[str], step: int) -> None:
+    """Removes from `workdir` what was logged for steps after `step`: metrics.jsonl
+    lines (and lines cut off by a crash), TensorBoard events and sample files. A run
+    that resumes from checkpoint `step` calls it first (`MetricsWriter(resume_step=)`):
+    it logs those steps again, so each step stays in the files once. Files with nothing
+    to remove are left as they are."""
+    workdir = os.fspath(workdir)
+    path = os.path.join(workdir, METRICS_FILE)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        kept = []
+        for line in data.splitlines(keepends=True):
+            try:
+                record = json.loads(line)
+                keep = line.endswith(b"\n") and int(record["step"]) <= step
+            except (ValueError, TypeError, KeyError):
+                keep = False
+            if keep:
+                kept.append(line)
+        if len(kept) != len(data.splitlines()):
+            _replace_durably(path, b"".join(kept))
+    events = os.path.join(workdir, TENSORBOARD_DIR)
+    if os.path.isdir(events):
+        _import_tensorboardx()
+        from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+        for name in sorted(os.listdir(events)):
+            if _EVENT_FILE_MARK not in name:
+                continue
+            event_path = os.path.join(events, name)
+            with open(event_path, "rb") as f:
+                data = f.read()
+            frames = _event_records(data)
+            kept = [frame for frame in frames
+                    if event_pb2.Event.FromString(frame[12:-4]).step <= step]
+            if len(kept) != len(frames) or sum(map(len, frames)) != len(data):
+                _replace_durably(event_path, b"".join(kept))
+    samples = os.path.join(workdir, SAMPLES_DIR)
+    if os.path.isdir(samples):
+        for name in os.listdir(samples):
+            number = name[len(_SAMPLE_PREFIX):-len(_SAMPLE_SUFFIX)]
+            if (name.startswith(_SAMPLE_PREFIX) and name.endswith(_SAMPLE_SUFFIX)
+                    and number.isdigit() and int(number) > step):
+                os.remove(os.path.join(samples, name))
+
+
+class _EventFile:
+    """A TensorBoard event file written on the caller's thread. tensorboardX's
+    SummaryWriter hands events to a thread that writes them when it gets to them, so
+    its flush cannot promise that an event is in the file; here `sync` does."""
+
+    def __init__(self, directory: str):
+        tensorboardX = _import_tensorboardx()
+        from tensorboardX import event_file_writer  # pylint: disable=g-import-not-at-top
+        from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+
+        os.makedirs(directory, exist_ok=True)
+        self._summary = tensorboardX.summary
+        self._event = event_pb2.Event
+        # Named by the second it was opened and the host; the nanoseconds keep a writer
+        # opened in the same second (a quick restart) off this one's file, and after
+        # it in name order, the order TensorBoard reads files in.
+        self._writer = event_file_writer.EventsWriter(
+            os.path.join(directory, "events"), filename_suffix=f".{time.time_ns()}")
+
+    def _add(self, summary, step: int) -> None:
+        self._writer.write_event(self._event(summary=summary, step=step,
+                                             wall_time=time.time()))
+
+    def add_scalar(self, name: str, value: float, step: int) -> None:
+        self._add(self._summary.scalar(name, value), step)
+
+    def add_text(self, name: str, text: str, step: int) -> None:
+        self._add(self._summary.text(name, text), step)
+
+    def sync(self) -> None:
+        self._writer.flush()  # tensorboardX's RecordWriter flushes and fsyncs
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Appends scalar metrics to ``metrics.jsonl`` and mirrors them to TensorBoard.
 
     Args:
         workdir: run directory (created if missing).
         tensorboard: also write TensorBoard event files under ``workdir/tensorboard``.
-        resume_step: when resuming from a checkpoint at this step, TensorBoard is
-            told (``purge_step = resume_step + 1``) to hide events that the crashed
-            run logged after it. ``metrics.jsonl`` is always appended to;
-            `read_metrics` resolves the duplicates.
+        resume_step: the checkpoint step a run resumes from (0: a fresh start). What
+            a killed run logged after it is removed first (`drop_records_after`): the
+            run logs those steps again. None keeps everything and appends.
     """
 
     def __init__(
@@ -114,11 +241,14 @@ class MetricsWriter:
         self._workdir = os.fspath(workdir)
         self._enabled = _is_primary_process()
         self._metrics_file: TextIO | None = None
-        self._tensorboard = None
+        self._tensorboard: _EventFile | None = None
         self._sample_steps_written: set[int] = set()
+        self._unsynced: set[str] = set()  # files and directories `sync` has to sync
         if not self._enabled:
             return
         os.makedirs(self._workdir, exist_ok=True)
+        if resume_step is not None:
+            drop_records_after(self._workdir, int(resume_step))
         path = os.path.join(self._workdir, METRICS_FILE)
         needs_newline = False
         if os.path.exists(path) and os.path.getsize(path) > 0:
@@ -129,12 +259,10 @@ class MetricsWriter:
         self._metrics_file = open(path, "a", encoding="utf-8")
         if needs_newline:
             self._metrics_file.write("\n")
+        self._unsynced.add(self._workdir)  # metrics.jsonl may be new
         if tensorboard:
-            tensorboardX = _import_tensorboardx()
-            purge_step = None if resume_step is None else int(resume_step) + 1
-            self._tensorboard = tensorboardX.SummaryWriter(
-                os.path.join(self._workdir, TENSORBOARD_DIR), purge_step=purge_step
-            )
+            self._tensorboard = _EventFile(os.path.join(self._workdir, TENSORBOARD_DIR))
+            self._unsynced.add(os.path.join(self._workdir, TENSORBOARD_DIR))
 
     @property
     def workdir(self) -> str:
@@ -169,7 +297,8 @@ class MetricsWriter:
         first write of a step in this process truncates a stale file left by a
         crashed run) and adds a TensorBoard text summary. Returns the file path.
         """
-        path = os.path.join(self._workdir, SAMPLES_DIR, f"step_{int(step):06d}.txt")
+        path = os.path.join(self._workdir, SAMPLES_DIR,
+                            f"{_SAMPLE_PREFIX}{int(step):06d}{_SAMPLE_SUFFIX}")
         if not self._enabled:
             return path
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -177,21 +306,35 @@ class MetricsWriter:
         self._sample_steps_written.add(int(step))
         with open(path, mode, encoding="utf-8") as f:
             f.write(f"== {name} ==\n{text}\n")
+        self._unsynced.update((path, os.path.dirname(path)))
         if self._tensorboard is not None:
             # Fenced so TensorBoard's markdown keeps line breaks and spacing.
             self._tensorboard.add_text(name, f"```\n{text}\n```", int(step))
         return path
 
     def flush(self) -> None:
-        """Hands buffered records to the OS, so they survive the process being killed."""
+        """Hands buffered records to the OS, so they survive the process being killed
+        (not the machine going down: `sync`)."""
         if self._metrics_file is not None:
             self._metrics_file.flush()
+
+    def sync(self) -> None:
+        """Puts every record written so far on disk: flushed and fsync'ed, with the
+        directories of files created since the last call. The experiment loop calls
+        it before a checkpoint commits, so a checkpoint never covers a lost record."""
+        if self._metrics_file is None:
+            return
+        self._metrics_file.flush()
+        os.fsync(self._metrics_file.fileno())
         if self._tensorboard is not None:
-            self._tensorboard.flush()
+            self._tensorboard.sync()
+        for path in sorted(self._unsynced):
+            _fsync_path(path)
+        self._unsynced.clear()
 
     def close(self) -> None:
         if self._metrics_file is not None:
-            self.flush()
+            self.sync()
             self._metrics_file.close()
             self._metrics_file = None
         if self._tensorboard is not None:

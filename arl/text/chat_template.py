@@ -53,9 +53,15 @@ from arl.text.chunks import TokenChunk
 # Placeholder contents: plain words, so no template rewrites them and no tokenizer
 # merges them with what surrounds them differently from ordinary text.
 _PLACEHOLDERS = ("Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf")
-# Contents of the conversations the derivation is checked on.
-_CHECK_CONTENTS = ("What is 12 + 30?", "42", "wrong, try again", "The answer is 7.",
-                   "no answer", "guess 0-99", "lower")
+# Contents of the conversations the derivation is checked on: user turns (even
+# positions) as envs write them, assistant turns (odd) as models write them: reasoning
+# in <think> blocks, numbers a tokenizer merges, tool-call markup.
+_CHECK_CONTENTS = ("What is 12 + 30?", "<think>\nAdd them: 12 + 30 = 42.\n</think>\n\n42",
+                   "wrong, try again", "The answer is 1234.", "guess 0-999",
+                   '<tool_call>\n{"name": "python", "arguments": {"code": "6*7"}}\n'
+                   '</tool_call>', "lower")
+_FIRST_TURNS = ("What is 12 + 30?", "guess 0-1000", "numbers 3 7 25 target 1234",
+                "Reply with one word: yes or no.")
 
 
 class ChatTemplateError(ValueError):
@@ -97,14 +103,19 @@ def _compile(template: str):
 
 
 def render(template: str, messages: Sequence[Mapping[str, str]], *,
-           add_generation_prompt: bool, special_tokens: Mapping[str, str] | None = None) -> str:
+           add_generation_prompt: bool, special_tokens: Mapping[str, str] | None = None,
+           template_kwargs: Mapping | None = None) -> str:
     """The text `transformers.apply_chat_template(messages, tokenize=False,
-    add_generation_prompt=...)` renders with this template and these special tokens
-    ({"bos_token": ..., "eos_token": ...}, as the tokenizer's special_tokens_map)."""
-    return _compile(template).render(messages=[dict(m) for m in messages], tools=None,
-                                     documents=None,
+    add_generation_prompt=..., **template_kwargs)` renders with this template and these
+    special tokens ({"bos_token": ..., "eos_token": ...}, as the tokenizer's
+    special_tokens_map); `template_kwargs` are the template's own arguments
+    (`enable_thinking`, `tools`, `date_string`, ...)."""
+    variables = dict(tools=None, documents=None)
+    variables.update(special_tokens or {})
+    variables.update(template_kwargs or {})
+    return _compile(template).render(messages=[dict(m) for m in messages],
                                      add_generation_prompt=add_generation_prompt,
-                                     **dict(special_tokens or {}))
+                                     **variables)
 
 
 def conversation(system_prompt: str | None, turns: Sequence[str]) -> list[dict[str, str]]:
@@ -121,7 +132,10 @@ class ChatFormat:
 
     `prompt_prefix`, `turn_suffix`, `reply_prefix`: token ids (tuples); `eot_id`: the
     end-of-turn token the model writes; `system_prompt`: the system message the pieces
-    hold (None: none, i.e. the template's own default if it has one)."""
+    hold (None: none, i.e. the template's own default if it has one);
+    `multi_turn_error`: None, or why the pieces hold for the first turn only (the
+    template rewrites earlier turns, e.g. Qwen3 drops their <think> blocks): an env
+    with more than one turn is then refused (`check_turns`)."""
 
     prompt_prefix: tuple[int, ...]
     turn_suffix: tuple[int, ...]
@@ -129,6 +143,14 @@ class ChatFormat:
     eot_id: int
     pad_id: int
     system_prompt: str | None = None
+    multi_turn_error: str | None = None
+
+    def check_turns(self, max_turns: int, what: str = "the env") -> None:
+        """Raises ChatTemplateError when `max_turns` > 1 and the template cannot be cut
+        into pieces past the first turn."""
+        if max_turns > 1 and self.multi_turn_error is not None:
+            raise ChatTemplateError(f"{what} has max_turns={max_turns}, but {self.multi_turn_error}"
+                                    "; only one-turn episodes read what the template renders")
 
     def first_length(self, prompt_len: int) -> int:
         """Static length of the wrapped first observation."""
@@ -193,69 +215,106 @@ def _find(text: str, needle: str, start: int, what: str) -> int:
     return at
 
 
+def _first_difference(got: list[int], expected: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+                min(len(got), len(expected)))
+
+
 def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
                        special_texts: Sequence[str], special_tokens: Mapping[str, str],
-                       pad_id: int, system_prompt: str | None = None) -> ChatFormat:
+                       pad_id: int, system_prompt: str | None = None,
+                       template_kwargs: Mapping | None = None) -> ChatFormat:
     """The `ChatFormat` of `template` (module docstring), checked against full renders.
 
     encode: text -> ids as `transformers` tokenizes a rendered chat (special tokens in
     the text become their ids, nothing added). special_texts: the tokenizer's special
     tokens (added tokens marked special). special_tokens: the template's variables
-    (bos_token, eos_token, ...). Raises ChatTemplateError naming what does not hold."""
+    (bos_token, eos_token, ...). template_kwargs: the template's own arguments
+    (`enable_thinking`, `tools`, ...). Raises ChatTemplateError naming what does not
+    hold for the first turn; what fails only past it is kept as `multi_turn_error`."""
     def text_of(turns, add_generation_prompt=True):
         try:
             return render(template, conversation(system_prompt, turns),
                           add_generation_prompt=add_generation_prompt,
-                          special_tokens=special_tokens)
+                          special_tokens=special_tokens, template_kwargs=template_kwargs)
         except Exception as error:  # jinja2's TemplateError and the template's own raises
             raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
                                     f"conversation failed: {error}") from error
 
     u1, a1, u2 = _PLACEHOLDERS[:3]
     one = text_of([u1])
-    two = text_of([u1, a1, u2])
     at_u1 = _find(one, u1, 0, "first user")
     head, turn_suffix = one[:at_u1], one[at_u1 + len(u1):]
-    if not two.startswith(one[:at_u1 + len(u1)]):
-        raise ChatTemplateError("chat template: the text before the first user content "
-                                f"changes when more turns follow ({one!r} vs {two!r})")
-    at_a1 = _find(two, a1, at_u1 + len(u1), "assistant")
-    if two[at_u1 + len(u1):at_a1] != turn_suffix:
-        raise ChatTemplateError(
-            f"chat template: the text between a user turn and the assistant's reply "
-            f"({two[at_u1 + len(u1):at_a1]!r}) differs from the generation prompt "
-            f"after it ({turn_suffix!r}); the assistant turn cannot start where the "
-            "generation prompt ends")
-    at_u2 = _find(two, u2, at_a1 + len(a1), "second user")
-    between = two[at_a1 + len(a1):at_u2]
-    between_ids = encode(between)
-    if not between_ids:
-        raise ChatTemplateError("chat template: nothing ends an assistant turn, so the model "
-                                "has no end-of-turn token to stop on")
-    eot_id = between_ids[0]
-    eot_text = max((t for t in special_texts if t and between.startswith(t)), key=len,
+    # The end of turn: what follows an assistant turn that closes the conversation.
+    closed = text_of([u1, a1], add_generation_prompt=False)
+    at_a1 = _find(closed, a1, at_u1 + len(u1), "assistant")
+    after = closed[at_a1 + len(a1):]
+    eot_text = max((t for t in special_texts if t and after.startswith(t)), key=len,
                    default=None)
-    if eot_text is None or encode(eot_text) != [eot_id]:
-        raise ChatTemplateError(f"chat template: an assistant turn ends with {between!r}, "
+    if eot_text is None or len(encode(eot_text)) != 1:
+        raise ChatTemplateError(f"chat template: an assistant turn ends with {after!r}, "
                                 "which does not start with one special token (the model's "
                                 "end-of-turn token)")
+    eot_id = encode(eot_text)[0]
+    prefix, suffix = tuple(encode(head)), tuple(encode(turn_suffix))
+    for content in _FIRST_TURNS:  # the first turn, with real contents
+        expected = encode(text_of([content]))
+        got = list(prefix) + encode(content) + list(suffix)
+        if got != expected:
+            first = _first_difference(got, expected)
+            raise ChatTemplateError(
+                f"chat template: the first turn {content!r} tokenizes to "
+                f"{expected[first:first + 8]} at position {first} when rendered in full, but "
+                f"the pieces give {got[first:first + 8]}; the template's first turn cannot be "
+                "split into static token pieces")
+    reply_prefix, multi_turn_error = _later_turns(text_of, encode, one, at_u1, turn_suffix,
+                                                  eot_text, prefix, suffix, eot_id)
+    return ChatFormat(prompt_prefix=prefix, turn_suffix=suffix, reply_prefix=reply_prefix,
+                      eot_id=int(eot_id), pad_id=int(pad_id), system_prompt=system_prompt,
+                      multi_turn_error=multi_turn_error)
+
+
+def _later_turns(text_of, encode, one, at_u1, turn_suffix, eot_text, prefix, suffix,
+                 eot_id) -> tuple[tuple[int, ...], str | None]:
+    """(reply_prefix, None) when every later turn is `eot + reply_prefix + reply +
+    turn_suffix` around the assistant's turns as written, checked on 3, 5 and 7 turns of
+    real contents; else ((), what the template does instead)."""
+    u1, a1, u2 = _PLACEHOLDERS[:3]
+    two = text_of([u1, a1, u2])
+    if not two.startswith(one[:at_u1 + len(u1)]):
+        return (), ("the chat template changes the text before the first user turn when "
+                    f"more turns follow ({one!r} vs {two!r})")
+    at_a1 = two.find(a1, at_u1 + len(u1))
+    at_u2 = two.find(u2, max(at_a1, 0) + len(a1))
+    if at_a1 < 0 or at_u2 < 0:
+        return (), f"the chat template rewrites earlier turns' contents ({two!r})"
+    if two[at_u1 + len(u1):at_a1] != turn_suffix:
+        return (), ("the chat template renders an earlier assistant turn's opening as "
+                    f"{two[at_u1 + len(u1):at_a1]!r}, not as the generation prompt "
+                    f"{turn_suffix!r} the policy wrote it after (e.g. Qwen3 with "
+                    "enable_thinking=False drops the empty <think> block)")
+    between = two[at_a1 + len(a1):at_u2]
+    if not between.startswith(eot_text):
+        return (), f"the chat template ends an earlier assistant turn with {between!r}"
     if two[at_u2 + len(u2):] != turn_suffix:
-        raise ChatTemplateError(f"chat template: the generation prompt after the second user "
-                                f"turn ({two[at_u2 + len(u2):]!r}) differs from the first "
-                                f"({turn_suffix!r})")
-    chat = ChatFormat(prompt_prefix=tuple(encode(head)), turn_suffix=tuple(encode(turn_suffix)),
+        return (), (f"the chat template's generation prompt after the second user turn "
+                    f"({two[at_u2 + len(u2):]!r}) differs from the first ({turn_suffix!r})")
+    chat = ChatFormat(prompt_prefix=prefix, turn_suffix=suffix,
                       reply_prefix=tuple(encode(between[len(eot_text):])), eot_id=int(eot_id),
-                      pad_id=int(pad_id), system_prompt=system_prompt)
-    for count in (1, 3, 5, 7):
+                      pad_id=-1)
+    for count in (3, 5, 7):
         turns = list(_CHECK_CONTENTS[:count])
-        expected = encode(text_of(turns))
+        rendered = text_of(turns)
+        expected = encode(rendered)
         got = chat.ids_of_conversation(encode, turns)
         if got != expected:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
-                         min(len(got), len(expected)))
-            raise ChatTemplateError(
-                f"chat template: a {count}-turn conversation tokenizes to {expected[first:first + 8]} "
-                f"at position {first} when rendered in full, but the per-turn pieces give "
-                f"{got[first:first + 8]}; the template's turns cannot be split into static "
-                "token pieces")
-    return chat
+            lost = next((c for c in turns[1::2] if c not in rendered), None)
+            if lost is not None:
+                return (), ("the chat template rewrites earlier assistant turns: "
+                            f"{lost!r} is not in the rendered conversation (e.g. Qwen3 drops "
+                            "their <think> reasoning)")
+            first = _first_difference(got, expected)
+            return (), (f"a {count}-turn conversation tokenizes to "
+                        f"{expected[first:first + 8]} at position {first} when rendered in "
+                        f"full, but the per-turn pieces give {got[first:first + 8]}")
+    return chat.reply_prefix, None

@@ -88,9 +88,28 @@ def concat_all(chunks: Sequence[TokenChunk], size: int, pad_id: int) -> TokenChu
     return out
 
 
+def _digit_tokens(codec: Codec, magnitude: jax.Array, num_digits: jax.Array,
+                  max_digits: int, offset) -> tuple[jax.Array, jax.Array]:
+    """(ids [max_digits + offset], count): the `num_digits` decimal digits of `magnitude`
+    (leading zeros where num_digits is wider) as the codec writes them, runs of
+    `codec.digit_group` digits from the left, starting at position `offset`."""
+    group = int(codec.digit_group)
+    size = max_digits + 1
+    pos = jnp.arange(size) - offset
+    first = pos * group  # index of the token's first digit, from the left
+    width = jnp.clip(num_digits - first, 1, group)
+    powers = jnp.asarray(10 ** np.arange(max_digits, dtype=np.int64), jnp.int32)
+    shift = jnp.clip(num_digits - first - width, 0, max_digits - 1)
+    piece = (magnitude // powers[shift]) % jnp.asarray([10, 100, 1000], jnp.int32)[width - 1]
+    ids = jnp.asarray(codec.digit_group_ids)[width - 1, jnp.clip(piece, 0, 10 ** group - 1)]
+    count = (num_digits + group - 1) // group
+    return ids, count.astype(jnp.int32)
+
+
 def int_chunk(codec: Codec, value: jax.Array, max_digits: int = 10) -> TokenChunk:
-    """Decimal text of int32 `value` ("-" then digits, no leading zeros), size
-    max_digits + 1. |value| must have at most `max_digits` digits (10 covers int32)."""
+    """Decimal text of int32 `value` ("-" then digits, no leading zeros) in the codec's
+    ids (a subword codec may merge digits: `Codec.digit_group`), size max_digits + 1.
+    |value| must have at most `max_digits` digits (10 covers int32)."""
     if not 1 <= max_digits <= 10:
         raise ValueError(f"max_digits must be in [1, 10], got {max_digits}")
     size = max_digits + 1
@@ -98,13 +117,23 @@ def int_chunk(codec: Codec, value: jax.Array, max_digits: int = 10) -> TokenChun
     negative = value < 0
     magnitude = jnp.abs(value)
     powers = jnp.asarray(10 ** np.arange(max_digits, dtype=np.int64), jnp.int32)
-    digits = (magnitude // powers) % 10  # least significant first
     num_digits = 1 + jnp.sum(magnitude >= powers[1:]).astype(jnp.int32)
     sign = negative.astype(jnp.int32)
+    digit_ids, count = _digit_tokens(codec, magnitude, num_digits, max_digits, sign)
     pos = jnp.arange(size)
-    exponent = jnp.clip(num_digits - 1 - (pos - sign), 0, max_digits - 1)
-    digit_ids = jnp.asarray(codec.digit_ids)[digits[exponent]]
     tokens = jnp.where(negative & (pos == 0), codec.token_id("-"), digit_ids)
-    length = num_digits + sign
+    length = count + sign
     tokens = jnp.where(pos < length, tokens, codec.pad_id)
     return TokenChunk(tokens=tokens.astype(jnp.int32), length=length.astype(jnp.int32))
+
+
+def digits_chunk(codec: Codec, value: jax.Array, num_digits: int) -> TokenChunk:
+    """The `num_digits` last decimal digits of int32 `value` >= 0, leading zeros kept
+    ("05"), in the codec's ids; size num_digits."""
+    if not 1 <= num_digits <= 9:
+        raise ValueError(f"num_digits must be in [1, 9], got {num_digits}")
+    value = jnp.asarray(value, jnp.int32) % (10 ** num_digits)
+    ids, count = _digit_tokens(codec, value, jnp.asarray(num_digits, jnp.int32),
+                               num_digits, 0)
+    tokens = jnp.where(jnp.arange(num_digits + 1) < count, ids, codec.pad_id)[:num_digits]
+    return TokenChunk(tokens=tokens.astype(jnp.int32), length=count)

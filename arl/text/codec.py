@@ -2,9 +2,9 @@
 
 Token environments never hard-code ids: they receive a `Codec` at construction and
 talk only through it, so a real tokenizer can replace the built-in character-level
-vocabulary later. A codec must map every character the environments write (digits,
-letters, the punctuation below) to exactly one token: the envs parse the agent's
-turn character by character inside `jit`.
+vocabulary later. Envs read the agent's turn as text (`arl.text.turn_text`) and write
+their replies through the codec: fixed texts with `encode`, numbers inside `jit` as the
+codec writes them (`digit_group_ids`, `arl.text.chunks.int_chunk`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class Codec:
 
     Attributes every codec provides: `vocab_size`, `pad_id`, `bos_id`, `eot_id`,
     `digit_value` (int32 [vocab_size], the digit 0..9 an id stands for, else -1),
-    `digit_ids` (int32 [10], the id of each digit), and the methods below.
+    `digit_ids` (int32 [10], the id of each digit), `digit_group` and `digit_group_ids`
+    (how numbers are written), and the methods below.
     """
 
     vocab_size: int
@@ -44,6 +45,15 @@ class Codec:
     eot_id: int
     digit_value: np.ndarray
     digit_ids: np.ndarray
+    # How the codec writes a number: runs of `digit_group` digits from the left, each one
+    # token (1: digit by digit, as Qwen; 3: Llama 3's "1234" -> "123" "4").
+    digit_group: int = 1
+
+    @property
+    def digit_group_ids(self) -> np.ndarray:
+        """int32 [digit_group, 10**digit_group]: [k - 1, v] is the id of the k-digit text
+        of v with leading zeros ("07" for k=2, v=7); -1 where v >= 10**k."""
+        return np.asarray(self.digit_ids, np.int32)[None, :]
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -134,6 +144,14 @@ class CharCodec(Codec):
                 continue
             parts.append(tok)
         return "".join(parts)
+
+
+def stop_ids(codec: Codec) -> tuple[int, ...]:
+    """The ids that end an agent turn, `eot_id` first: a checkpoint's codec
+    (`HFCodec.from_pretrained`) has its template's end of turn and every eos id of its
+    generation_config.json, as `generate()` stops on them; other codecs their eot_id."""
+    ids = getattr(codec, "stop_ids", None) or ()
+    return (int(codec.eot_id),) + tuple(int(i) for i in ids if int(i) != codec.eot_id)
 
 
 # ------------------------------------------------------- host-side text <-> ids (NumPy)

@@ -1,22 +1,20 @@
 """A `Codec` over a Hugging Face `tokenizers` tokenizer (a `tokenizer.json`).
 
 Token environments tokenize their fixed strings (prompts, replies, tool tags) once at
-construction through `codec.encode`, and parse the agent's turn from token ids inside
-`jit` with id-level patterns (`arl.text.parsing`). For that to work with a subword
-vocabulary the codec checks, at construction, what the parsers rely on:
+construction through `codec.encode`, read the agent's turn as text inside `jit`
+(`arl.text.turn_text`) and write numbers as the tokenizer does. For that the codec
+checks, at construction:
 
-* every decimal digit "0".."9" is exactly one token (Llama 2, Qwen2 and the BPE that
-  `train_bpe_tokenizer` builds split numbers into digits), so numbers are parsed digit
-  by digit from `digit_value`;
+* every decimal digit "0".."9" is one token, and the tokenizer writes a number as runs of
+  1 to 3 digits from the left, each one token (`digit_group`: 1 for Qwen, Llama 2 and
+  the default `train_bpe_tokenizer`; 3 for Llama 3, whose pre-tokenizer merges up to
+  three digits);
 * the pad, bos and end-of-turn markers are single (special) tokens;
 * each of `single_token_chars` (the punctuation the built-in environments parse, such
   as "-", "<", ">", "+", "*") is one token on its own.
 
-Agents are judged on the canonical tokenization: a tag like "<calc>" is recognised as
-the ids of `codec.encode("<calc>")`. A tokenizer whose pre-tokenizer isolates every
-punctuation character (as `train_bpe_tokenizer` does) makes that tokenization the same
-in isolation and in context; with other tokenizers an agent may spell a tag with ids
-the environment does not accept, which is then a format error like any other typo.
+Agents are judged on their text, whatever ids spell it: "<calc>1+2</calc>" is a tool
+call whether the tag is one id or six.
 
 Chat formatting (`chat_ids`): `[bos] (<role> content <eot>)* [<assistant>]`, with one
 special token per role; the rollout itself starts from `[bos] + prompt`.
@@ -91,6 +89,7 @@ class HFCodec(Codec):
         self.digit_ids = np.array([self.token_id(d) for d in string.digits], np.int32)
         self.digit_value = np.full((self.vocab_size,), -1, np.int32)
         self.digit_value[self.digit_ids] = np.arange(10, dtype=np.int32)
+        self.digit_group, self._digit_group_ids = _digit_grouping(self)
         for char in single_token_chars:
             self.token_id(char)
         self.special_ids = {self.pad_id, self.eot_id, *self.role_ids.values()} | (
@@ -98,12 +97,14 @@ class HFCodec(Codec):
 
     @classmethod
     def from_pretrained(cls, directory: str, system_prompt: str | None = None,
-                        single_token_chars: str = PARSED_CHARS) -> "HFCodec":
+                        single_token_chars: str = PARSED_CHARS,
+                        template_kwargs: dict | None = None) -> "HFCodec":
         """The codec of a Hugging Face checkpoint directory (module docstring), with its
         chat format for conversations that start with `system_prompt` (None: no system
-        message, i.e. the template's own default). Raises ValueError naming the file and
-        field that does not fit (`ChatTemplateError` for a template whose turns cannot
-        be split into static pieces)."""
+        message, i.e. the template's own default), rendered with the template's own
+        arguments `template_kwargs` (`enable_thinking`, `tools`, ...). Raises ValueError
+        naming the file and field that does not fit (`ChatTemplateError` for a template
+        whose first turn cannot be split into static pieces)."""
         from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
 
         from arl.text import chat_template  # pylint: disable=g-import-not-at-top
@@ -135,7 +136,7 @@ class HFCodec(Codec):
             chat = chat_template.derive_chat_format(
                 template, encode=encode, special_texts=specials,
                 special_tokens={k: v for k, v in names.items() if v is not None},
-                pad_id=-1, system_prompt=system_prompt)
+                pad_id=-1, system_prompt=system_prompt, template_kwargs=template_kwargs)
             eot_name = tokenizer.id_to_token(chat.eot_id)
         elif names["eos_token"] is not None:
             eot_name = names["eos_token"]
@@ -155,15 +156,22 @@ class HFCodec(Codec):
                     eot_token=eot_name, role_tokens={},
                     single_token_chars=single_token_chars)
         codec.special_ids |= {tokenizer.token_to_id(t) for t in specials}
+        codec.stop_ids = (codec.eot_id,) + tuple(
+            i for i in _eos_ids(directory, generation, codec.vocab_size) if i != codec.eot_id)
         codec.directory = directory
         codec.chat_template = template
         codec.template_tokens = {k: v for k, v in names.items() if v is not None}
+        codec.template_kwargs = dict(template_kwargs or {})
         if chat is None:  # raw turns; a BOS only where the model has one
             chat = chat_template.ChatFormat(
                 prompt_prefix=() if codec.bos_id is None else (codec.bos_id,), turn_suffix=(),
                 reply_prefix=(), eot_id=codec.eot_id, pad_id=codec.pad_id)
         codec.chat = dataclasses.replace(chat, pad_id=codec.pad_id)
         return codec
+
+    @property
+    def digit_group_ids(self) -> np.ndarray:
+        return self._digit_group_ids
 
     def _single_id(self, token: str, what: str) -> int:
         token_id = self.tokenizer.token_to_id(token)
@@ -224,7 +232,8 @@ class HFCodec(Codec):
             from arl.text import chat_template  # pylint: disable=g-import-not-at-top
             return self.encode(chat_template.render(
                 template, messages, add_generation_prompt=add_generation_prompt,
-                special_tokens=self.template_tokens))
+                special_tokens=self.template_tokens,
+                template_kwargs=getattr(self, "template_kwargs", None)))
         if self.bos_id is None or not self.role_ids:
             raise ValueError("chat_ids needs role tokens and a bos token, or a chat template "
                              "(HFCodec.from_pretrained)")
@@ -238,6 +247,50 @@ class HFCodec(Codec):
         if add_generation_prompt:
             ids.append(self.role_ids["assistant"])
         return ids
+
+
+_PROBE_NUMBER = "1234567"
+
+
+def _digit_grouping(codec: "HFCodec") -> tuple[int, np.ndarray]:
+    """(g, int32 [g, 10**g] ids of every k-digit text, k <= g) of a tokenizer that writes
+    a number as runs of g digits from the left, each one token (g = 1: Qwen, Llama 2;
+    g = 3: Llama 3's pre-tokenizer `\\p{N}{1,3}`). Raises ValueError for any other way."""
+    pieces = [codec.tokenizer.decode([i]) for i in codec.encode(_PROBE_NUMBER)]
+    group = len(pieces[0]) if pieces else 0
+    expected = [_PROBE_NUMBER[i:i + group] for i in range(0, len(_PROBE_NUMBER), max(group, 1))]
+    if group not in (1, 2, 3) or pieces != expected:
+        raise ValueError(f"the tokenizer writes the number {_PROBE_NUMBER} as {pieces}; arl's "
+                         "environments write numbers inside jit as runs of 1 to 3 digits from "
+                         "the left, one token each (Qwen: 1, Llama 3: 3)")
+    table = np.full((group, 10 ** group), -1, np.int32)
+    for width in range(1, group + 1):
+        texts = [str(v).zfill(width) for v in range(10 ** width)]
+        for value, encoding in enumerate(codec.tokenizer.encode_batch(
+                texts, add_special_tokens=False)):
+            if len(encoding.ids) != 1:
+                raise ValueError(f"the tokenizer merges up to {group} digits into one token "
+                                 f"but writes {texts[value]!r} as {encoding.ids}; arl's "
+                                 f"environments need every text of 1 to {group} digits to be "
+                                 "one token")
+            table[width - 1, value] = encoding.ids[0]
+    return group, table
+
+
+def _eos_ids(directory: str, generation: dict[str, Any], vocab_size: int) -> list[int]:
+    """The eos ids `generate()` stops on: generation_config.json's eos_token_id (an id or
+    a list), else config.json's."""
+    name = "generation_config.json"
+    value = generation.get("eos_token_id")
+    if value is None:
+        name = "config.json"
+        value = _read_json(os.path.join(directory, name)).get("eos_token_id")
+    values = [] if value is None else value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < vocab_size:
+            raise ValueError(f"{os.path.join(directory, name)}: eos_token_id must be token ids "
+                             f"in [0, {vocab_size}), got {value!r}")
+    return list(dict.fromkeys(values))
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -279,15 +332,23 @@ def _chat_template(directory: str, settings: dict[str, Any]) -> str | None:
 
 
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
-                        special_tokens: Sequence[str] = SPECIAL_TOKENS):
+                        special_tokens: Sequence[str] = SPECIAL_TOKENS, digit_group: int = 1):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` that `HFCodec` accepts.
 
-    Pre-tokenization: every punctuation character and every digit is its own piece, then
-    byte-level (GPT-2) splitting of the rest, so merges only ever join letters/spaces and
-    the digits and tool punctuation stay single tokens. `special_tokens` come first
-    (pad is id 0). All 256 bytes are in the initial alphabet, so any text encodes.
+    Pre-tokenization: every punctuation character is its own piece, digits are split
+    into runs of `digit_group` from the left, then byte-level (GPT-2) splitting of the
+    rest, so merges only ever join letters/spaces. `digit_group` 1 keeps digits single
+    tokens (Qwen); 3 adds one token for every text of two and three digits, as Llama 3's
+    vocabulary has (its pre-tokenizer `\\p{N}{1,3}`), after the `vocab_size` learned
+    ones. `special_tokens` come first (pad is id 0). All 256 bytes are in the initial
+    alphabet, so any text encodes.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    import json  # pylint: disable=g-import-not-at-top,reimported
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if digit_group not in (1, 3):
+        raise ValueError(f"digit_group must be 1 or 3, got {digit_group!r}")
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -300,4 +361,23 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
         vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
+    if digit_group == 1:
+        return tokenizer
+    # Learned merges never join digits (each is its own piece during training); append
+    # the merges that build every 2- and 3-digit text, and split digit runs in threes.
+    state = json.loads(tokenizer.to_str())
+    vocab, merges = state["model"]["vocab"], state["model"]["merges"]
+    for text in [f"{v:02d}" for v in range(100)]:
+        merges.append([text[0], text[1]])
+        vocab[text] = len(vocab)
+    for text in [f"{v:03d}" for v in range(1000)]:  # "ab"+"c" or "a"+"bc", as ranked
+        merges += [[text[:2], text[2]], [text[0], text[1:]]]
+        vocab[text] = len(vocab)
+    state["pre_tokenizer"] = None
+    tokenizer = Tokenizer.from_str(json.dumps(state))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Punctuation(behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     return tokenizer

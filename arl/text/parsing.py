@@ -36,10 +36,13 @@ def find_token(ids: jax.Array, length: jax.Array, token_id, start=0) -> jax.Arra
     return jnp.where(jnp.any(hit), jnp.argmax(hit), -1).astype(jnp.int32)
 
 
-def turn_content_length(ids: jax.Array, length: jax.Array, eot_id: int) -> jax.Array:
-    """Number of tokens before the first end-of-turn token (the whole length if none)."""
-    first = find_token(ids, length, eot_id)
-    return jnp.where(first >= 0, first, length).astype(jnp.int32)
+def turn_content_length(ids: jax.Array, length: jax.Array, stop_ids) -> jax.Array:
+    """Number of tokens before the first stop token (`stop_ids`: the end-of-turn id, or a
+    sequence of ids that each end a turn), the whole length if none."""
+    stop = jnp.atleast_1d(jnp.asarray(stop_ids, jnp.int32))
+    pos = jnp.arange(ids.shape[-1])
+    hit = jnp.any(ids[:, None] == stop[None, :], axis=-1) & (pos < length)
+    return jnp.where(jnp.any(hit), jnp.argmax(hit), length).astype(jnp.int32)
 
 
 def strip_eot(ids: jax.Array, length: jax.Array, eot_id: int) -> jax.Array:

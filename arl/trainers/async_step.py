@@ -1,8 +1,9 @@
 """Asynchronous rollouts: the token trainer's step as two programs, overlapped.
 
-    two = TwoProgramTrainer(trainer)                  # a TokenTrainer; lag and mesh from
-    for state, metrics in two.steps(state, 100):      # config.rollout.policy_lag / .mesh
-        ...
+    two = TwoProgramTrainer(trainer)              # a TokenTrainer; lag and mesh from
+    state = two.init_state()                      # config.rollout.policy_lag / .mesh
+    for _ in range(100):
+        state, metrics = two.train_step(state)    # the `arl.trainers.Trainer` protocol
 
 * `rollout(behaviour_params, state_key, step) -> Trajectory` on the rollout mesh:
   `TokenTrainer.rollout` with the keys and horizon the fused step would draw at `step`.
@@ -12,22 +13,23 @@
 Parameters move training -> rollout mesh and trajectories rollout -> training mesh onto
 the other mesh's `NamedSharding`s (`placement.move`: `jax.device_put` in one process,
 shard copies inside each process across several; `arl.trainers.placement` also says
-where the meshes lie). The host loop (`steps`) dispatches
-rollout t+1 before update t and never waits on either: JAX dispatch is asynchronous, so
-the two run concurrently wherever they can (disjoint devices; a host tool's wall time).
-Rollout t samples with the parameters after max(t - k, 0) updates (k =
-`policy_lag`); the loop keeps those k versions as copies on the rollout mesh, each taken
-right after the update that made it, before the next update donates the state.
+where the meshes lie). Each `train_step` dispatches update t, then rollout t + 1, and
+waits on neither: JAX dispatch is asynchronous, so the two run concurrently wherever
+they can (disjoint devices; a host tool's wall time). Rollout t samples with the
+parameters after max(t - k, 0) updates (k = `policy_lag`); the state
+(`AsyncCheckpoint`) holds those k versions as copies on the rollout mesh, each taken
+before the update that would donate it, and is what a checkpoint saves.
 
-With k = 0 the loop dispatches update t before rollout t + 1 (which needs its result):
-the synchronous two-program run, the same numbers as the fused step up to float rounding
-(two programs partition differently). Monte Carlo branching and the reuse of rollout
+With k = 0 rollout t + 1 reads update t's result: the synchronous two-program run, the
+same numbers as the fused step up to float rounding (two programs partition
+differently). Monte Carlo branching and the reuse of rollout
 activations need the fused step (`arl.config` refuses them here).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,19 +46,21 @@ from arl.trainers.state import TrainState
 
 @struct.dataclass
 class AsyncCheckpoint:
-    """What a resume at lag k needs: the state after step t, and the behaviour
-    parameters rollouts t .. t+k-1 read (versions max(s - k, 0)); their trajectories are
-    recomputed from these, bit for bit (same programs, parameters and keys)."""
+    """The state of a `TwoProgramTrainer`, and all a resume at lag k needs: the train
+    state after t updates, and the behaviour parameters rollouts t .. t+k-1 read
+    (versions max(s - k, 0)); their trajectories are recomputed from these, bit for bit
+    (same programs, parameters and keys)."""
 
     state: TrainState
     behaviour: tuple  # k parameter trees, on the rollout mesh
 
 
-def build(trainer) -> "TwoProgramTrainer | None":
-    """The two-program trainer of `trainer`'s config (`config.rollout.policy_lag` or a
-    `config.rollout.mesh`), or None for the fused step."""
+def build(trainer):
+    """The trainer that runs `trainer`'s config: a `TwoProgramTrainer` over it with a
+    policy lag or a rollout mesh (`arl.config.uses_two_programs`), else `trainer`
+    itself (its fused step). Either implements `arl.trainers.Trainer`."""
     if not config_lib.uses_two_programs(trainer.config):
-        return None
+        return trainer
     return TwoProgramTrainer(trainer)
 
 
@@ -71,8 +75,9 @@ def abstract_checkpoint(trainer, param_shardings, policy_lag: int) -> AsyncCheck
 
 
 class TwoProgramTrainer:
-    """A `TokenTrainer`'s step split into a rollout and an update program, and the host
-    loop that overlaps them at a bounded policy lag."""
+    """A `TokenTrainer`'s step split into a rollout and an update program, overlapped at
+    a bounded policy lag: an `arl.trainers.Trainer` whose state is an
+    `AsyncCheckpoint`."""
 
     def __init__(self, trainer, *, policy_lag: int | None = None, mesh=None):
         c = trainer.config
@@ -117,6 +122,10 @@ class TwoProgramTrainer:
         # The rollout mesh for the model's activation constraints, where the trainer
         # has them on its own mesh (config.activation_sharding).
         self._activation_mesh = self.mesh if trainer.activation_mesh is not None else None
+        self._ahead: _Ahead | None = None  # see train_step
+        # The jitted programs themselves (benchmarks and tests may wrap the attributes).
+        self._rollout_program, self._update_program = self.rollout, self.update
+        self._rollout_first: bool | None = None
 
     # ------------------------------------------------------------------ programs
     def _rollout(self, behaviour_params, state_key, step) -> Trajectory:
@@ -154,76 +163,97 @@ class TwoProgramTrainer:
         """A copy of `state.key` on the rollout mesh."""
         return placement.move(state.key, self._replicated)
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self, state: TrainState, history: dict[int, Any]) -> AsyncCheckpoint:
-        """`state` and the behaviour versions its next `policy_lag` rollouts read, from
-        `history` (kept up to date by `steps`)."""
-        step = int(state.step)
-        return AsyncCheckpoint(state=state, behaviour=tuple(
-            history[self.behaviour_version(s)] if self.behaviour_version(s) in history
-            else self.behaviour_params(state) for s in range(step, step + self.policy_lag)))
+    # ------------------------------------------------------------------ the protocol
+    @property
+    def config(self):
+        return self.trainer.config
 
-    def abstract_checkpoint(self) -> AsyncCheckpoint:
-        """Shapes, dtypes and shardings of `checkpoint` (orbax restore target)."""
+    def start(self, state: TrainState) -> AsyncCheckpoint:
+        """A run that starts at `state`: its first `policy_lag` rollouts sample with
+        `state`'s parameters (those of version 0 for a fresh state)."""
+        return AsyncCheckpoint(state=state,
+                               behaviour=(self.behaviour_params(state),) * self.policy_lag)
+
+    def init_state(self, seed: int | None = None) -> AsyncCheckpoint:
+        return self.start(self.trainer.init_state(seed))
+
+    def abstract_state(self) -> AsyncCheckpoint:
+        """Shapes, dtypes and shardings of the state (the orbax restore target)."""
         return abstract_checkpoint(self.trainer, self.param_shardings, self.policy_lag)
 
-    def restored(self, checkpoint: AsyncCheckpoint) -> tuple[TrainState, dict[int, Any]]:
-        """(state, history) to resume `steps` from."""
-        step = int(checkpoint.state.step)
-        history = {self.behaviour_version(s): params for s, params in
-                   zip(range(step, step + self.policy_lag), checkpoint.behaviour)}
-        return checkpoint.state, history
+    def warm_start(self, state: AsyncCheckpoint, *, log) -> AsyncCheckpoint:
+        warmed = self.trainer.warm_start(state.state, log=log)
+        return state if warmed is state.state else self.start(warmed)
 
-    # ------------------------------------------------------------------ host loop
+    def evaluation_report(self, state: AsyncCheckpoint, key: jax.Array):
+        return self.trainer.evaluation_report(state.state, key)
+
     def behaviour_version(self, step: int) -> int:
         """The parameter version (updates applied) rollout `step` samples with."""
         return max(step - self.policy_lag, 0)
 
-    def steps(self, state: TrainState, num_steps: int, *,
-              history: dict[int, Any] | None = None) -> Iterator[tuple[TrainState, dict]]:
-        """Runs `num_steps` steps from `state`, yielding (state, metrics) after each
-        update is dispatched (nothing is fetched: the caller decides when to read).
+    def train_step(self, state: AsyncCheckpoint) -> tuple[AsyncCheckpoint, dict]:
+        """Update t = `state.state.step` on rollout t, and rollout t + 1; returns at once
+        wherever dispatch is asynchronous (nothing is fetched). Donates `state.state`.
 
-        `history`: behaviour parameters by version (`behaviour_params`) older than
-        `state`, which the first `policy_lag` rollouts of a resumed run need; the loop
-        adds to it and drops what no later rollout reads. Raises ValueError when a
-        needed version is missing."""
-        start = int(state.step)
-        end = start + num_steps
+        At a lag >= 1 update t and rollout t + 1 are independent and the one that calls
+        the host goes out second (`rollout_first`): a program with host callbacks holds
+        the calling thread until it ends (XLA:CPU runs it synchronously), so the other,
+        dispatched before it, runs meanwhile. At lag 0 rollout t + 1 reads update t's
+        result and follows it.
+
+        The step number, the rollout key and the trajectory of rollout t + 1 are kept
+        until the next call: given the state this call returned, that call starts at
+        once; given any other (restored, or built by `init_state` / `start`), it reads
+        the step from the state and samples rollout t first, so a resumed run recomputes
+        the rollouts it had in flight, bit for bit."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.state is state:
+            step, key, trajectory = ahead.step, ahead.key, ahead.trajectory
+        else:
+            step, key, trajectory = int(state.state.step), self.state_key(state.state), None
         k = self.policy_lag
-        versions = dict(history or {})
-        versions[start] = self.behaviour_params(state)
-        missing = sorted({self.behaviour_version(t) for t in range(start, min(end, start + k))}
-                         - set(versions))
-        if missing:
-            raise ValueError(f"TwoProgramTrainer.steps: resuming at step {start} with "
-                             f"policy_lag={k} needs the behaviour parameters of versions "
-                             f"{missing} (pass them as history)")
-        key = self.state_key(state)
-        pending = {}
+        if trajectory is None:
+            params = state.behaviour[0] if k else self.behaviour_params(state.state)
+            trajectory = self.rollout(params, key, jnp.int32(step))
+        # Rollout step + k samples with this state's parameters (version `step`): copied
+        # before the update donates the state.
+        behaviour = state.behaviour[1:] + (self.behaviour_params(state.state),) if k else ()
+        update_args = (state.state, self.to_training(trajectory),
+                       jnp.int32(self.behaviour_version(step)))
+        key = self._next_key(key)
+        samples_next = step + 1 < self.config.train_steps  # the last step samples no more
+        trajectory = None
+        if k and samples_next and self.rollout_first(
+                (behaviour[0], key, jnp.int32(step + 1)), update_args):
+            trajectory = self.rollout(behaviour[0], key, jnp.int32(step + 1))
+            samples_next = False
+        train_state, metrics = self.update(*update_args)
+        if samples_next:
+            params = behaviour[0] if k else self.behaviour_params(train_state)
+            trajectory = self.rollout(params, key, jnp.int32(step + 1))
+        result = AsyncCheckpoint(state=train_state, behaviour=behaviour)
+        self._ahead = _Ahead(state=result, step=step + 1, key=key, trajectory=trajectory)
+        return result, metrics
 
-        def dispatch_rollout(t):
-            nonlocal key
-            version = self.behaviour_version(t)
-            pending[t] = (self.rollout(versions[version], key, jnp.int32(t)), version)
-            key = self._next_key(key)
+    def rollout_first(self, rollout_args, update_args) -> bool:
+        """Whether rollout t + 1 is dispatched before update t (lag >= 1): when the
+        update calls the host and the rollout does not; otherwise the update goes first.
+        Decided once, from the programs' traced effects (host environments call the host
+        through ordered `io_callback`s, an effect), the same on every process."""
+        if self._rollout_first is None:
+            rollout_calls_host = bool(self._rollout_program.trace(*rollout_args).jaxpr.effects)
+            update_calls_host = bool(self._update_program.trace(*update_args).jaxpr.effects)
+            self._rollout_first = update_calls_host and not rollout_calls_host
+        return self._rollout_first
 
-        dispatch_rollout(start)
-        for t in range(start, end):
-            if k >= 1 and t + 1 < end:
-                dispatch_rollout(t + 1)  # sampled while update t trains
-            traj, version = pending.pop(t)
-            state, metrics = self.update(state, self.to_training(traj), jnp.int32(version))
-            # Kept: what the rollouts not yet consumed by an update read (a resume from
-            # this state needs exactly these), with this update's result among them.
-            needed = {self.behaviour_version(s) for s in range(t + 1, t + 2 + k)}
-            if t + 1 in needed:
-                versions[t + 1] = self.behaviour_params(state)
-            for old in set(versions) - needed:
-                del versions[old]
-            if k == 0 and t + 1 < end:
-                dispatch_rollout(t + 1)
-            if history is not None:
-                history.clear()
-                history.update(versions)
-            yield state, metrics
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """What `train_step` dispatched past the state it returned: the step it is at, the
+    rollout key of that step and the trajectory of its rollout (None: not sampled)."""
+
+    state: AsyncCheckpoint
+    step: int
+    key: jax.Array
+    trajectory: Trajectory | None

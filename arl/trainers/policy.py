@@ -26,7 +26,7 @@ from arl import algorithms as alg
 from arl.errors import ConfigError, one_line
 from arl.models import lora as lora_lib
 from arl.models import transformer as transformer_lib
-from arl.models.logprobs import chunked_token_logprobs
+from arl.models.chunked_logprobs import chunked_token_logprobs
 
 
 @struct.dataclass
@@ -300,7 +300,7 @@ class Policy:
 
     def _token_stats(self, params, hidden, targets):
         """(log-prob, entropy) float32 [B, N] of `targets` [B, N] predicted from the final
-        hidden states [B, N, D]: `logprob_chunk` positions at a time (arl.models.logprobs,
+        hidden states [B, N, D]: `logprob_chunk` positions at a time (arl.models.chunked_logprobs,
         never the whole [B, N, V] logits), or in one piece as the model's own head does."""
         if self.logprob_chunk:
             matrix, vocab_major = transformer_lib.output_matrix(params, self.model.config)

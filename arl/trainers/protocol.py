@@ -1,7 +1,11 @@
 """What the experiment loop (`arl.runs.experiment`) needs from a trainer.
 
-Both trainers implement it: `TokenTrainer` (multi-turn token environments) and
-`VectorPPO` (vector environments). The experiment loop never looks at which one it has.
+Three trainers implement it: `TokenTrainer` (multi-turn token environments), `VectorPPO`
+(vector environments), and `arl.trainers.async_step.TwoProgramTrainer` (a `TokenTrainer`'s
+step as a rollout and an update program, overlapped at a policy lag; its state also holds
+the behaviour parameters of the rollouts in flight). The experiment loop never looks at
+which one it has: whatever `init_state` returns is what it checkpoints, restores (with
+`abstract_state` as the target) and passes back to `train_step`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ class EvaluationReport:
 
 class Trainer(Protocol):
     config: ml_collections.ConfigDict
-    # One compiled step; the state argument is donated.
+    # One step: a compiled program (two for TwoProgramTrainer); the state is donated.
     train_step: Callable[[Any], tuple[Any, dict[str, jax.Array]]]
 
     def init_state(self, seed: int | None = None) -> Any:

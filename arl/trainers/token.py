@@ -6,7 +6,8 @@
 
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
-2. signals   : rewards -> advantages by the algorithm's row of the table
+2. signals   : Python reward functions (`arl.trainers.python_rewards`, one host callback);
+               rewards -> advantages by the algorithm's row of the table
                (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
                process rewards (`arl.trainers.process_reward_models`).
 3. update    : a scan over epochs x minibatches of optimizer steps on the loss of
@@ -31,7 +32,6 @@ import ml_collections
 
 from arl import algorithm_table
 from arl import algorithms as alg
-from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl import rollout as rollout_lib
@@ -40,10 +40,11 @@ from arl.optim import make_optimizer, rl_updates
 from arl.rollout import episode_datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
-from arl.runs import allocator
 from arl.trainers import credit_assignment as credit_lib
+from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
+from arl.trainers.python_rewards import PythonRewards
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -64,28 +65,12 @@ class StepKeys(NamedTuple):
     branch: jax.Array
 
 
-def _runs_two_programs(config) -> bool:
-    """`config_lib.uses_two_programs` before validation: a config too malformed to tell
-    counts as two programs (nothing set; `validate` then names the field)."""
-    try:
-        return config_lib.uses_two_programs(config)
-    except (AttributeError, KeyError, TypeError):
-        return True
-
-
 class TokenTrainer:
     """Static pieces of a token-environment experiment and its jitted `train_step`."""
 
     def __init__(self, config: ml_collections.ConfigDict, *, mesh=None):
-        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
-        # The CPU host settings (arl.runs.allocator), the first before any device query;
-        # the second (and the line saying what was set) even when validation fails.
-        set_inline = allocator.trainer_settings_before_backend(
-            two_programs=_runs_two_programs(config))
-        try:
-            config_lib.validate(config, num_devices=jax.device_count())
-        finally:
-            allocator.trainer_settings_after_backend(set_inline=set_inline)
+        # Validates, and changes nothing global: process settings are `arl.setup()`'s.
+        config_lib.validate(config, num_devices=jax.device_count())
         self.algorithm = algorithm_table.get_algorithm(config.algorithm)
         if self.algorithm.trainer != "token":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is trained by "
@@ -97,6 +82,8 @@ class TokenTrainer:
         self.num_envs = len(self.env_names)
         self.context_length = rollout_lib.context_length(self.env)
         self.task_params(1, 1)  # rejects unknown config.env.params fields before tracing
+        # config.reward.functions: Python rewards scored on the host inside the step.
+        self.python_rewards = PythonRewards.from_config(config, self.env)
         self.policy = Policy.from_config(
             config, vocab_size=self.env.codec.vocab_size,
             context_length=self.context_length, value_head=self.algorithm.critic)
@@ -139,7 +126,7 @@ class TokenTrainer:
                                shuffle=config.updates.shuffle,
                                reuse_activations=config_lib.reuses_rollout_activations(
                                    config),
-                               policy_loss=self.algorithm.policy_loss,
+                               policy_loss=algorithm_table.chosen_policy_loss(config),
                                rows_within_bounds=True, **self.shared_prompt)
         # Demonstrations for the SFT term: loaded once into device arrays, or None to
         # generate them on the fly with `loss.sft_source`.
@@ -271,6 +258,9 @@ class TokenTrainer:
                 projections, sharding_lib.layer_major_batch_sharding(self.mesh))
         mask = traj.agent_mask
         metrics = {}
+        if self.python_rewards is not None:
+            traj, reward_metrics = self.python_rewards(traj)
+            metrics.update(reward_metrics)
 
         ref_logp = None
         if self.uses_reference:
@@ -324,6 +314,13 @@ class TokenTrainer:
         has_signal = jnp.any(advantages != 0)
         if demo is not None or c.loss.echo_coef > 0 or not c.filters.skip_zero_advantage:
             has_signal = jnp.ones((), bool)  # the auxiliary terms still carry gradient
+        # An env's NaN reward or out-of-range id poisons the loss: counted per env for the
+        # host guard; under on_non_finite="skip" the update is skipped instead.
+        faults = guards.rollout_faults(traj.rewards, self.env_names, env_ids=traj.env_ids,
+                                       tokens=traj.tokens,
+                                       vocab_size=self.model.config.vocab_size)
+        if c.on_non_finite == "skip":
+            has_signal = has_signal & guards.inputs_finite(faults)
 
         def do_update(operand):
             params, opt_state = operand
@@ -341,6 +338,13 @@ class TokenTrainer:
 
         params, opt_state, update_metrics = jax.lax.cond(
             has_signal, do_update, skip_update, (state.params, state.opt_state))
+        faults.update(guards.update_faults(nonfinite_loss=update_metrics["loss/total"],
+                                           nonfinite_grads=update_metrics["grad_norm"]))
+        if c.on_non_finite == "skip":
+            params, opt_state = guards.keep_unless(guards.update_failed(faults),
+                                                   (params, opt_state),
+                                                   (state.params, state.opt_state))
+        metrics.update(faults)
 
         metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
         metrics.update(signals.metrics)

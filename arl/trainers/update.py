@@ -123,8 +123,9 @@ class Learner:
     # The rollout's recorded projection outputs are the forward values of the update's
     # one step (`update(..., projections=)`); needs epochs = minibatches = 1.
     reuse_activations: bool = False
-    # The policy term: the algorithm row's `policy_loss` (`arl.algorithm_table`).
-    policy_loss: algorithm_table.PolicyLoss = algorithm_table.ppo_policy_loss
+    # The policy term (`config.loss.policy_loss`, `arl.algorithm_table`), which reads
+    # the loss section's clip settings with 0 as its own defaults.
+    policy_loss: algorithm_table.PolicyLoss = algorithm_table.get_policy_loss("ppo")
 
     def __post_init__(self):
         if self.shuffle not in config_lib.MINIBATCH_SHUFFLES:
@@ -186,8 +187,8 @@ class Learner:
         mask = mb.mask
         norm = self.norm
         ratio_reference, advantages, off_policy_metrics = off_policy_inputs(c, mb)
-        pg, metrics = self.policy_loss(logp, ratio_reference, advantages, mask, c,
-                                       agg=c.agg, norm=norm)
+        pg, metrics = self.policy_loss.fn(logp, ratio_reference, advantages, mask,
+                                          self.policy_loss.clips(c), agg=c.agg, norm=norm)
         metrics = {f"policy/{k}": v for k, v in metrics.items()}
         metrics.update(off_policy_metrics)
         total = pg

@@ -23,16 +23,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 from flax import struct
 from jax.flatten_util import ravel_pytree
 
 from arl import algorithm_table
 from arl import algorithms as alg
-from arl import caches
 from arl import config as config_lib
 from arl import envs as envs_lib
 from arl.errors import ConfigError
 from arl.optim import make_optimizer, rl_updates
+from arl.trainers import guards
 from arl.trainers.protocol import EvaluationReport
 from arl.trainers.update import scan_epochs
 from arl.models.mlp import ActorCritic
@@ -66,7 +67,6 @@ class VectorPPO:
     """Static pieces and the jitted `train_step` of PPO on a (gymnax) vector env."""
 
     def __init__(self, config: ml_collections.ConfigDict):
-        caches.enable_compilation_cache()  # before the first compile (arl/caches.py)
         config_lib.validate(config, num_devices=jax.device_count())
         if algorithm_table.get_algorithm(config.algorithm).trainer != "vector":
             raise ConfigError(f"config.algorithm={config.algorithm!r} is not trained by "
@@ -163,6 +163,17 @@ class VectorPPO:
 
         params, opt_state, metrics = self.update(state.params, state.opt_state, batch,
                                                   update_key)
+        # For the host guard (arl.trainers.guards); the parameters' finiteness stands in
+        # for the gradient norm, which only `vector.diagnostics` computes.
+        faults = guards.rollout_faults(traj.reward.T, (c.env.name,))
+        faults.update(guards.update_faults(nonfinite_loss=metrics["loss/total"],
+                                           nonfinite_params=optax.global_norm(params)))
+        if c.on_non_finite == "skip":
+            bad = guards.update_failed(faults) | ~guards.inputs_finite(
+                {k: v for k, v in faults.items() if guards.REWARDS in k})
+            params, opt_state = guards.keep_unless(bad, (params, opt_state),
+                                                   (state.params, state.opt_state))
+        metrics.update(faults)
         num_finished = jnp.sum(traj.done)
         episode_return = jnp.where(num_finished > 0,
                                    jnp.sum(finished) / jnp.maximum(num_finished, 1),
@@ -185,9 +196,10 @@ class VectorPPO:
         adv = mb["advantages"]
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ones = jnp.ones((adv.shape[0], 1), jnp.float32)
+        clips = algorithm_table.get_policy_loss("ppo").clips(c.loss)  # 0: ppo's default
         pg, pg_metrics = alg.policy_loss(
             logp[:, None], mb["logp"][:, None], adv[:, None], ones,
-            clip_low=c.loss.clip_low, clip_high=c.loss.clip_high)
+            clip_low=clips.clip_low, clip_high=clips.clip_high)
         vl, v_metrics = alg.value_loss(
             values[:, None], mb["value"][:, None], mb["returns"][:, None], ones,
             clip=c.loss.value_clip or None)

@@ -2,8 +2,9 @@
 
     python arl_first_step.py --setting '<Setting json>' --checkpoint DIR
 
-A fresh process does what a notebook user's first cell does: imports arl (through
-`peers`, which defines the single-turn environment and `arl_config`), builds
+A fresh process does what a notebook user does: its first cell imports arl (through
+`peers`, which defines the single-turn environment and `arl_config`) and calls
+`arl.setup()` (counted with the imports); then it builds
 `TokenTrainer(peers.arl_config(setting, checkpoint))`, `init_state()`, runs one
 `train_step` (compiled at that call, as a user gets it) and reads its reward on the
 host; then it sends "ready" (`protocol.py`) and waits for "quit". The driver times the
@@ -11,7 +12,7 @@ process from outside (launch to the "ready" line); the line carries the process'
 (`first_step.Timeline`: wall seconds per phase, and the seconds JAX spent tracing,
 lowering and compiling or loading from the persistent cache in each) for the details.
 The driver points arl's compilation cache (ARL_COMPILATION_CACHE) at a directory of its
-choice; this script leaves the cache to the trainer, as a user's script does.
+choice; `arl.setup()` turns it on there, as in a user's notebook.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def main():
         setting = protocol.Setting.from_json(args.setting)
         import jax  # pylint: disable=import-outside-toplevel
         import peers  # pylint: disable=import-outside-toplevel
+        import arl  # pylint: disable=import-outside-toplevel
         from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
 
+        arl.setup()  # the notebook's documented first cell
         timeline.listen()
         timeline.enter("build trainer")
         trainer = TokenTrainer(peers.arl_config(setting, args.checkpoint))

@@ -281,7 +281,7 @@ def build(setting: protocol.Setting, checkpoint: str, seed: int, stats: dict):
 def main():
     args = protocol.worker_arguments()
     if os.environ.get("ARL_PEERS_INLINE_DISPATCH") == "1":
-        # What arl's training CLI does (`arl.runs.allocator.run_computations_inline`),
+        # What arl's training CLI does (`arl.runs.process_settings.run_computations_inline`),
         # before JAX's backend starts, as the driver asks for every side.
         import jax
         jax.config.update("jax_cpu_enable_async_dispatch", False)

@@ -295,24 +295,27 @@ def _degenerate_batch():
     return scores, group_ids, env_ids, valid
 
 
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps-default", "eps-0"])
 @pytest.mark.parametrize("kernel", ["grpo", "drgrpo", "rloo", "reinforce_pp", "erpo",
                                     "erpo_centred", "statistics"])
-def test_gradients_finite_on_degenerate_groups(kernel):
+def test_gradients_finite_on_degenerate_groups(kernel, eps):
     """Singleton and constant groups must not send NaN into the gradient with respect to
-    the scores (users differentiate through these kernels), and the gradient of the
-    ordinary groups is the analytic one."""
+    the scores (users differentiate through these kernels), even at eps = 0 where a
+    constant group's std + eps is 0, and the gradient of the ordinary groups is the
+    analytic one."""
     scores, group_ids, env_ids, valid = _degenerate_batch()
     fns = {
-        "grpo": lambda s: alg.group_advantages(s, group_ids, num_groups=4, valid=valid),
+        "grpo": lambda s: alg.group_advantages(s, group_ids, num_groups=4, valid=valid,
+                                               eps=eps),
         "drgrpo": lambda s: alg.group_advantages(s, group_ids, num_groups=4,
                                                  scale_by_std=False, valid=valid),
         "rloo": lambda s: alg.rloo_advantages(s, group_ids, num_groups=4, valid=valid),
         "reinforce_pp": lambda s: alg.reinforce_pp_advantages(s, group_ids, num_groups=4,
                                                               valid=valid),
         "erpo": lambda s: alg.env_advantages(s, group_ids, env_ids, num_groups=4,
-                                             num_envs=2, valid=valid),
+                                             num_envs=2, valid=valid, eps=eps),
         "erpo_centred": lambda s: alg.env_advantages(s, group_ids, env_ids, num_groups=4,
-                                                     num_envs=2, valid=valid,
+                                                     num_envs=2, valid=valid, eps=eps,
                                                      centre_on_env_mean=True),
         "statistics": lambda s: alg.group_statistics(s, group_ids, num_groups=4,
                                                      valid=valid).std,
@@ -321,6 +324,10 @@ def test_gradients_finite_on_degenerate_groups(kernel):
     loss = lambda s: jnp.sum(fns[kernel](s) * weights)  # noqa: E731
     grads = np.asarray(jax.jit(jax.grad(loss))(scores))
     assert np.all(np.isfinite(grads)), grads
+    if kernel in ("grpo", "drgrpo", "erpo", "erpo_centred"):
+        # Degenerate groups (rows 0-2; for ERPO environment 0) give advantage 0 whatever
+        # their scores: a flat, zero gradient.
+        np.testing.assert_array_equal(grads[:3], 0.0)
     # Against central differences on the rows of ordinary groups (2 and 3's valid
     # members); the degenerate groups are flat there (or undefined at their kink).
     loss_at = jax.jit(loss)

@@ -199,26 +199,3 @@ def test_bad_arguments_fail_in_python_with_the_argument_named(kernel):
         kernel(logp, old[:, :3], adv, mask)
     with pytest.raises(ValueError, match="unknown aggregation mode 'mean'"):
         kernel(logp, old, adv, mask, agg="mean")
-
-
-@pytest.mark.parametrize("name,field,value,message", [
-    ("gspo", "loss.gspo_clip_low", 2.0, "expected a finite number in (0, 1]"),
-    ("gspo", "loss.gspo_clip_high", 0.0, "expected a finite number > 0"),
-    ("cispo", "loss.cispo_clip_low", -0.5, "expected a finite number in (0, 1]"),
-    ("cispo", "loss.dual_clip", 3.0, "algorithm 'cispo' has no token ratio to dual-clip: set 0"),
-])
-def test_rows_check_their_keys_with_one_line(name, field, value, message):
-    from arl import algorithm_table
-    from arl import config as config_lib
-
-    config = config_lib.default_config()
-    config.algorithm = name
-    config_lib.validate(config)  # the defaults are valid
-    section, key = field.split(".")
-    config[section][key] = value
-    with pytest.raises(config_lib.ConfigError) as error:
-        config_lib.validate(config)
-    assert str(error.value) == f"config.{field}={value!r} is invalid: {message}."
-    row = algorithm_table.get_algorithm(name)
-    assert row.policy_loss is getattr(algorithm_table, f"{name}_policy_loss")
-    assert row.outcome_advantages is algorithm_table.get_algorithm("grpo").outcome_advantages

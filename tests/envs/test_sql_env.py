@@ -8,6 +8,7 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import arl
 from arl import rollout as rollout_lib
@@ -17,6 +18,7 @@ from arl.envs.base import TokenChunk
 from arl.envs.tasks.sql_query import SqlQuery, single_cell
 from arl.tools import make_sql_task, run_sql
 from arl.tools.sql import answers_match
+from tests.envs.codecs import CODEC_NAMES, codec
 
 
 def test_tasks_fit_and_guesses_are_wrong():
@@ -52,8 +54,9 @@ def _chunks(env, texts):
     return TokenChunk(jnp.asarray(ids), jnp.asarray(lengths))
 
 
-def test_turns_by_hand():
-    env = SqlQuery()
+@pytest.mark.parametrize("codec_name", CODEC_NAMES)
+def test_turns_by_hand(codec_name):
+    env = SqlQuery(codec=codec(codec_name))
     rows = 6
     keys = jax.random.split(jax.random.key(0), rows)
     params = arl.envs.broadcast_params(env.default_params(), rows)

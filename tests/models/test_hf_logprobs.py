@@ -8,7 +8,7 @@ import pytest
 
 from arl.algorithms import entropy, token_logprobs
 from arl.models import TransformerConfig, unembedding_matrix
-from arl.models.logprobs import chunked_token_logprobs, model_token_logprobs
+from arl.models.chunked_logprobs import chunked_token_logprobs, model_token_logprobs
 from tests.models.helpers import jitted_forward, make
 
 

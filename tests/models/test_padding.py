@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from arl.models import generate, init_cache
-from arl.models.logprobs import model_token_logprobs
+from arl.models.chunked_logprobs import model_token_logprobs
 from tests.models.helpers import SMALL, jitted_forward, make
 
 PAD = 0

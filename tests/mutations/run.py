@@ -67,6 +67,17 @@ MUTATIONS = (
              ("tests/test_credit_oracle.py::"
               "test_kl_in_reward_lowers_the_reward_where_the_policy_is_likelier",),
              "the KL penalty in the reward becomes a bonus"),
+    Mutation("filtered_rows_in_the_loss", "arl/trainers/token.py",
+             "loss_mask = mask * signals.valid[:, None]", "loss_mask = mask",
+             ("tests/test_step_wiring.py::"
+              "test_the_update_batch_holds_the_signals_on_the_kept_rows[grpo]",),
+             "the rows the filters drop (signals.valid) stay in the loss mask"),
+    Mutation("returns_not_passed", "arl/trainers/token.py",
+             "old_values=old_values, returns=signals.returns,",
+             "old_values=old_values, returns=old_values,",
+             ("tests/test_step_wiring.py::"
+              "test_the_update_batch_holds_the_signals_on_the_kept_rows[ppo]",),
+             "the critic regresses on its own old values instead of the returns"),
     Mutation("bf16_attention_accumulator", "arl/models/attention.py",
              "            return m_new, l, alpha[..., None] * acc + pv\n\n        init",
              "            return m_new, l, (alpha[..., None] * acc + pv).astype(vb.dtype)"

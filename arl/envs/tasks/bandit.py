@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState)
 from arl.text.codec import CharCodec, Codec
@@ -51,8 +51,7 @@ def payoff_chunk(codec: Codec, value: jax.Array) -> TokenChunk:
     whole = chunks.int_chunk(codec, cents // 100, PAYOFF_DIGITS)
     dot = chunks.constant_chunk(codec, ".", 1)
     fraction = cents % 100
-    two = TokenChunk(jnp.asarray(codec.digit_ids)[jnp.stack([fraction // 10, fraction % 10])],
-                     jnp.asarray(2, jnp.int32))
+    two = chunks.digits_chunk(codec, fraction, 2)
     return chunks.concat_all([whole, dot, two], PAYOFF_DIGITS + 3, codec.pad_id)
 
 
@@ -76,7 +75,7 @@ class Bandit(TokenEnvironment):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.low_name, self.high_name = low_name, high_name
-        self._low_ids, self._high_ids = self.codec.encode(low_name), self.codec.encode(high_name)
+        self._read = turn_text.TurnReader(self.codec)
         self.prompt_len = len("arms: ") + len(low_name) + 1 + len(high_name)
         self.obs_len = max(len(INVALID_TEXT), PAYOFF_DIGITS + 3)
         self.action_len = max(len(low_name), len(high_name)) + 1
@@ -118,8 +117,10 @@ class Bandit(TokenEnvironment):
                                          self.prompt_len)
 
     def _transition(self, key, state, content: TokenChunk, params):
-        picks_low = parsing.equals(content.tokens, content.length, self._low_ids)
-        picks_high = parsing.equals(content.tokens, content.length, self._high_ids)
+        text = self._read(content)
+        picks_low = parsing.equals(text.tokens, text.length, turn_text.text_ids(self.low_name))
+        picks_high = parsing.equals(text.tokens, text.length,
+                                    turn_text.text_ids(self.high_name))
         valid = picks_low | picks_high
         wins = jax.random.uniform(key) < params.high_prob
         payoff = jnp.where(picks_low, params.low_payoff,

@@ -31,7 +31,7 @@ from flax import struct
 
 from arl.envs import arithmetic
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState, tree_select)
 from arl.text.codec import CharCodec, Codec
@@ -81,17 +81,17 @@ class Calculator(TokenEnvironment):
         enc = self.codec.encode
         self._calc_open, self._calc_close = enc("<calc>"), enc("</calc>")
         self._answer_open, self._answer_close = enc("<answer>"), enc("</answer>")
-        # Lengths in tokens of the codec (a subword codec may spell a reply or a tag in
-        # fewer ids than characters); numbers are one token per digit (Codec contract).
+        # Lengths in tokens of the codec (a subword codec may spell a reply, a tag or a
+        # number in fewer ids than characters; never a number in more than its digits).
         self.obs_len = max(max(len(enc(r)) for r in REPLIES), self.result_digits + 1)
         answer_width = 2 * max_digits + 1
         self.action_len = max(
             len(self._answer_open) + answer_width + len(self._answer_close),
             len(self._calc_open) + 2 * max_digits + 1 + len(self._calc_close),
         ) + 1
-        self._lt, self._gt = self.codec.token_id("<"), self.codec.token_id(">")
         self._operator_ids = [self.codec.token_id(c) for c in OPERATORS]
-        self._minus_id = self.codec.token_id("-")
+        # The agent's turn is read as text (any spelling in ids of the same characters).
+        self._read = turn_text.TurnReader(self.codec)
 
     def default_params(self, digits: int | None = None) -> CalculatorParams:
         digits = self.max_digits if digits is None else digits
@@ -146,48 +146,53 @@ class Calculator(TokenEnvironment):
             size, self.codec.pad_id,
         )
 
-    def _parse_expression(self, tokens, start, end):
-        """(left, operator, right, ok) of tokens[start:end] = INT OP INT."""
-        pos = jnp.arange(tokens.shape[-1])
-        is_op = jnp.zeros(tokens.shape, bool)
-        for op_id in self._operator_ids:
-            is_op = is_op | (tokens == op_id)
+    def _parse_expression(self, chars, start, end):
+        """(left, operator, right, ok) of chars[start:end] = INT OP INT."""
+        pos = jnp.arange(chars.shape[-1])
+        operators = jnp.asarray(turn_text.text_ids(OPERATORS), jnp.int32)
+        is_op = jnp.isin(chars, operators)
         # The operator is the first + - * after the first character (which may be a sign).
         candidates = is_op & (pos > start) & (pos < end)
         op_pos = jnp.where(jnp.any(candidates), jnp.argmax(candidates), -1)
-        op_token = jnp.take(tokens, jnp.clip(op_pos, 0, tokens.shape[-1] - 1))
-        operator = jnp.argmax(jnp.asarray(self._operator_ids) == op_token).astype(jnp.int32)
-        left, ok_left = parsing.parse_int(tokens, start, op_pos, self.codec.digit_value,
-                                          self._minus_id, MAX_OPERAND_DIGITS)
-        right, ok_right = parsing.parse_int(tokens, op_pos + 1, end, self.codec.digit_value,
-                                            self._minus_id, MAX_OPERAND_DIGITS)
+        op_char = jnp.take(chars, jnp.clip(op_pos, 0, chars.shape[-1] - 1))
+        operator = jnp.argmax(operators == op_char).astype(jnp.int32)
+        minus = turn_text.text_id("-")
+        left, ok_left = parsing.parse_int(chars, start, op_pos, turn_text.DIGIT_VALUE, minus,
+                                          MAX_OPERAND_DIGITS)
+        right, ok_right = parsing.parse_int(chars, op_pos + 1, end, turn_text.DIGIT_VALUE,
+                                            minus, MAX_OPERAND_DIGITS)
         return left, operator, right, (op_pos >= 0) & ok_left & ok_right
 
     def _transition(self, key, state, content: TokenChunk, params):
         del key
-        tokens, length = content.tokens, content.length
+        text = self._read(content)
+        chars, length = text.tokens, text.length
+        calc_open, calc_close = turn_text.text_ids("<calc>"), turn_text.text_ids("</calc>")
+        answer_open = turn_text.text_ids("<answer>")
+        answer_close = turn_text.text_ids("</answer>")
         is_calc = (
-            parsing.starts_with(tokens, length, self._calc_open)
-            & parsing.ends_with(tokens, length, self._calc_close)
-            & (length >= len(self._calc_open) + len(self._calc_close))
+            parsing.starts_with(chars, length, calc_open)
+            & parsing.ends_with(chars, length, calc_close)
+            & (length >= len(calc_open) + len(calc_close))
         )
         is_answer = (
-            parsing.starts_with(tokens, length, self._answer_open)
-            & parsing.ends_with(tokens, length, self._answer_close)
-            & (length >= len(self._answer_open) + len(self._answer_close))
+            parsing.starts_with(chars, length, answer_open)
+            & parsing.ends_with(chars, length, answer_close)
+            & (length >= len(answer_open) + len(answer_close))
         )
         # "<name>" with a name that is neither tool: a call to an unknown tool.
-        close_pos = parsing.find_token(tokens, length, self._gt, start=1)
-        is_tag = (jnp.take(tokens, 0) == self._lt) & (length > 0) & (close_pos >= 2)
-        is_unknown = (is_tag & ~parsing.starts_with(tokens, length, self._calc_open)
-                      & ~parsing.starts_with(tokens, length, self._answer_open))
+        close_pos = parsing.find_token(chars, length, turn_text.text_id(">"), start=1)
+        is_tag = ((jnp.take(chars, 0) == turn_text.text_id("<")) & (length > 0)
+                  & (close_pos >= 2))
+        is_unknown = (is_tag & ~parsing.starts_with(chars, length, calc_open)
+                      & ~parsing.starts_with(chars, length, answer_open))
 
         left, operator, right, ok_expr = self._parse_expression(
-            tokens, len(self._calc_open), length - len(self._calc_close))
+            chars, len(calc_open), length - len(calc_close))
         result, overflow = arithmetic.apply_integer(left, operator, right)
         answer, ok_answer = parsing.parse_int(
-            tokens, len(self._answer_open), length - len(self._answer_close),
-            self.codec.digit_value, self._minus_id, MAX_OPERAND_DIGITS)
+            chars, len(answer_open), length - len(answer_close),
+            turn_text.DIGIT_VALUE, turn_text.text_id("-"), MAX_OPERAND_DIGITS)
 
         calc_ok = is_calc & ok_expr & ~overflow
         answer_ok = is_answer & ok_answer

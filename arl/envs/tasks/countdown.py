@@ -67,7 +67,7 @@ from flax import struct
 
 from arl.envs import arithmetic
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.arithmetic import ADD, DIV, OPERATORS
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState,
                            tree_select)
@@ -151,6 +151,9 @@ class Countdown(TokenEnvironment):
         self.parser = arithmetic.ExpressionParser(self.codec)
         self._operator_ids = self.parser.operator_ids
         self._open_ids, self._close_ids = enc("<answer>"), enc("</answer>")
+        # The agent's turn is read as text and parsed on code points.
+        self._read = turn_text.TurnReader(self.codec)
+        self._text_parser = arithmetic.ExpressionParser(turn_text.CODE_POINTS)
         self._space_len = len(enc(" "))
         self._prefix_len, self._mid_len = len(enc("numbers")), len(enc(" target "))
         # Fully parenthesised: numbers, operators and two parentheses per operator.
@@ -342,12 +345,14 @@ class Countdown(TokenEnvironment):
     # --------------------------------------------------------------- verifier
     def verify(self, state: CountdownState, content: TokenChunk, params: CountdownParams):
         """(reply index, score, closeness, evaluation) of one turn's content."""
-        tokens, length = content.tokens, content.length
-        n_open, n_close = len(self._open_ids), len(self._close_ids)
-        tagged = (parsing.starts_with(tokens, length, self._open_ids)
-                  & parsing.ends_with(tokens, length, self._close_ids)
+        text = self._read(content)
+        chars, length = text.tokens, text.length
+        open_text, close_text = turn_text.text_ids("<answer>"), turn_text.text_ids("</answer>")
+        n_open, n_close = len(open_text), len(close_text)
+        tagged = (parsing.starts_with(chars, length, open_text)
+                  & parsing.ends_with(chars, length, close_text)
                   & (length >= n_open + n_close))
-        ev = self.parser(tokens, n_open, length - n_close)
+        ev = self._text_parser(chars, n_open, length - n_close)
         well_formed = tagged & ev.well_formed
         legal = legal_numbers(ev.literals, ev.num_literals, state.numbers, state.num_numbers,
                               params.use_all_numbers)

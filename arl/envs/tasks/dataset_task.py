@@ -4,10 +4,15 @@
     # in a config: c.env.name = "dataset_task"; c.env.kwargs.path = "..."
 
 `path` is a dataset directory written by `python -m experiments.make_dataset` (or
-`arl.data.text_tasks.build_text_tasks`), or a ``.jsonl`` file of ``{"prompt", "answer"}``
-lines, which is built on first use into a cache directory (`arl.data.text_tasks.
-cached_text_tasks`, tokenized with `codec`, `eval_fraction` of the rows in "eval"); by
-default, the shipped arithmetic word problems (`arl.data.word_problems`). The whole
+`arl.data.text_tasks.build_text_tasks`), or a file as users keep it: a ``.jsonl`` file of
+``{"prompt", "answer"}`` lines, a ``.parquet`` or ``.csv`` file, or a
+`datasets.save_to_disk` directory (`arl.data.task_files`; the columns named by
+`prompt_key` / `answer_key`; chat prompts as message lists, rendered with the codec's
+chat format, their shared system message kept), which is built on first use into a cache
+directory (`arl.data.text_tasks.cached_text_tasks`, tokenized with `codec`,
+`eval_fraction` of the rows in "eval"); by default, the shipped arithmetic word problems
+(`arl.data.word_problems`). A row's other columns are kept for Python reward functions
+(`reward_columns`, docs/bring_your_task.md). The whole
 `split` is put on the device once, as arrays (prompts [N, prompt_len], reference answers
 [N, ...]); they are constants of every compiled program that uses the env.
 
@@ -69,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.data import text_tasks, word_problems
+from arl.data import task_files, text_tasks, word_problems
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState, tree_select)
 from arl.text import chunks, verifiers
@@ -149,18 +154,25 @@ VERIFIERS: dict[str, Callable] = {"numeric": verify_numeric, "exact": verify_exa
                                   "normalized": verify_normalized}
 
 
-def _load(path, split, codec, eval_fraction, split_seed):
+def _load(path, split, codec, eval_fraction, split_seed, prompt_key="prompt",
+          answer_key="answer"):
     """(TextTasks, codec) of `path` (module docstring), checking the codec and settings."""
     if path is None:
         path = word_problems.SHIPPED_JSONL
     path = os.fspath(path)
-    if path.endswith(".jsonl"):
+    if task_files.is_task_file(path):
         codec = CharCodec() if codec is None else codec
+        codec = _with_system_prompt(codec, task_files.read_task_file(
+            path, prompt_key=prompt_key, answer_key=answer_key), path)
         path = text_tasks.cached_text_tasks(
             path, codec=codec,
             eval_fraction=0.1 if eval_fraction is None else eval_fraction,
-            seed=0 if split_seed is None else split_seed)
+            seed=0 if split_seed is None else split_seed,
+            prompt_key=prompt_key, answer_key=answer_key)
         return text_tasks.load_text_tasks(path, split), codec
+    if (prompt_key, answer_key) != ("prompt", "answer"):
+        raise ValueError(f"prompt_key={prompt_key!r} / answer_key={answer_key!r} apply to "
+                         f"a source file; the built dataset {path!r} has its columns fixed")
     tasks = text_tasks.load_text_tasks(path, split)
     metadata = tasks.metadata
     for name, value, key in (("eval_fraction", eval_fraction, "eval_fraction"),
@@ -176,6 +188,53 @@ def _load(path, split, codec, eval_fraction, split_seed):
                          f"was written with ({metadata['tokenizer']}); pass codec=None to "
                          "use the dataset's own")
     return tasks, codec
+
+
+def _with_system_prompt(codec, tasks, path):
+    """`codec`, or the same checkpoint's codec whose chat format starts with the system
+    message the rows' chat prompts share (`task_files.system_prompt_of`)."""
+    chat = getattr(codec, "chat", None)
+    if chat is None or not any(t.messages for t in tasks):
+        return codec
+    system = task_files.system_prompt_of(tasks, path)
+    if system is None or system == chat.system_prompt:
+        return codec
+    if chat.system_prompt is not None:
+        raise ValueError(f"{path}: the rows' system message {system!r} differs from the "
+                         f"codec's system prompt {chat.system_prompt!r} (config.model."
+                         "system_prompt): leave that empty to use the rows'")
+    directory = getattr(codec, "directory", None)
+    if directory is None:
+        raise ValueError(f"{path}: the rows' chat prompts hold a system message, which needs "
+                         "a codec from a checkpoint directory (HFCodec.from_pretrained)")
+    return type(codec).from_pretrained(
+        directory, system_prompt=system, template_kwargs=getattr(codec, "template_kwargs", None))
+
+
+def _wrong_numbers(codec: Codec, number_chars: np.ndarray, number_lengths: np.ndarray,
+                   numeric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [R, 9, W] ids, int32 [R, 9] lengths): row r's reference number (canonical
+    text, code points) with its last digit moved up by k + 1 (mod 10), encoded by the
+    codec; empty when the verifier is not numeric."""
+    rows = number_chars.shape[0]
+    if not numeric:
+        return np.zeros((rows, 9, 1), np.int32), np.zeros((rows, 9), np.int32)
+    encoded = []
+    for chars, length in zip(number_chars, number_lengths):
+        text = "".join(chr(c) for c in chars[:max(int(length), 0)])
+        variants = []
+        for shift in range(1, 10):
+            wrong = text[:-1] + str((int(text[-1]) + shift) % 10) if text else ""
+            variants.append(codec.encode(wrong))
+        encoded.append(variants)
+    width = max(1, max(len(ids) for variants in encoded for ids in variants))
+    table = np.full((rows, 9, width), codec.pad_id, np.int32)
+    lengths = np.zeros((rows, 9), np.int32)
+    for r, variants in enumerate(encoded):
+        for k, ids in enumerate(variants):
+            table[r, k, :len(ids)] = ids
+            lengths[r, k] = len(ids)
+    return table, lengths
 
 
 class DatasetTask(TokenEnvironment):
@@ -194,6 +253,7 @@ class DatasetTask(TokenEnvironment):
         built dataset they must match its metadata if given.
       max_token_chars: ids whose text is longer read as one unknown character
         (`arl.text.verifiers.char_table`).
+      prompt_key, answer_key: the source file's prompt and answer columns.
     """
 
     name = "dataset_task"
@@ -202,7 +262,8 @@ class DatasetTask(TokenEnvironment):
                  verifier: str | Callable = "numeric", max_turns: int = 1,
                  codec: Codec | None = None, action_len: int | None = None,
                  eval_fraction: float | None = None, split_seed: int | None = None,
-                 max_token_chars: int = 16):
+                 max_token_chars: int = 16, prompt_key: str = "prompt",
+                 answer_key: str = "answer"):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if isinstance(verifier, str):
@@ -214,7 +275,8 @@ class DatasetTask(TokenEnvironment):
                              f"got {verifier!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
-        tasks, codec = _load(path, split, codec, eval_fraction, split_seed)
+        tasks, codec = _load(path, split, codec, eval_fraction, split_seed, prompt_key,
+                             answer_key)
         self.tasks = tasks  # host copy: texts, source lines, metadata
         self.codec = codec
         self.split = split
@@ -232,25 +294,14 @@ class DatasetTask(TokenEnvironment):
                              f"of source lines {lines[:_LISTED]}"
                              f"{' ...' if len(lines) > _LISTED else ''} of {tasks.path!r} "
                              f"({split}) hold none (use verifier='exact' or 'normalized')")
-        # Token id of each character of a canonical number ("-", ".", digits), for the
-        # demonstrator's wrong numbers; -1 where the codec has no single id for it.
-        self._number_ids = np.full((ord("9") + 1,), -1, np.int32)
-        for char in "-.0123456789":
-            try:
-                self._number_ids[ord(char)] = codec.token_id(char)
-            except ValueError:
-                pass
-        if self._numeric:
-            used = {chr(c) for c in np.unique(number_chars[number_chars >= 0])}
-            missing = sorted(c for c in used if self._number_ids[ord(c)] < 0)
-            if missing:
-                raise ValueError(f"the codec has no single token for {missing}, which the "
-                                 "reference numbers use (the demonstrator writes numbers "
-                                 "one character per token)")
+        # The demonstrator's wrong numbers, tokenized here as the codec writes them: the
+        # reference number with its last digit moved up by k = 1..9 (mod 10).
+        self._wrong_ids, self._wrong_lengths = _wrong_numbers(
+            codec, number_chars, number_lengths, self._numeric)
 
         self.prompt_len = int(tasks.prompts.shape[1])
         self.obs_len = max(len(codec.encode(reply)) for reply in REPLIES)
-        wrong_width = int(number_lengths.max()) if self._numeric else 0
+        wrong_width = self._wrong_ids.shape[-1] if self._numeric else 0
         needed = max(int(tasks.answer_lengths.max()), wrong_width) + 1
         if action_len is None:
             action_len = needed
@@ -314,6 +365,23 @@ class DatasetTask(TokenEnvironment):
         keys = jnp.repeat(jax.random.split(jax.random.key(0), self.num_rows), group_size, axis=0)
         return keys, batched.replace(task_index=rows)
 
+    # -- Python reward functions (arl.envs.reward_functions)
+    def task_row(self, state: DatasetTaskState) -> jax.Array:
+        """The row of the split an episode plays (recorded by the rollout)."""
+        return state.row
+
+    def reward_prompts(self, rows) -> list:
+        """Each row's prompt as the source file holds it (a string or a message list)."""
+        return [self.tasks.source_prompt(r) for r in rows]
+
+    def reward_columns(self, rows) -> dict[str, list]:
+        """The reward functions' columns: "answer" (the reference text) and the source
+        rows' other columns, one value per row."""
+        columns = {"answer": [self.tasks.answer_texts[r] for r in rows]}
+        for name in self.tasks.column_names:
+            columns[name] = [self.tasks.source_columns(r).get(name) for r in rows]
+        return columns
+
     # -- episode
     def answer(self, row: jax.Array) -> Answer:
         """The reference of `row` (traced)."""
@@ -365,16 +433,9 @@ class DatasetTask(TokenEnvironment):
         if not self._numeric:
             other = (row + jax.random.randint(key, (), 1, max(self.num_rows, 2))) % self.num_rows
             return self._answer_chunk(other)
-        answer = self.answer(row)
-        chars = answer.number
-        last = jnp.clip(answer.number_length - 1, 0, chars.shape[-1] - 1)
-        digit = chars[last] - ord("0")
-        new_digit = (digit + jax.random.randint(key, (), 1, 10)) % 10
-        chars = chars.at[last].set(new_digit + ord("0"))
-        ids = jnp.asarray(self._number_ids)[jnp.clip(chars, 0, ord("9"))]
-        pos = jnp.arange(chars.shape[-1])
-        ids = jnp.where(pos < answer.number_length, ids, self.codec.pad_id)
-        return self._with_eot(TokenChunk(ids, jnp.maximum(answer.number_length, 0)))
+        shift = jax.random.randint(key, (), 1, 10) - 1
+        return self._with_eot(TokenChunk(jnp.asarray(self._wrong_ids)[row, shift],
+                                         jnp.asarray(self._wrong_lengths)[row, shift]))
 
     def demonstrator_action(self, key, state: DatasetTaskState,
                             params: DatasetTaskParams) -> TokenChunk:

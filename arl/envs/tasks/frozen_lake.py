@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.base import (NON_NEGATIVE, PROBABILITY, ParamRange, TokenChunk,
                            TokenEnvironment, TokenEnvState)
 from arl.text.codec import CharCodec, Codec
@@ -118,12 +118,13 @@ class FrozenLake(TokenEnvironment):
         self.prompt_len = self.grid_len
         self.obs_len = len(INVALID_TEXT) + self.grid_len
         self.action_len = max(len(d) for d in DIRECTIONS) + 1
-        self._symbol_ids = np.array([codec_id for codec_id in self.codec.encode(SYMBOLS)], np.int32)
+        # One id per symbol (a subword codec may merge "OG" when encoding SYMBOLS whole).
+        self._symbol_ids = np.array([self.codec.token_id(s) for s in SYMBOLS], np.int32)
         self._newline = self.codec.token_id("\n")
-        self._patterns = [
-            [self.codec.encode(d), self.codec.encode(d.lower()), self.codec.encode(d[0])]
-            for d in DIRECTIONS
-        ]
+        # Accepted spellings of each move, as text (the turn is read as text).
+        self._patterns = [[turn_text.text_ids(d), turn_text.text_ids(d.lower()),
+                           turn_text.text_ids(d[0])] for d in DIRECTIONS]
+        self._read = turn_text.TurnReader(self.codec)
 
     def default_params(self, hole_prob: float = 0.2, slip_prob: float = 0.0) -> FrozenLakeParams:
         if not 0.0 <= hole_prob < 1.0:
@@ -213,11 +214,12 @@ class FrozenLake(TokenEnvironment):
         return state, self.grid_chunk(cells, start)
 
     def _parse_direction(self, content: TokenChunk):
+        text = self._read(content)
         matches = []
         for patterns in self._patterns:
             hit = jnp.zeros((), bool)
             for pattern in patterns:
-                hit = hit | parsing.equals(content.tokens, content.length, pattern)
+                hit = hit | parsing.equals(text.tokens, text.length, pattern)
             matches.append(hit)
         matches = jnp.stack(matches)
         return jnp.argmax(matches).astype(jnp.int32), jnp.any(matches)

@@ -1,7 +1,8 @@
 """`guess_number`: find a hidden integer in [0, N) from higher / lower replies.
 
 Prompt: "guess 0-{N-1}". Each turn the agent writes just the number then end-of-turn
-(e.g. "7<eot>"); the reply is "higher" (the hidden number is higher), "lower",
+(e.g. "7<eot>"), read as text: "11" is eleven whether the codec spells it with one id or
+two; the reply is "higher" (the hidden number is higher), "lower",
 "correct" (episode terminates) or "invalid" (unparsable or out-of-range turn).
 
 Reward per step: success_reward·[correct] − turn_cost − format_penalty·[malformed],
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.base import NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState
 from arl.text.codec import CharCodec, Codec
 
@@ -74,12 +75,12 @@ class GuessNumber(TokenEnvironment):
         self.max_turns = int(max_turns)
         self.num_digits = len(str(max_n - 1))
         # Lengths in tokens of the codec (not characters): a subword codec may spell
-        # "guess 0-" or "higher" in fewer ids. Digits are one token each (Codec contract).
+        # "guess 0-", "higher" or a number in fewer ids; never in more than one per digit.
         self._prefix_len = len(self.codec.encode("guess 0-"))
         self.prompt_len = self._prefix_len + self.num_digits
         self.obs_len = max(len(self.codec.encode(r)) for r in REPLIES)
         self.action_len = self.num_digits + 1
-        self._minus_id = self.codec.token_id("-")
+        self._read = turn_text.TurnReader(self.codec)
 
     def default_params(self, num_values: int | None = None) -> GuessNumberParams:
         num_values = self.max_n if num_values is None else num_values
@@ -121,9 +122,9 @@ class GuessNumber(TokenEnvironment):
 
     def _transition(self, key, state, content: TokenChunk, params):
         del key
-        value, ok = parsing.parse_int(
-            content.tokens, 0, content.length, self.codec.digit_value, self._minus_id
-        )
+        text = self._read(content)
+        value, ok = parsing.parse_int(text.tokens, 0, text.length, turn_text.DIGIT_VALUE,
+                                      turn_text.text_id("-"))
         valid = ok & (value >= 0) & (value < state.num_values)
         correct = valid & (value == state.hidden)
         reply = jnp.where(

@@ -8,9 +8,8 @@ Grid legend (RAGEN's symbols; `*` stands for RAGEN's `√`, which no built-in co
 
 The prompt is the rendered grid, one row per line. A turn is 1 to `max_actions_per_turn`
 moves separated by commas, then end-of-turn, e.g. "Up,Left,Left<eot>" (RAGEN writes
-"Up || Left" inside answer tags; the constructor checks that the comma is one token of
-the codec, and spaces are not allowed, so a subword codec cannot merge them into the
-words: each word is then its canonical spelling, `codec.encode("Left")`). A move
+"Up || Left" inside answer tags; the turn is read as text, so any ids that spell
+"Up,Left" count, and spaces are not allowed). A move
 is Up/Down/Left/Right, up/down/left/right or U/D/L/R. The reply is the grid after the
 turn's moves. A malformed turn (unknown word, too many moves, empty move, stray space)
 executes no move, costs `format_penalty` and the reply is "invalid" above the unchanged
@@ -76,7 +75,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from arl.text import chunks, parsing
+from arl.text import chunks, parsing, turn_text
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,
                            TokenEnvState)
 from arl.text.codec import CharCodec, Codec
@@ -152,12 +151,14 @@ class Sokoban(TokenEnvironment):
         enc = self.codec.encode
         self._symbol_ids = np.array([self.codec.token_id(s) for s in SYMBOLS], np.int32)
         self._newline = self.codec.token_id("\n")
-        self._separator = self.codec.token_id(SEPARATOR)
+        self._read = turn_text.TurnReader(self.codec)
         self._invalid_len = len(enc(INVALID_TEXT))
         self.prompt_len = self.grid_len
         self.obs_len = self._invalid_len + self.grid_len
-        self._patterns = [[enc(d), enc(d.lower()), enc(d[0])] for d in DIRECTIONS]
-        word_len = max(len(p) for patterns in self._patterns for p in patterns)
+        # Accepted spellings of each move, as text (the turn is read as text).
+        self._patterns = [[turn_text.text_ids(d), turn_text.text_ids(d.lower()),
+                           turn_text.text_ids(d[0])] for d in DIRECTIONS]
+        word_len = max(len(enc(d)) for d in DIRECTIONS)
         self.action_len = max_actions_per_turn * (word_len + 1)  # words, commas, eot
         # Geometry tables (numpy constants folded into the programs).
         rows, cols = np.divmod(np.arange(self.num_cells), max_size)
@@ -407,10 +408,11 @@ class Sokoban(TokenEnvironment):
         """(directions int32 [K], count int32, valid bool) of "Move,Move,...": 1..K
         comma-separated moves, each one of the accepted spellings."""
         k = self.max_actions_per_turn
-        starts, ends, count = parsing.split_args(content.tokens, 0, content.length,
-                                                 self._separator, k)
+        text = self._read(content)
+        starts, ends, count = parsing.split_args(text.tokens, 0, text.length,
+                                                 turn_text.text_id(SEPARATOR), k)
         hits = jnp.stack([
-            jnp.stack([jnp.any(jnp.stack([parsing.range_equals(content.tokens, starts[i],
+            jnp.stack([jnp.any(jnp.stack([parsing.range_equals(text.tokens, starts[i],
                                                                ends[i], p) for p in patterns]))
                        for patterns in self._patterns])
             for i in range(k)])  # [K, 4]

@@ -122,6 +122,7 @@ def rollout(
         raise ValueError(f"reset_keys must have shape ({batch},) (num_tasks * group_size), "
                          f"got {reset_keys.shape}")
     env_state, timestep = jax.vmap(env.reset)(reset_keys, env_params)
+    task_rows = (jax.vmap(env.task_row)(env_state) if hasattr(env, "task_row") else None)
 
     tokens = jnp.full((batch, width), codec.pad_id, jnp.int32)
     prompt = timestep.observation
@@ -186,6 +187,7 @@ def rollout(
         turn_success=per_turn.success,
         turn_states=per_turn.state,
         projections=carry.cache.projections if record_projections else None,
+        task_rows=task_rows,
     )
 
 

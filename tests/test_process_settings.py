@@ -1,6 +1,7 @@
-"""arl.runs.allocator: glibc keeps freed memory mapped, so a repeated large allocation
-stops page-faulting, and a compiled step run inline reuses its scratch at any size
-(measured in subprocesses: the settings are process-wide)."""
+"""arl.runs.process_settings (`arl.setup`): glibc keeps freed memory mapped, so a repeated
+large allocation stops page-faulting, and a compiled step run inline reuses its scratch
+at any size; `arl.setup()` is the one place that applies them, and building a trainer
+changes nothing global (measured in subprocesses: the settings are process-wide)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import sys
 
 import pytest
 
-from arl.runs import allocator
+from arl.runs import process_settings
 
 _FAULTS_PROGRAM = r"""
 import ctypes, json, resource, sys
-from arl.runs import allocator
+from arl.runs import process_settings
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -31,7 +32,7 @@ def faults_of_one_block():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 default = [faults_of_one_block() for _ in range(3)]
-applied = allocator.keep_freed_memory()
+applied = process_settings.keep_freed_memory()
 kept = [faults_of_one_block() for _ in range(3)]
 print(json.dumps(dict(default=default, applied=applied, kept=kept)))
 """
@@ -43,10 +44,10 @@ print(json.dumps(dict(default=default, applied=applied, kept=kept)))
 _STEP_FAULTS_PROGRAM = r"""
 import json, resource, sys
 import jax, jax.numpy as jnp
-from arl.runs import allocator
+from arl.runs import process_settings
 
-inline = allocator.run_computations_inline() if sys.argv[1] == "inline" else False
-kept = allocator.keep_freed_memory()
+inline = process_settings.run_computations_inline() if sys.argv[1] == "inline" else False
+kept = process_settings.keep_freed_memory()
 
 @jax.jit
 def step(x):
@@ -59,12 +60,12 @@ for _ in range(12):
     step(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(json.dumps(dict(inline=inline, kept=kept, faults=faults,
-                      late=allocator.run_computations_inline())))
+                      late=process_settings.run_computations_inline())))
 """
 
 
 def _is_glibc() -> bool:
-    return allocator._glibc() is not None  # pylint: disable=protected-access
+    return process_settings._glibc() is not None  # pylint: disable=protected-access
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
@@ -108,35 +109,20 @@ def test_a_step_run_inline_reuses_its_scratch_without_page_faults():
     assert statistics.median(inline["faults"][1:]) < 100, inline
 
 
-@pytest.mark.parametrize("setting", ["keep_freed_memory", "run_computations_inline"])
-def test_environment_switch_disables_it(monkeypatch, setting):
-    called = []
-    monkeypatch.setattr(allocator, setting, lambda: called.append(1) or True)
-    unless_disabled = getattr(allocator, f"{setting}_unless_disabled")
-    for off in ("0", "false", "OFF", " no "):
-        monkeypatch.setenv(allocator.ENV_VAR, off)
-        assert unless_disabled() is False
-    assert not called
-    monkeypatch.setenv(allocator.ENV_VAR, "1")
-    assert unless_disabled() is True
-    monkeypatch.delenv(allocator.ENV_VAR)
-    assert unless_disabled() is True
-    assert len(called) == 2
-
-
 def test_without_glibc_it_is_a_no_op(monkeypatch):
-    monkeypatch.setattr(allocator, "_glibc", lambda: None)
-    assert allocator.keep_freed_memory() is False
+    monkeypatch.setattr(process_settings, "_glibc", lambda: None)
+    assert process_settings.keep_freed_memory() is False
 
 
-# A notebook's flow: import, build a TokenTrainer (nothing else touched JAX before), then
-# observe glibc (a freed 48 MiB block reused without faults) and JAX's dispatch setting.
+# A notebook's flow in a fresh process: import, maybe `arl.setup(...)` first, build a
+# TokenTrainer and its initial state; then what is global: jax.config, os.environ, and
+# glibc (a freed 48 MiB block reused without faults, or mapped afresh as by default).
 _NOTEBOOK_PROGRAM = r"""
-import ctypes, json, resource, sys
+import ctypes, json, os, resource, sys
 import jax
+import arl
 from arl.config import default_config
-from arl.runs import allocator
-from arl.trainers import TokenTrainer
+from arl.runs import process_settings
 
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -150,76 +136,85 @@ def faults_of_one_block():
     libc.free(block)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-if sys.argv[1] == "opt_out":
-    allocator.keep_process_defaults()
 c = default_config()
 c.rollout.num_tasks, c.rollout.group_size = 2, 2
+c.model.d_model, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim = 32, 4, 2, 64
 if sys.argv[1] == "two_programs":
     c.rollout.policy_lag, c.loss.off_policy_correction = 1, "tis"
-TokenTrainer(c)
-print(json.dumps(dict(async_dispatch=jax.config.read("jax_cpu_enable_async_dispatch"),
-                      faults=[faults_of_one_block() for _ in range(3)])))
+settings = arl.setup(c) if sys.argv[1] != "no_setup" else None
+config_before, environ_before = dict(jax.config.values), dict(os.environ)
+trainer = arl.build(c)
+jax.block_until_ready(trainer.init_state())
+changed = sorted(k for k in set(config_before) | set(jax.config.values)
+                 if config_before.get(k) != jax.config.values.get(k))
+environ_changed = sorted(k for k in set(environ_before) | set(os.environ)
+                         if environ_before.get(k) != os.environ.get(k))
+print(json.dumps(dict(
+    changed=changed, environ_changed=environ_changed, applied=process_settings.applied(),
+    async_dispatch=jax.config.read("jax_cpu_enable_async_dispatch"),
+    cache=jax.config.jax_compilation_cache_dir,
+    settings=None if settings is None else [settings.compilation_cache,
+        settings.computations_inline, settings.freed_memory_kept],
+    faults=[faults_of_one_block() for _ in range(3)])))
 """
 
 
-def _notebook(mode):
-    env = {k: v for k, v in os.environ.items() if k != allocator.ENV_VAR}
+def _notebook(mode, tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in (process_settings.ENV_VAR, "JAX_COMPILATION_CACHE_DIR",
+                        "ARL_COMPILATION_CACHE")}
+    env["ARL_CACHE_DIR"] = str(tmp_path / mode)
     return subprocess.Popen([sys.executable, "-c", _NOTEBOOK_PROGRAM, mode], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
                     reason="glibc malloc only")
-def test_a_token_trainer_applies_the_host_settings_itself():
-    """Built in a fresh process, `TokenTrainer` runs computations inline and keeps freed
-    memory (one warning line says so and how to opt out); with two programs it keeps
-    asynchronous dispatch."""
-    runs = {mode: _notebook(mode) for mode in ("fused", "two_programs")}
+def test_only_setup_changes_the_process(tmp_path):
+    """Without `arl.setup`, building a trainer and its initial state leaves jax.config,
+    the environment and glibc's allocator as they were (a freed 48 MiB block is mapped
+    afresh, faulting page by page). `arl.setup()` turns on the compilation cache, runs
+    computations inline and keeps freed memory; `arl.setup(config)` with two programs
+    keeps asynchronous dispatch."""
+    runs = {mode: _notebook(mode, tmp_path) for mode in ("no_setup", "fused", "two_programs")}
     out = {}
     for mode, process in runs.items():
         stdout, stderr = process.communicate(timeout=300)
         assert process.returncode == 0, stderr[-2000:]
-        out[mode] = (json.loads(stdout.strip().splitlines()[-1]),
-                     [line for line in stderr.splitlines() if "TokenTrainer set" in line])
-    fused, lines = out["fused"]
+        out[mode] = json.loads(stdout.strip().splitlines()[-1])
+    pages = (48 << 20) // 4096
+    bare = out["no_setup"]
+    assert bare["changed"] == [] and bare["environ_changed"] == [], bare
+    assert bare["applied"] == [False, False] and bare["async_dispatch"] is True
+    assert bare["cache"] in (None, "") and not (tmp_path / "no_setup").exists()
+    assert min(bare["faults"]) > pages // 600, bare  # glibc's defaults
+    fused = out["fused"]
+    assert fused["settings"] == [str(tmp_path / "fused" / "jax"), True, True], fused
+    assert fused["cache"] == str(tmp_path / "fused" / "jax")
+    assert fused["changed"] == [] and fused["environ_changed"] == [], fused
     assert fused["async_dispatch"] is False
-    # The heap keeps the freed block (glibc's default maps it afresh: ~12,000 faults).
-    assert max(fused["faults"][1:]) < 50, fused
-    assert len(lines) == 1 and "jax_cpu_enable_async_dispatch=False" in lines[0]
-    assert "glibc keeps freed memory" in lines[0] and "ARL_KEEP_FREED_MEMORY=0" in lines[0]
-    two, lines = out["two_programs"]
-    assert two["async_dispatch"] is True
+    assert max(fused["faults"][1:]) < 50, fused  # the heap keeps the freed block
+    two = out["two_programs"]
+    assert two["settings"] == [str(tmp_path / "two_programs" / "jax"), False, True], two
+    assert two["changed"] == [] and two["async_dispatch"] is True
     assert max(two["faults"][1:]) < 50, two
-    assert len(lines) == 1 and "async_dispatch" not in lines[0]
 
 
-@pytest.mark.parametrize("opt_out", ["environment", "function"])
-def test_opting_out_keeps_the_trainer_from_changing_the_settings(monkeypatch, opt_out):
-    """ARL_KEEP_FREED_MEMORY=0 or `keep_process_defaults()`: the trainer's two halves
-    change neither setting and log nothing (here on a backend not yet started, as in a
-    fresh notebook); without either they would."""
+def test_the_environment_switch_keeps_the_host_defaults(monkeypatch):
+    """ARL_KEEP_FREED_MEMORY=0: `setup` changes neither host setting (here on a backend not
+    yet started, as in a fresh notebook); without it, it changes both."""
     changed = []
-    monkeypatch.setattr(allocator, "_backends_started", lambda: False)
-    monkeypatch.setattr(allocator.jax.config, "update",
-                        lambda *args: changed.append(args))
-    monkeypatch.setattr(allocator, "keep_freed_memory", lambda: changed.append("kept") or True)
-    monkeypatch.setattr(allocator, "_freed_memory_kept", False)
-    monkeypatch.setattr(allocator, "_process_defaults_kept", False)
-    monkeypatch.delenv(allocator.ENV_VAR, raising=False)
-    logged = []
-    monkeypatch.setattr(allocator.logging, "warning", lambda *args: logged.append(args))
-    monkeypatch.setattr(allocator, "_trainer_line_logged", False)
-    assert allocator.trainer_settings_before_backend(two_programs=True) is False
-    if opt_out == "environment":
-        monkeypatch.setenv(allocator.ENV_VAR, "0")
-    else:
-        allocator.keep_process_defaults()
-    assert allocator.trainer_settings_before_backend(two_programs=False) is False
-    allocator.trainer_settings_after_backend(set_inline=False)
-    assert not changed and not logged
-    monkeypatch.setattr(allocator, "_process_defaults_kept", False)
-    monkeypatch.delenv(allocator.ENV_VAR, raising=False)
-    assert allocator.trainer_settings_before_backend(two_programs=False) is True
-    allocator.trainer_settings_after_backend(set_inline=True)
-    assert changed == [("jax_cpu_enable_async_dispatch", False), "kept"]
-    assert len(logged) == 1
+    monkeypatch.setattr(process_settings, "_backends_started", lambda: False)
+    monkeypatch.setattr(process_settings, "run_computations_inline",
+                        lambda: changed.append("inline") or True)
+    monkeypatch.setattr(process_settings, "keep_freed_memory",
+                        lambda: changed.append("kept") or True)
+    monkeypatch.setattr(process_settings, "_freed_memory_kept", False)
+    monkeypatch.setattr(process_settings.caches, "enable_compilation_cache", lambda: None)
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(process_settings.ENV_VAR, off)
+        process_settings.setup()
+    assert not changed
+    monkeypatch.delenv(process_settings.ENV_VAR)
+    process_settings.setup()
+    assert changed == ["inline", "kept"]

@@ -1,5 +1,6 @@
-"""The export of a run to a Hugging Face directory, shared by `experiments.export` and
-`experiments.train --export_to` (no flags defined here)."""
+"""The export of a run's checkpoint to a Hugging Face directory, behind the command lines
+`experiments.export` and `experiments.train --export_to` (no flags defined here). Bad
+input is an `absl.app.UsageError`: one line and exit status 2 under those programs."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def export_run(workdir: str, out: str, *, step: int | None = None, dtype: str | 
     trainer = evaluation.trainer_for_checkpoint(config)
     try:
         step, params = evaluation.restore_params(trainer, workdir, step)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, evaluation.CheckpointCorruptError) as error:
         raise app.UsageError(f"--step={step}: {error}" if step is not None
                              else f"--workdir={workdir!r}: {error}") from error
     path = hf_export.export_checkpoint(out, jax.device_get(params), trainer.model.config,

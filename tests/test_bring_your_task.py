@@ -1,0 +1,120 @@
+"""The README's "Bring your own task" as written: its `my_rewards.py` and `my_task.py`
+blocks written to a directory beside a Parquet file of chat prompts; the functions
+score the env's oracle and demonstrator episodes as the in-graph verifier does (cheap);
+its command trains and learns beyond its starting point, and the Python API logs every
+reward (slow)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import arl
+from arl.envs.reward_functions import RewardFunctions, episodes
+from arl.rollout.rollouts import scripted_rollout
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("sympy")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TITLE = "## Bring your own task"
+
+
+def _section():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    start = text.index(TITLE)
+    end = text.find("\n## ", start + len(TITLE))
+    return text[start:end]
+
+
+def _user_directory(path):
+    """The README's files in `path`, and a Parquet file of the rows it describes."""
+    python = re.findall(r"```python\n(.*?)```", _section(), flags=re.DOTALL)
+    assert len(python) == 2
+    (path / "my_rewards.py").write_text(python[0], encoding="utf-8")
+    (path / "my_task.py").write_text(python[1], encoding="utf-8")
+    rows = [{"prompt": [{"role": "system", "content": "Answer with a number."},
+                        {"role": "user", "content": f"What is {a} + {b}?"}],
+             "answer": str(a + b), "level": "easy" if a + b < 10 else "hard"}
+            for a in range(10) for b in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), str(path / "tasks.parquet"))
+    return path
+
+
+def _command():
+    block = re.search(r"```bash\n(.*?)```", _section(), flags=re.DOTALL).group(1).strip()
+    assert block.startswith("PYTHONPATH=. python -m experiments.train --config=my_task.py")
+    return block.split()[1:]
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    path = _user_directory(tmp_path)
+    monkeypatch.chdir(path)
+    monkeypatch.syspath_prepend(str(path))
+    for name in ("my_rewards", "my_task"):
+        sys.modules.pop(name, None)
+    return path
+
+
+def test_readme_rewards_agree_with_the_verifier(user_dir):
+    import my_task  # pylint: disable=import-error,g-import-not-at-top
+
+    config = my_task.get_config()
+    arl.validate(config)
+    env = arl.make_env(config.env)
+    scorer = RewardFunctions(config.reward.functions, config.reward.weights)
+    for source in ("oracle", "demonstrator"):
+        traj = scripted_rollout(env, jax.random.key(0), num_tasks=32, group_size=1,
+                                action_source=source)
+        batch = episodes(env, traj.tokens, traj.agent_mask, traj.length, traj.task_rows)
+        assert batch.prompts[0][0] == {"role": "system", "content": "Answer with a number."}
+        assert set(batch.columns["level"]) <= {"easy", "hard"}
+        scores, errors = scorer.score(batch)
+        assert errors.tolist() == [0, 0]
+        np.testing.assert_array_equal(scores[:, 0], 1.0)  # scripted answers are numbers
+        np.testing.assert_array_equal(scores[:, 1], np.asarray(traj.success, np.float32))
+        if source == "demonstrator":
+            assert 0 < float(np.mean(traj.success)) < 1
+
+
+@pytest.mark.slow
+def test_readme_command_learns_beyond_its_start(user_dir):
+    command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / 'run'}"
+               for a in _command()[1:]]
+    result = subprocess.run(
+        [sys.executable] + command, cwd=user_dir, capture_output=True, text=True,
+        timeout=3000, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                           "PYTHONPATH": f"{user_dir}{os.pathsep}{ROOT}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in open(user_dir / "run" / "metrics.jsonl")]
+    first, last = records[0], records[-1]
+    for name in ("formatted", "correct"):
+        for stat in ("mean", "std", "errors"):
+            assert f"reward/{name}/{stat}" in last
+    assert last["reward/formatted/mean"] > first["reward/formatted/mean"] + 0.3
+    assert last["reward_mean"] > first["reward_mean"] + 0.2
+
+
+@pytest.mark.slow
+def test_python_api_logs_every_reward(user_dir):
+    import my_task  # pylint: disable=import-error,g-import-not-at-top
+    from arl.runs import experiment  # pylint: disable=g-import-not-at-top
+
+    config = my_task.get_config()
+    config.train_steps, config.log_every = 2, 1
+    records = experiment.run(config, str(user_dir / "api"))
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        total = 0.5 * record["reward/formatted/mean"]
+        assert 0.0 <= record["reward/formatted/mean"] <= 1.0
+        assert 0.0 <= record["reward/correct/mean"] <= 1.0
+        # env_weight 0: the logged return is the functions' weighted sum (all rows scored).
+        total += record["reward/correct/mean"]
+        assert record["reward_mean"] == pytest.approx(total, rel=1e-5, abs=1e-6)
