@@ -282,6 +282,8 @@ def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
         c.env.name = "guess_number"
         c.env.kwargs.max_n = 16
         c.env.kwargs.max_turns = setting.turns
+        # The checkpoint is weights only: the env's character codec, named explicitly.
+        c.env.kwargs.codec = envs_lib.CharCodec()
     else:
         c.env.name = TargetToken.name
         c.env.kwargs.vocab = setting.vocab

@@ -285,11 +285,23 @@ def ppo_clipping():
     return c
 
 
+def ppo_guess_number_bfloat16():
+    """Critic PPO as accelerator users run it: bfloat16 parameters and activations with
+    float32 master weights (`arl.optim.float32_master_weights`), a k3 KL term to the
+    bfloat16 reference, an entropy bonus; every statistic (log-probs, entropy, KL,
+    values, GAE, losses, norms) in float32."""
+    c = _reduce(_shipped("ppo_guess_number"), num_tasks=8, group_size=1)
+    c.model.dtype = c.model.param_dtype = "bfloat16"
+    c.loss.kl_coef, c.loss.kl_kind = 0.05, "k3"
+    c.loss.entropy_coef = 0.01
+    return c
+
+
 CASES = {f.__name__: f for f in (
     grpo_bandit, grpo_calculator, grpo_guess_number, llama_calculator, ppo_guess_number,
     vineppo_guess_number, erpo_mixture, ppo_cartpole, grpo_lora_kl_sharded,
     ppo_process_rewards, rloo_dataset_dapo, reinforce_pp_whiten_turns, drgrpo_guess_number,
-    ppo_clipping)}
+    ppo_clipping, ppo_guess_number_bfloat16)}
 
 
 def run_case(name: str, workdir: str) -> list[dict]:

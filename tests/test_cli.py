@@ -127,7 +127,7 @@ CATALOGUE = {
         ("--config='configs/no_such_file.py' could not be loaded", "No such file")),
     "hf_checkpoint_mismatch": Case(
         (_BANDIT, "--config.model.hf_checkpoint={tmp}/hf"),
-        ("config.model.hf_checkpoint=", "/hf' is invalid:"), created=True),
+        ("config.model.hf_checkpoint=", "/hf' is invalid:", "missing 9 tensors")),
     "evaluate_without_checkpoint": Case(
         (), ("--workdir=", "no checkpoint with a stored config"),
         program="experiments.evaluate", workdir="afile_dir", created=True),

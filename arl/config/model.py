@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 from arl.config.checks import check_bool, check_choice, check_range, fail
+from arl.errors import one_line
 from arl.models import lora as lora_lib
 from arl.models.attention import IMPLEMENTATIONS as ATTENTION_IMPLEMENTATIONS
 
@@ -128,7 +129,21 @@ def validate(config) -> None:
     if m.hf_checkpoint and not os.path.isfile(os.path.join(m.hf_checkpoint, "config.json")):
         fail("model.hf_checkpoint", m.hf_checkpoint,
              "must be a directory holding a Hugging Face config.json and safetensors")
+    if m.hf_checkpoint:
+        check_checkpoint_directory(m.hf_checkpoint)
     _validate_lora(config)
+
+
+def check_checkpoint_directory(directory: str) -> None:
+    """`model.hf_checkpoint` holds a supported config.json and weights files that open
+    and hold exactly its tensors, with its shapes (`hf_import.check_hf_checkpoint`: the
+    file headers only, no tensor is read). Run by `arl.config.validate`, so a bad
+    directory is one line before a run writes anything to its workdir."""
+    from arl.models import hf_import  # pylint: disable=g-import-not-at-top
+    try:
+        hf_import.check_hf_checkpoint(directory)
+    except (ValueError, KeyError, OSError) as error:
+        fail("model.hf_checkpoint", directory, one_line(error).rstrip("."))
 
 
 def _validate_lora(config) -> None:

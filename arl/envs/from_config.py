@@ -40,18 +40,55 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
 def checkpoint_codec(config) -> Any:
     """The codec of `config.model.hf_checkpoint` (its tokenizer, special tokens and chat
     template, with `config.model.system_prompt`: `HFCodec.from_pretrained`), or None
-    without a checkpoint or when the directory holds no tokenizer.json (weights only: the
-    envs keep their own codecs, whose ids the model's vocabulary must cover). What it
-    refuses is a `ConfigError` naming the field."""
+    without a checkpoint. A directory without tokenizer.json (weights only) is refused
+    unless every env that takes a codec names its own in `kwargs.codec`: the model would
+    otherwise read another tokenizer's ids as its own. What it refuses is a
+    `ConfigError` naming the field."""
     model = _get(config, "model")
     directory = _get(model, "hf_checkpoint", "")
-    if not directory or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    if not directory:
+        return None
+    if not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        needing = _envs_without_own_codec(_get(config, "env"))
+        if needing:
+            raise ConfigError(
+                f"config.model.hf_checkpoint={directory!r} is invalid: it has no "
+                f"tokenizer.json, and {', '.join(needing)} would read the model's ids "
+                "with a codec of its own; copy the checkpoint's tokenizer files into it, "
+                "or name the model's tokenizer in config.env.kwargs.codec (a tokenizer.json "
+                "or a directory holding one).")
         return None
     system_prompt = _get(model, "system_prompt", "") or None
     kwargs = _get(model, "chat_template_kwargs", None)
     kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
     return _cached_checkpoint_codec(os.path.abspath(directory), system_prompt,
                                     json.dumps(kwargs, sort_keys=True))
+
+
+def _envs_without_own_codec(env_config) -> list[str]:
+    """The config fields ("env", "env.members[i]") of envs that take a codec and name
+    none in their kwargs: they would be given the checkpoint's."""
+    if env_config is None:
+        return []
+    name = _get(env_config, "name")
+    if name == "mixture":
+        entries = [(f"config.env.members[{i}]", m)
+                   for i, m in enumerate(_get(env_config, "members", ()))]
+    else:
+        entries = [("config.env", env_config)]
+    out = []
+    for field, entry in entries:
+        entry_name = _get(entry, "name")
+        if not isinstance(entry_name, str) or entry_name.startswith(registry.GYMNAX_PREFIX):
+            continue
+        try:
+            accepted, _, any_keyword = _arguments(registry.factory(entry_name))
+        except ValueError:
+            continue  # an unknown name: build_env reports it
+        if ("codec" in accepted or any_keyword) and \
+                _get(_get(entry, "kwargs", {}), "codec") is None:
+            out.append(f"{field} ({entry_name!r})")
+    return out
 
 
 @functools.lru_cache(maxsize=8)

@@ -68,7 +68,7 @@ import jax
 import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 # The config.json <-> TransformerConfig mapping lives in hf_config; its names are part
@@ -89,6 +89,18 @@ NAMES_SHOWN = 5
 
 class CheckpointMismatchError(ValueError):
     """The checkpoint's tensors are not exactly the ones the model config declares."""
+
+
+class CheckpointFileError(ValueError):
+    """A weights file (or the shard index) cannot be read as what it claims to be:
+    missing, truncated, a garbled header, or non-finite values. The message names the
+    file."""
+
+
+def _unreadable(path: str, error: BaseException) -> CheckpointFileError:
+    reason = " ".join(str(error).split()) or type(error).__name__
+    return CheckpointFileError(f"checkpoint file {path!r} is unreadable (truncated, garbled "
+                               f"or not safetensors): {reason}")
 
 
 # ----------------------------------------------------------------------------- mapping
@@ -163,41 +175,75 @@ def _nested_get(tree: dict, path: tuple):
 
 
 class _TensorReader:
-    """name -> np.ndarray over one or several safetensors files (lazily opened)."""
+    """name -> np.ndarray over one or several safetensors files (lazily opened).
+
+    Every file is opened (its header parsed and checked against the file's length by
+    `safe_open`) when the reader is made, so a truncated or garbled file is reported,
+    as `CheckpointFileError` naming it, before any tensor is read."""
 
     def __init__(self, directory: str):
         index_path = os.path.join(directory, INDEX_NAME)
         single_path = os.path.join(directory, SINGLE_FILE_NAME)
         if os.path.exists(index_path):
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            self._file_of = {name: os.path.join(directory, fname)
-                             for name, fname in weight_map.items()}
+            try:
+                with open(index_path, encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+                self._file_of = {name: os.path.join(directory, fname)
+                                 for name, fname in weight_map.items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+                raise _unreadable(index_path, error) from error
         elif os.path.exists(single_path):
-            with safe_open(single_path, framework="numpy") as f:
-                self._file_of = {name: single_path for name in f.keys()}
+            self._file_of = {name: single_path
+                             for name in self._open(single_path).keys()}
         else:
             raise FileNotFoundError(f"directory {directory!r} has neither {SINGLE_FILE_NAME} "
                                     f"nor {INDEX_NAME}")
         self._handles: dict[str, Any] = {}
+        for path in sorted(set(self._file_of.values())):
+            self._handles[path] = self._open(path)
+        for path, handle in self._handles.items():
+            listed = {n for n, p in self._file_of.items() if p == path}
+            absent = listed - set(handle.keys())
+            if absent:
+                raise _unreadable(path, ValueError(
+                    f"{INDEX_NAME} places {_listing(absent)} in it, which it does not hold"))
+
+    @staticmethod
+    def _open(path: str):
+        try:
+            return safe_open(path, framework="numpy")
+        except (SafetensorError, OSError) as error:
+            raise _unreadable(path, error) from error
 
     def names(self):
         return set(self._file_of)
 
-    def _handle(self, name: str):
+    def file(self, name: str) -> str:
         if name not in self._file_of:
             raise KeyError(f"checkpoint has no tensor {name!r}")
-        path = self._file_of[name]
-        if path not in self._handles:
-            self._handles[path] = safe_open(path, framework="numpy")
-        return self._handles[path]
+        return self._file_of[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The tensor's shape from the file header, without reading the data."""
-        return tuple(self._handle(name).get_slice(name).get_shape())
+        return tuple(self._handles[self.file(name)].get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        return self._handle(name).get_tensor(name)
+        """The tensor, read from its file; `CheckpointFileError` naming the file when
+        it cannot be read or holds inf or NaN (garbled bytes: no checkpoint stores
+        them)."""
+        path = self.file(name)
+        try:
+            value = self._handles[path].get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as error:
+            raise _unreadable(path, error) from error
+        if value.dtype.kind == "f" or value.dtype == jnp.bfloat16:
+            finite = np.isfinite(value.astype(np.float32) if value.dtype.itemsize < 4
+                                 else value)
+            if not finite.all():
+                raise CheckpointFileError(
+                    f"checkpoint file {path!r} is garbled: tensor {name!r} holds "
+                    f"{int(finite.size - finite.sum())} non-finite values (inf or NaN)")
+        return value
 
 
 def _natural_key(name: str):
@@ -296,10 +342,30 @@ def _check_names_and_shapes(reader: _TensorReader, config: TransformerConfig,
                                  f"{arl_shape})")
 
 
+def check_hf_checkpoint(directory: str, config: TransformerConfig | None = None) -> None:
+    """What `load_hf_checkpoint` checks before it reads a tensor, without reading one:
+    config.json is supported (`config` None: read from it), every weights file opens
+    (header intact, length as the header says), the tensors are exactly the config's,
+    with its shapes. Raises what `load_hf_checkpoint` would (`CheckpointFileError`,
+    `CheckpointMismatchError`, ValueError, OSError); cheap enough to run before a run
+    writes anything."""
+    if config is None:
+        config = load_hf_config(directory)
+    _check_names_and_shapes(_TensorReader(directory), config,
+                            nn.unbox(abstract_params(Transformer(config))), directory)
+
+
 def load_hf_config(directory: str, **kwargs) -> TransformerConfig:
     """`config_from_hf` of `directory/config.json` (kwargs as in `config_from_hf`)."""
-    with open(os.path.join(directory, CONFIG_NAME), encoding="utf-8") as f:
-        return config_from_hf(json.load(f), **kwargs)
+    path = os.path.join(directory, CONFIG_NAME)
+    with open(path, encoding="utf-8") as f:
+        try:
+            fields = json.load(f)
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{path!r} is not JSON: {error}") from error
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path!r} holds {type(fields).__name__}, not a JSON object")
+    return config_from_hf(fields, **kwargs)
 
 
 def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,

@@ -30,8 +30,12 @@ class RMSNorm(nn.Module):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         # HF casts back to the activation dtype before the scale multiply; keep that order
-        # so bfloat16 checkpoints reproduce exactly.
-        return normed.astype(self.dtype) * scale.astype(self.dtype)
+        # so bfloat16 checkpoints reproduce exactly. The product of two bfloat16 numbers
+        # is exact in float32, so multiplying there and rounding once gives the same
+        # values, and the backward pass then sums the scale's gradient over the tokens
+        # in float32 (a bfloat16 sum of B*T products keeps ~3 significant digits).
+        return (normed.astype(self.dtype).astype(jnp.float32)
+                * scale.astype(self.dtype).astype(jnp.float32)).astype(self.dtype)
 
 class SwiGLU(nn.Module):
     """down(silu(gate x) * up x) (Shazeer 2020, arXiv 2002.05202).

@@ -143,14 +143,24 @@ def start_state(trainer, params, state=None):
         return jax.device_put(jax.tree.map(jnp.copy, params),
                               _policy_shardings(param_shardings, params))
 
+    def fresh_opt_state(optimizer, new_params, opt_shardings):
+        # The optimizer state of the new parameters, not of the initialisation: with
+        # bfloat16 parameters it holds their float32 master copy
+        # (arl.optim.float32_master_weights), which the first update would otherwise
+        # reset them to. (Adam's moments and counts start at zero either way.)
+        return jax.jit(optimizer.init, out_shardings=opt_shardings)(new_params)
+
     if trainer.lora is not None:
         state = state.replace(base_params=placed)
     else:
-        state = state.replace(params=placed)
+        state = state.replace(params=placed, opt_state=fresh_opt_state(
+            trainer.optimizer, placed, shardings.opt_state))
         if state.ref_params is not None:  # the KL anchor is the SFT policy, not the init
             state = state.replace(ref_params=copy())
     if state.implicit_params is not None:  # PRIME's implicit PRM starts as the reference
-        state = state.replace(implicit_params=copy())
+        implicit = copy()
+        state = state.replace(implicit_params=implicit, implicit_opt_state=fresh_opt_state(
+            trainer.process_models.optimizer, implicit, shardings.implicit_opt_state))
     return state
 
 

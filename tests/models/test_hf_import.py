@@ -363,13 +363,15 @@ def test_trainer_starts_from_an_hf_checkpoint(tmp_path):
     """config.model.hf_checkpoint: the train state holds the checkpoint's weights (the
     config's own architecture fields are ignored) in float32, sharded on the mesh."""
     from arl import config as config_lib
+    from arl.envs import CharCodec
     from arl.models import TransformerConfig
     from arl.trainers import TokenTrainer
 
     hf_model = _llama()
     hf_model.save_pretrained(tmp_path, safe_serialization=True)
     c = config_lib.default_config()
-    c.env.name, c.env.kwargs = "guess_number", {"max_n": 8}
+    # Weights only (no tokenizer.json): the env names its codec explicitly.
+    c.env.name, c.env.kwargs = "guess_number", {"max_n": 8, "codec": CharCodec()}
     c.rollout.num_tasks, c.rollout.group_size = 2, 2
     c.model.hf_checkpoint = str(tmp_path)
     trainer = TokenTrainer(c)
