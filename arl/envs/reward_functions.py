@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from arl.errors import RewardFunctionError, one_line
+from arl.text.chat_template import env_chat_format
 from arl.text.codec import stop_ids
 
 ON_ERROR = ("raise", "zero")
@@ -119,7 +120,7 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
     template's pieces (or arl's <bos>) cut off: the agent's turns without the token that
     ended them (`arl.text.codec.stop_ids`), the env's replies as it wrote them."""
     codec = env.codec
-    chat = getattr(codec, "chat", None)
+    chat = env_chat_format(env)
     tokens = np.asarray(tokens)
     runs = _segments(np.asarray(agent_mask) > 0, int(length))
     decode = lambda ids: codec.decode(ids, stop_at_pad=False)
@@ -142,7 +143,7 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
         else:
             if chat is not None:
                 head = len(chat.reply_prefix) + (0 if agent_ended else 1)
-                ids = ids[head:len(ids) - len(chat.turn_suffix)]
+                ids = ids[head:len(ids) - len(chat.reply_suffix)]
             turns.append(("user", decode(ids)))
     return prompt, turns
 
