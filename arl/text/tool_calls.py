@@ -37,6 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 from arl.text.chat_template import (ChatFormat, ChatTemplateError, first_difference,
                                     derive_chat_format, render)
 
+NO_CALL = "no tool call"  # `ToolCallSyntax.parse` of a turn that holds no call
+
 # Placeholder contents (plain words, as `chat_template`'s).
 _USER, _RESULT = "Alpha", "Hotel"
 _NAME_MARK, _ARG_MARK, _VALUE_MARK = "Golf", "India", "Juliett"
@@ -90,7 +92,7 @@ class ToolCallSyntax:
         text, prefix, suffix = text.strip(), self.prefix.strip(), self.suffix.strip()
         if not (text.startswith(prefix) and text.endswith(suffix)
                 and len(text) >= len(prefix) + len(suffix) and "{" in text):
-            return "no tool call"
+            return NO_CALL
         body = text[len(prefix):len(text) - len(suffix)]
         try:
             call = json.loads(body)

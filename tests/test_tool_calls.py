@@ -1,0 +1,145 @@
+"""Tool envs in the checkpoint's own tool-calling format (`tool_format="template"`):
+the policy's context before every turn equals `apply_chat_template(messages, tools=...)`
+with the calls as structured `tool_calls` and the replies as `tool` messages (Qwen2.5
+stand-in, built with transformers); calls are parsed from the model's format, ill-formed
+ones get an error text as the tool's result; templates whose tool turns cannot be cut
+into static pieces, and bad option values, are refused in one line; the shipped config
+trains through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import pytest
+
+pytest.importorskip("transformers")
+
+from arl import rollout as rollout_lib  # noqa: E402
+from arl.config import ConfigError  # noqa: E402
+from arl.envs import from_config  # noqa: E402
+from arl.envs.host import HostEpisode  # noqa: E402
+from arl.text.chat_template import ChatTemplateError  # noqa: E402
+from tests.hf_standins import build_standin  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYSTEM = "Answer with the tool."
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return build_standin(str(tmp_path_factory.mktemp("qwen") / "qwen2"), "qwen2")
+
+
+def _env(directory, name="sql", **kwargs):
+    config = ml_collections.ConfigDict(dict(model=dict(hf_checkpoint=directory,
+                                                       system_prompt=SYSTEM)))
+    codec = from_config.checkpoint_codec(config)
+    return from_config.make_env(dict(name=name, kwargs=dict(tool_format="template",
+                                                             **kwargs)), codec)
+
+
+def test_context_is_the_template_with_tools_before_every_turn(qwen):
+    from transformers import AutoTokenizer
+
+    env = _env(qwen, max_turns=3, action_len=256, obs_len=64)
+    tokenizer = AutoTokenizer.from_pretrained(qwen)
+    tools = [json.loads(json.dumps(t)) for t in
+             [{"type": "function", "function": {
+                 "name": "run_sql", "description": env.tool_function[1],
+                 "parameters": {"type": "object", "properties": {"query": {
+                     "type": "string", "description": env.tool_function[3]}},
+                                "required": ["query"]}}}]]
+    traj = jax.device_get(rollout_lib.scripted_rollout(
+        env, jax.random.key(3), num_tasks=3, group_size=1, action_source="oracle"))
+    chat, checked = env.chat, 0
+    for b in range(3):
+        tokens = traj.tokens[b].tolist()
+        starts = [int(traj.turn_starts[b, t]) for t in range(int(traj.num_turns[b]))]
+        assert len(starts) == 2  # a call, then the answer
+        prompt = tokens[len(chat.prompt_prefix):starts[0] - len(chat.turn_suffix)]
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": tokenizer.decode(prompt)}]
+        for t, start in enumerate(starts):
+            expected = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                                     add_generation_prompt=True)
+            expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+            assert tokens[:start] == expected, (b, t)
+            checked += 1
+            end = start
+            while traj.agent_mask[b, end] > 0:
+                end += 1
+            assert tokens[end - 1] == env.codec.eot_id
+            text = tokenizer.decode(tokens[start:end - 1])
+            call = env.call_syntax.parse(text)
+            if t == 0:  # the call, given to the template as structured tool_calls
+                assert call[0] == "run_sql" and set(call[1]) == {"query"}
+                assert text.startswith('<tool_call>\n{"name": "run_sql", "arguments": ')
+                messages.append({"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": call[0],
+                                                      "arguments": call[1]}}]})
+            else:
+                assert text.startswith("<answer>")
+                messages.append({"role": "assistant", "content": text})
+            reply = end + len(chat.reply_prefix)
+            reply_end = reply
+            while traj.observation_mask[b, reply_end] > 0 and \
+                    tokens[reply_end:reply_end + len(chat.reply_suffix)] != list(
+                        chat.reply_suffix):
+                reply_end += 1
+            messages.append({"role": "tool",
+                             "content": tokenizer.decode(tokens[reply:reply_end])})
+        assert messages[-1]["content"] == "correct"
+    assert checked == 6
+
+
+@pytest.mark.parametrize("action,reply", [
+    ("SELECT 1", "invalid: no tool call or answer"),
+    ("<tool_call>\n{\"name\": \"run_sql\", \"arguments\": {\"query\": \"SELECT 1\"\n"
+     "</tool_call>", "invalid: bad JSON in the tool call"),
+    ('<tool_call>{"name": "rm", "arguments": {"query": "x"}}</tool_call>',
+     "invalid: unknown tool 'rm' (the tool is 'run_sql')"),
+    ('<tool_call>{"name": "run_sql", "arguments": {"sql": "x"}}</tool_call>',
+     'invalid: run_sql takes one string argument "query"'),
+    ('<tool_call>{"name": "run_sql", "arguments": [1]}</tool_call>',
+     'invalid: the tool call needs an "arguments" object'),
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>',
+     "6*7\n42"),
+    ("<answer>nope</answer>", "wrong"),
+])
+def test_calls_are_parsed_from_the_model_format(qwen, action, reply):
+    env = _env(qwen)
+    task = env.make_task(5, None)
+    turn = env.host_step(HostEpisode(task=task, params=env.default_params(), turn=0,
+                                     memory={}, seed=5), action)
+    assert turn.reply == reply
+    assert turn.format_error == reply.startswith("invalid")
+    assert turn.reward == pytest.approx(-0.1 if turn.format_error else 0.0)
+
+
+def test_bad_tool_format_and_codecs_are_refused_in_one_line(qwen, tmp_path):
+    with pytest.raises(ConfigError, match=r"^config\.env\.kwargs.*tool_format must be one of "
+                       r"\('tags', 'template'\), got 'json'$"):
+        from_config.make_env(dict(name="sql", kwargs=dict(tool_format="json")))
+    with pytest.raises(ConfigError, match="tool_format='template' needs a checkpoint's codec"):
+        from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
+    llama = build_standin(str(tmp_path / "llama"), "llama3.1")
+    with pytest.raises(ConfigError, match="a tool result is written as a JSON string"):
+        _env(llama)
+
+
+def test_shipped_config_trains_through_the_cli(qwen, tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.train", f"--config=configs/grpo_sql_hf.py:{qwen}",
+         f"--workdir={tmp_path / 'run'}", "--config.train_steps=1",
+         "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
+         "--config.model.dtype=float32", "--config.model.param_dtype=float32",
+         "--config.model.remat=False", "--config.model.logprob_chunk=0",
+         "--config.env.kwargs.action_len=96", "--config.log_every=1"],
+        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
+        check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
