@@ -8,7 +8,6 @@ trains through the CLI."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -43,17 +42,20 @@ def _env(directory, name="sql", **kwargs):
                                                              **kwargs)), codec)
 
 
-def test_context_is_the_template_with_tools_before_every_turn(qwen):
+@pytest.mark.parametrize("env_name,kwargs", [
+    ("sql", dict(max_turns=3, action_len=256, obs_len=64)),
+    ("code_interpreter", dict(max_turns=3, action_len=96, allow_weak_sandbox=True))])
+def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kwargs):
     from transformers import AutoTokenizer
 
-    env = _env(qwen, max_turns=3, action_len=256, obs_len=64)
+    env = _env(qwen, env_name, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(qwen)
-    tools = [json.loads(json.dumps(t)) for t in
-             [{"type": "function", "function": {
-                 "name": "run_sql", "description": env.tool_function[1],
-                 "parameters": {"type": "object", "properties": {"query": {
-                     "type": "string", "description": env.tool_function[3]}},
-                                "required": ["query"]}}}]]
+    name, description, parameter, parameter_description = env.tool_function
+    tools = [{"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {parameter: {
+            "type": "string", "description": parameter_description}},
+                       "required": [parameter]}}}]
     traj = jax.device_get(rollout_lib.scripted_rollout(
         env, jax.random.key(3), num_tasks=3, group_size=1, action_source="oracle"))
     chat, checked = env.chat, 0
@@ -77,8 +79,8 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen):
             text = tokenizer.decode(tokens[start:end - 1])
             call = env.call_syntax.parse(text)
             if t == 0:  # the call, given to the template as structured tool_calls
-                assert call[0] == "run_sql" and set(call[1]) == {"query"}
-                assert text.startswith('<tool_call>\n{"name": "run_sql", "arguments": ')
+                assert call[0] == name and set(call[1]) == {parameter}
+                assert text.startswith(f'<tool_call>\n{{"name": "{name}", "arguments": ')
                 messages.append({"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": call[0],
                                                       "arguments": call[1]}}]})
@@ -139,7 +141,32 @@ def test_shipped_config_trains_through_the_cli(qwen, tmp_path):
          "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
          "--config.model.dtype=float32", "--config.model.param_dtype=float32",
          "--config.model.remat=False", "--config.model.logprob_chunk=0",
-         "--config.env.kwargs.action_len=96", "--config.log_every=1"],
+         "--config.env.kwargs.action_len=96", "--config.log_every=1",
+         "--config.sample_every=1"],
         cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
         check=False)
     assert run.returncode == 0, run.stderr[-3000:]
+    sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
+    # the tools in the system turn; every reply a tool message
+    assert '<tools>\n{"type": "function", "function": {"name": "run_sql"' in sample
+    assert "<|im_start|>user\n<tool_response>\n" in sample
+
+
+def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
+    """A template that writes a structured call's arguments indented (not as the compact
+    JSON it renders them from) cannot hold the context check for the model's calls."""
+    from arl.text.hf_codec import HFCodec
+    from arl.text.tool_calls import derive_tool_chat_format, function_schema
+    from tests.hf_standins import QWEN25_TEMPLATE
+
+    codec = HFCodec.from_pretrained(qwen)
+    indented = QWEN25_TEMPLATE.replace("tool_call.arguments | tojson",
+                                       "tool_call.arguments | tojson(indent=2)")
+    assert indented != QWEN25_TEMPLATE
+    with pytest.raises(ChatTemplateError, match=r"^chat template: 1 tool exchange\(s\) as "
+                       r"structured tool_calls tokenize to .* cannot be split"):
+        derive_tool_chat_format(
+            indented, encode=codec.encode,
+            special_texts=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            special_tokens=codec.template_tokens, pad_id=codec.pad_id,
+            tools=[function_schema("run_python", "Runs.", "code", "A cell.")])
