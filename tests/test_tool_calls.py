@@ -22,6 +22,7 @@ from arl import rollout as rollout_lib  # noqa: E402
 from arl.config import ConfigError  # noqa: E402
 from arl.envs import from_config  # noqa: E402
 from arl.envs.host import HostEpisode  # noqa: E402
+from arl.envs.reward_functions import episode_texts  # noqa: E402
 from arl.text.chat_template import ChatTemplateError  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
 
@@ -96,6 +97,13 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kw
             messages.append({"role": "tool",
                              "content": tokenizer.decode(tokens[reply:reply_end])})
         assert messages[-1]["content"] == "correct"
+        # Python reward functions read the same conversation, replies as tool messages
+        prompt_text, turns = episode_texts(env, traj.tokens[b], traj.agent_mask[b],
+                                           traj.length[b])
+        assert prompt_text == messages[1]["content"]
+        assert [role for role, _ in turns] == ["assistant", "tool", "assistant", "tool"]
+        assert [content for role, content in turns if role == "tool"] == [
+            m["content"] for m in messages if m["role"] == "tool"]
     assert checked == 6
 
 

@@ -14,7 +14,8 @@ A reward function is called once per step with the whole batch, as keyword argum
 * ``completions``: the text of each row's last agent turn (its end-of-turn token
   dropped);
 * ``messages``: each row's whole episode as messages (the prompt's, then the agent's turns
-  as "assistant" and the env's replies as "user");
+  as "assistant" and the env's replies as "user", or as "tool" for a tool env in the
+  template's tool convention);
 * the env's columns (`reward_columns`): for ``dataset_task``, ``answer`` (the reference
   answer text) and every other column of the dataset's rows, one value per row.
 
@@ -144,7 +145,7 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
             if chat is not None:
                 head = len(chat.reply_prefix) + (0 if agent_ended else 1)
                 ids = ids[head:len(ids) - len(chat.reply_suffix)]
-            turns.append(("user", decode(ids)))
+            turns.append(("user" if chat is None else chat.reply_role, decode(ids)))
     return prompt, turns
 
 

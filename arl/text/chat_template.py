@@ -149,6 +149,7 @@ class ChatFormat:
     # What closes a later observation (None: `turn_suffix`): a tool result's own end
     # (`derive_tool_chat_format`: Qwen's "\n</tool_response><|im_end|>\n...").
     reply_suffix: tuple[int, ...] | None = None
+    reply_role: str = "user"  # the role the template renders a later observation as
 
     def __post_init__(self):
         if self.reply_suffix is None:

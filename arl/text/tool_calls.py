@@ -154,7 +154,7 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
                                                if quoted else "does not appear verbatim")
             + f" in {result!r}; the tool convention needs results as plain text")
     chat = dataclasses.replace(
-        base, multi_turn_error=None,
+        base, multi_turn_error=None, reply_role="tool",
         reply_prefix=tuple(encode(result[len(expected_head):at_result])),
         reply_suffix=tuple(encode(result[at_result + len(_RESULT):])))
     _check(chat, syntax, text_of, encode)
