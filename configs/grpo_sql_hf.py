@@ -11,9 +11,11 @@ turn, the policy calls it as the checkpoint was tuned to (Qwen2.5 / Hermes:
 `<tool_call>{"name": "run_sql", "arguments": {"query": "SELECT ..."}}</tool_call>`),
 every reply is a `tool` message (the rows, an error, "correct" / "wrong"), and the
 policy answers with `<answer>...</answer>`. Before every turn the policy reads what
-`apply_chat_template(messages, tools=...)` renders. docs/checkpoints.md lists the
-templates whose tool convention is supported (Llama 3.1's, which writes tool results
-as JSON strings, is refused in one line: use `--config.env.kwargs.tool_format=tags`).
+`apply_chat_template(messages, tools=...)` renders (Llama 3.1: bare JSON calls with
+"parameters", results in `ipython` turns as JSON strings). docs/checkpoints.md,
+"Tool calls in the template's own convention", says which templates are checked; one
+whose tool turns cannot be cut into static pieces is refused in one line
+(`--config.env.kwargs.tool_format=tags` keeps the env's own `<sql>` tags).
 """
 
 from configs import grpo_hf_checkpoint

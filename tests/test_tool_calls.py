@@ -8,6 +8,8 @@ trains through the CLI."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -31,8 +33,15 @@ SYSTEM = "Answer with the tool."
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    return build_standin(str(tmp_path_factory.mktemp("qwen") / "qwen2"), "qwen2")
+def standins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return functools.lru_cache(maxsize=None)(
+        lambda family: build_standin(str(root / family.replace(".", "_")), family))
+
+
+@pytest.fixture(scope="module")
+def qwen(standins):
+    return standins("qwen2")
 
 
 def _env(directory, name="sql", **kwargs):
@@ -43,14 +52,20 @@ def _env(directory, name="sql", **kwargs):
                                                              **kwargs)), codec)
 
 
-@pytest.mark.parametrize("env_name,kwargs", [
-    ("sql", dict(max_turns=3, action_len=256, obs_len=64)),
-    ("code_interpreter", dict(max_turns=3, action_len=96, allow_weak_sandbox=True))])
-def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kwargs):
+@pytest.mark.parametrize("family,env_name,kwargs", [
+    ("qwen2", "sql", dict(max_turns=3, action_len=256, obs_len=64)),
+    ("qwen2", "code_interpreter", dict(max_turns=3, action_len=96, allow_weak_sandbox=True)),
+    # Llama 3.1: the ipython turn, results written as JSON strings, replies cut short
+    ("llama3.1", "sql", dict(max_turns=3, action_len=256, obs_len=12))])
+def test_context_is_the_template_with_tools_before_every_turn(standins, family, env_name,
+                                                              kwargs):
     from transformers import AutoTokenizer
 
-    env = _env(qwen, env_name, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(qwen)
+    directory = standins(family)
+    env = _env(directory, env_name, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    as_json = env.call_syntax.results_as_json
+    assert as_json == (family == "llama3.1")
     name, description, parameter, parameter_description = env.tool_function
     tools = [{"type": "function", "function": {
         "name": name, "description": description,
@@ -59,7 +74,7 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kw
                        "required": [parameter]}}}]
     traj = jax.device_get(rollout_lib.scripted_rollout(
         env, jax.random.key(3), num_tasks=3, group_size=1, action_source="oracle"))
-    chat, checked = env.chat, 0
+    chat, checked, results = env.chat, 0, []
     for b in range(3):
         tokens = traj.tokens[b].tolist()
         starts = [int(traj.turn_starts[b, t]) for t in range(int(traj.num_turns[b]))]
@@ -81,7 +96,8 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kw
             call = env.call_syntax.parse(text)
             if t == 0:  # the call, given to the template as structured tool_calls
                 assert call[0] == name and set(call[1]) == {parameter}
-                assert text.startswith(f'<tool_call>\n{{"name": "{name}", "arguments": ')
+                assert text.startswith(f'{{"name": "{name}", "parameters": ' if as_json else
+                                       f'<tool_call>\n{{"name": "{name}", "arguments": ')
                 messages.append({"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": call[0],
                                                       "arguments": call[1]}}]})
@@ -94,17 +110,24 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kw
                     tokens[reply_end:reply_end + len(chat.reply_suffix)] != list(
                         chat.reply_suffix):
                 reply_end += 1
-            messages.append({"role": "tool",
-                             "content": tokenizer.decode(tokens[reply:reply_end])})
+            written = tokenizer.decode(tokens[reply:reply_end])
+            messages.append({"role": "tool", "content": json.loads(f'"{written}"')
+                             if as_json else written})
+            assert len(tokens[reply:reply_end]) <= env.obs_len
         assert messages[-1]["content"] == "correct"
+        results += [m["content"] for m in messages if m["role"] == "tool"]
         # Python reward functions read the same conversation, replies as tool messages
         prompt_text, turns = episode_texts(env, traj.tokens[b], traj.agent_mask[b],
                                            traj.length[b])
         assert prompt_text == messages[1]["content"]
         assert [role for role, _ in turns] == ["assistant", "tool", "assistant", "tool"]
         assert [content for role, content in turns if role == "tool"] == [
-            m["content"] for m in messages if m["role"] == "tool"]
+            json.dumps(m["content"])[1:-1] if as_json else m["content"]
+            for m in messages if m["role"] == "tool"]
     assert checked == 6
+    # results with newlines (escaped for Llama 3.1), and (obs_len=12) cut before escaping
+    assert any("\n" in r for r in results) == (env_name == "sql")  # a column header
+    assert any(r.endswith("..") for r in results) == (family == "llama3.1"), results
 
 
 @pytest.mark.parametrize("action,reply", [
@@ -116,7 +139,7 @@ def test_context_is_the_template_with_tools_before_every_turn(qwen, env_name, kw
     ('<tool_call>{"name": "run_sql", "arguments": {"sql": "x"}}</tool_call>',
      'invalid: run_sql takes one string argument "query"'),
     ('<tool_call>{"name": "run_sql", "arguments": [1]}</tool_call>',
-     'invalid: the tool call needs an "arguments" object'),
+     'invalid: the tool call needs "arguments": an object'),
     ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>',
      "6*7\n42"),
     ("<answer>nope</answer>", "wrong"),
@@ -131,15 +154,12 @@ def test_calls_are_parsed_from_the_model_format(qwen, action, reply):
     assert turn.reward == pytest.approx(-0.1 if turn.format_error else 0.0)
 
 
-def test_bad_tool_format_and_codecs_are_refused_in_one_line(qwen, tmp_path):
+def test_bad_tool_format_and_codecs_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^config\.env\.kwargs.*tool_format must be one of "
                        r"\('tags', 'template'\), got 'json'$"):
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="json")))
     with pytest.raises(ConfigError, match="tool_format='template' needs a checkpoint's codec"):
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
-    llama = build_standin(str(tmp_path / "llama"), "llama3.1")
-    with pytest.raises(ConfigError, match="a tool result is written as a JSON string"):
-        _env(llama)
 
 
 def test_shipped_config_trains_through_the_cli(qwen, tmp_path):
@@ -178,3 +198,23 @@ def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
             special_texts=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             special_tokens=codec.template_tokens, pad_id=codec.pad_id,
             tools=[function_schema("run_python", "Runs.", "code", "A cell.")])
+
+
+def test_llama31_calls_and_json_string_results(standins):
+    """Llama 3.1: a call is the bare JSON object with "parameters"; results are written
+    JSON-escaped between the pieces' quotes, cut before escaping."""
+    env = _env(standins("llama3.1"), obs_len=16)
+    episode = HostEpisode(task=env.make_task(5, None), params=env.default_params(), turn=0,
+                          memory={}, seed=5)
+    step = lambda action: env.host_step(episode, action).reply
+    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\n42"
+    assert step('{"name": "run_sql", "arguments": {"query": "SELECT 1"}}') == \
+        'invalid: the tool call needs "parameters": an object'
+    assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
+    assert step("SELECT 1") == "invalid: no tool call or answer"
+    ids, length = env.reply_ids('say "hi"\n')
+    assert env.codec.decode(ids[:length]) == 'say \\"hi\\"\\n'
+    ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
+    text = env.codec.decode(ids[:length])
+    assert length <= 16 and text.endswith("..") and json.loads(f'"{text}"') == \
+        "\n" * ((len(text) - 2) // 2) + ".."

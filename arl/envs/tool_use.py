@@ -13,8 +13,8 @@ With `tool_format="template"` (a checkpoint's codec, `model.hf_checkpoint`) the 
 speaks the chat template's own tool convention instead of the tag (`arl.text.tool_calls`):
 the tool (`tool_function`, e.g. `run_python(code)`) is in the `tools` list rendered into
 the system turn, a call is written in the model's format (Qwen:
-`<tool_call>{"name": "run_python", "arguments": {"code": ...}}</tool_call>`) and parsed
-from it on the host, the answer is still "<answer>text</answer>", and EVERY reply is a
+`<tool_call>{"name": "run_python", "arguments": {"code": ...}}</tool_call>`; Llama 3.1:
+`{"name": "run_python", "parameters": {...}}`) and parsed from it on the host, the answer is still "<answer>text</answer>", and EVERY reply is a
 `tool` message: the tool's output, "correct" / "wrong", or an error text ("invalid: no
 tool call", "invalid: bad JSON in the tool call", "invalid: unknown tool 'x'", ...).
 The env then carries its own `chat` (`ChatFormat`), which the rollout wraps turns in.
@@ -61,6 +61,7 @@ from flax import struct
 from arl.envs.base import NON_NEGATIVE
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
 from arl.tools.sandbox import ExecutionResult, Status
+from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
 from arl.tools.sql import answers_match
 
@@ -255,6 +256,23 @@ class ToolEnvironment(HostEnvironment):
                 and action.endswith(close_tag)):
             return action[len(open_tag):len(action) - len(close_tag)]
         return None
+
+    def reply_ids(self, text: str):
+        """A template that writes tool results as JSON strings (Llama 3.1) gets the
+        escaped text, cut before escaping (so no escape is split) to the longest prefix
+        that fits obs_len with the ".." mark."""
+        syntax = self.call_syntax
+        if syntax is None or not syntax.results_as_json:
+            return super().reply_ids(text)
+        fits = lambda t: len(encode_text(self.codec, syntax.result_text(t))) <= self.obs_len
+        if not fits(text):
+            short, long = 0, len(text)  # fits(text[:short] + mark); not fits(text[:long] ...)
+            while long - short > 1:
+                middle = (short + long) // 2
+                short, long = (middle, long) if fits(text[:middle] + TRUNCATION_MARK) else (
+                    short, middle)
+            text = text[:short] + TRUNCATION_MARK
+        return super().reply_ids(syntax.result_text(text))
 
     def _tool_input(self, action: str) -> str | None:
         """The tool's input the turn `action` calls it with, or None (no call); in the

@@ -23,9 +23,11 @@ The derivation is CHECKED on full renders of conversations with one to three too
 exchanges of real contents (numbers, tracebacks, quotes, newlines, a plain-text turn
 answered with an error), with the assistant turns given both as the raw text the
 model wrote and as structured `tool_calls`: the tokens must equal the pieces'.
-A template whose tool turns cannot be cut this way (one that writes a tool result as a
-JSON string, as Llama 3.1's does, or re-serialises calls otherwise than it asks the
-model to write them) is refused in one line naming what it does.
+A template that writes a tool result as a JSON string (Llama 3.1's `ipython` turn) keeps
+the quotes in the pieces, and the host writes the escaped text between them
+(`ToolCallSyntax.result_text`). A template whose tool turns cannot be cut this way (one
+that re-serialises calls otherwise than it asks the model to write them, a result it
+rewrites) is refused in one line naming what it does.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class ToolCallSyntax:
     suffix: str
     name_key: str
     arguments_key: str
+    results_as_json: bool = False  # the template writes a result as a JSON string
+
+    def result_text(self, text: str) -> str:
+        """What the host writes between the result's pieces for the result `text`."""
+        return json.dumps(text, ensure_ascii=False)[1:-1] if self.results_as_json else text
 
     def write(self, name: str, arguments: Mapping[str, Any]) -> str:
         """The call as the template renders a structured `tool_calls` message."""
@@ -99,10 +106,10 @@ class ToolCallSyntax:
         except ValueError:
             return "bad JSON in the tool call"
         if not isinstance(call, dict) or not isinstance(call.get(self.name_key), str):
-            return f'the tool call needs a "{self.name_key}" string'
+            return f'the tool call needs "{self.name_key}": a string'
         arguments = call.get(self.arguments_key)
         if not isinstance(arguments, dict):
-            return f'the tool call needs an "{self.arguments_key}" object'
+            return f'the tool call needs "{self.arguments_key}": an object'
         return call[self.name_key], arguments
 
 
@@ -146,13 +153,13 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
                       {"role": "tool", "content": _RESULT}])
     expected_head = opened + call_text + eot_text
     at_result = result.find(_RESULT, len(expected_head))
+    if not result.startswith(expected_head) or at_result < 0:
+        raise ChatTemplateError(f"chat template: a tool result does not appear verbatim in "
+                                f"{result!r}, so it cannot be wrapped in static pieces")
+    # Llama 3.1 writes a result as a JSON string: the quotes are part of the pieces, the
+    # host writes the escaped text between them (`ToolCallSyntax.result_text`).
     quoted = result.find(json.dumps(_RESULT), len(expected_head)) == at_result - 1
-    if not result.startswith(expected_head) or at_result < 0 or quoted:
-        raise ChatTemplateError(
-            "chat template: a tool result " + ("is written as a JSON string (quoted and "
-                                               "escaped, e.g. Llama 3.1's ipython turn)"
-                                               if quoted else "does not appear verbatim")
-            + f" in {result!r}; the tool convention needs results as plain text")
+    syntax = dataclasses.replace(syntax, results_as_json=quoted)
     chat = dataclasses.replace(
         base, multi_turn_error=None, reply_role="tool",
         reply_prefix=tuple(encode(result[len(expected_head):at_result])),
@@ -189,8 +196,8 @@ def _check(chat: ChatFormat, syntax: ToolCallSyntax, text_of, encode) -> None:
                       for value, result in _CHECK_EXCHANGES[:count]]
         ids = list(chat.prompt_prefix) + encode(_USER) + list(chat.turn_suffix)
         for turn, result in exchanges:
-            ids += encode(turn) + [chat.eot_id] + list(chat.reply_prefix) + encode(result) + \
-                list(chat.reply_suffix)
+            ids += encode(turn) + [chat.eot_id] + list(chat.reply_prefix) + \
+                encode(syntax.result_text(result)) + list(chat.reply_suffix)
         for structured in (False, True):
             messages = [{"role": "user", "content": _USER}]
             for turn, result in exchanges:
