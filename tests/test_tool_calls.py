@@ -162,9 +162,12 @@ def test_bad_tool_format_and_codecs_are_refused_in_one_line():
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
 
 
-def test_shipped_config_trains_through_the_cli(qwen, tmp_path):
+@pytest.mark.parametrize("family", ["qwen2", pytest.param("llama3.1",
+                                                           marks=pytest.mark.slow)])
+def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "experiments.train", f"--config=configs/grpo_sql_hf.py:{qwen}",
+        [sys.executable, "-m", "experiments.train",
+         f"--config=configs/grpo_sql_hf.py:{standins(family)}",
          f"--workdir={tmp_path / 'run'}", "--config.train_steps=1",
          "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
          "--config.model.dtype=float32", "--config.model.param_dtype=float32",
@@ -175,9 +178,13 @@ def test_shipped_config_trains_through_the_cli(qwen, tmp_path):
         check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
-    # the tools in the system turn; every reply a tool message
-    assert '<tools>\n{"type": "function", "function": {"name": "run_sql"' in sample
-    assert "<|im_start|>user\n<tool_response>\n" in sample
+    # the tools in the system (Llama 3.1: first user) turn; every reply a tool message
+    if family == "qwen2":
+        assert '<tools>\n{"type": "function", "function": {"name": "run_sql"' in sample
+        assert "<|im_start|>user\n<tool_response>\n" in sample
+    else:
+        assert '"name": "run_sql",' in sample
+        assert '<|start_header_id|>ipython<|end_header_id|>\n\n"' in sample
 
 
 def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
