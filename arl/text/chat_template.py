@@ -137,7 +137,10 @@ class ChatFormat:
     hold (None: none, i.e. the template's own default if it has one);
     `multi_turn_error`: None, or why the pieces hold for the first turn only (the
     template rewrites earlier turns, e.g. Qwen3 drops their <think> blocks): an env
-    with more than one turn is then refused (`check_turns`)."""
+    with more than one turn is then refused (`check_turns`); `reply_suffix`: what
+    closes a later observation (default `turn_suffix`); `reply_role`: the role the
+    template renders a later observation as ("user", or "tool" for a tool env in the
+    template's tool convention, `arl.text.tool_calls`)."""
 
     prompt_prefix: tuple[int, ...]
     turn_suffix: tuple[int, ...]
@@ -146,8 +149,7 @@ class ChatFormat:
     pad_id: int
     system_prompt: str | None = None
     multi_turn_error: str | None = None
-    # What closes a later observation (None: `turn_suffix`): a tool result's own end
-    # (`derive_tool_chat_format`: Qwen's "\n</tool_response><|im_end|>\n...").
+    # None: `turn_suffix`; a tool result's own end (Qwen: "\n</tool_response><|im_end|>\n...").
     reply_suffix: tuple[int, ...] | None = None
     reply_role: str = "user"  # the role the template renders a later observation as
 
