@@ -14,9 +14,10 @@ speaks the chat template's own tool convention instead of the tag (`arl.text.too
 the tool (`tool_function`, e.g. `run_python(code)`) is in the `tools` list rendered into
 the system turn, a call is written in the model's format (Qwen:
 `<tool_call>{"name": "run_python", "arguments": {"code": ...}}</tool_call>`; Llama 3.1:
-`{"name": "run_python", "parameters": {...}}`) and parsed from it on the host, the answer is still "<answer>text</answer>", and EVERY reply is a
-`tool` message: the tool's output, "correct" / "wrong", or an error text ("invalid: no
-tool call", "invalid: bad JSON in the tool call", "invalid: unknown tool 'x'", ...).
+`{"name": "run_python", "parameters": {...}}`) and parsed from it on the host, the
+answer is still "<answer>text</answer>", and EVERY reply is a `tool` message: the
+tool's output, "correct" / "wrong", or an error text ("invalid: no tool call or
+answer", "invalid: bad JSON in the tool call", "invalid: unknown tool 'x' ...", ...).
 The env then carries its own `chat` (`ChatFormat`), which the rollout wraps turns in.
 
 With `final_output=True` the
@@ -60,9 +61,9 @@ from flax import struct
 
 from arl.envs.base import NON_NEGATIVE
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
-from arl.tools.sandbox import ExecutionResult, Status
 from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
+from arl.tools.sandbox import ExecutionResult, Status
 from arl.tools.sql import answers_match
 
 CORRECT, WRONG, INVALID = "correct", "wrong", "invalid"
