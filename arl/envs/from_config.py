@@ -27,6 +27,7 @@ from arl.envs import registry
 from arl.envs.base import ParamRange
 from arl.envs.wrappers import Mixture, broadcast_params
 from arl.errors import ConfigError, did_you_mean, invalid_field, one_line
+from arl.text.chat_template import env_chat_format
 
 
 def _get(section: Any, key: str, default: Any = None) -> Any:
@@ -158,7 +159,7 @@ def build_env(name: str, kwargs: Mapping[str, Any] | None, field: str = "env",
                           f"({_display(factory)}) needs the arguments {missing}.")
     try:
         env = registry.make(name, **kwargs)
-        chat = getattr(getattr(env, "codec", None), "chat", None)
+        chat = env_chat_format(env) if hasattr(env, "codec") else None
         if chat is not None:
             chat.check_turns(int(getattr(env, "max_turns", 1)), f"env {name!r}")
         return env

@@ -213,6 +213,12 @@ class HostEnvironment(TokenEnvironment):
     def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
         raise NotImplementedError
 
+    def reply_ids(self, text: str) -> tuple[np.ndarray, int]:
+        """(int32 [obs_len] ids, length) of the reply `text` (default `encode_reply`: cut
+        to obs_len tokens, ending in ".."); an env whose replies the template writes
+        otherwise (a JSON string) overrides it."""
+        return encode_reply(self.codec, text, self.obs_len)
+
     def host_oracle(self, episode: HostEpisode) -> str:
         raise NotImplementedError
 
@@ -399,16 +405,14 @@ class HostEnvironment(TokenEnvironment):
                 if not (np.isfinite(reward[b]) and np.isfinite(process[b])):
                     raise ValueError(f"non-finite reward {turn.reward!r} or process reward "
                                      f"{turn.process_reward!r}")
-                reply[b], reply_len[b] = encode_reply(self.codec, str(turn.reply),
-                                                      self.obs_len)
+                reply[b], reply_len[b] = self.reply_ids(str(turn.reply))
                 terminated[b], success[b] = bool(turn.terminated), bool(turn.success)
                 format_error[b], host_error[b] = bool(turn.format_error), bool(turn.host_error)
                 new_memory[b] = row_memory
             except Exception:  # pylint: disable=broad-except
                 _log.exception("%s: bad host turn for row %d", self.name, b)
                 reward[b] = process[b] = 0.0
-                reply[b], reply_len[b] = encode_reply(self.codec, HOST_ERROR_REPLY,
-                                                      self.obs_len)
+                reply[b], reply_len[b] = self.reply_ids(HOST_ERROR_REPLY)
                 terminated[b], success[b], format_error[b] = True, False, False
                 host_error[b] = True
             errors += int(host_error[b])

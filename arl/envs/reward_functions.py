@@ -14,7 +14,8 @@ A reward function is called once per step with the whole batch, as keyword argum
 * ``completions``: the text of each row's last agent turn (its end-of-turn token
   dropped);
 * ``messages``: each row's whole episode as messages (the prompt's, then the agent's turns
-  as "assistant" and the env's replies as "user");
+  as "assistant" and the env's replies as "user", or as "tool" for a tool env in the
+  template's tool convention);
 * the env's columns (`reward_columns`): for ``dataset_task``, ``answer`` (the reference
   answer text) and every other column of the dataset's rows, one value per row.
 
@@ -45,6 +46,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from arl.errors import RewardFunctionError, one_line
+from arl.text.chat_template import env_chat_format
 from arl.text.codec import stop_ids
 
 ON_ERROR = ("raise", "zero")
@@ -119,7 +121,7 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
     template's pieces (or arl's <bos>) cut off: the agent's turns without the token that
     ended them (`arl.text.codec.stop_ids`), the env's replies as it wrote them."""
     codec = env.codec
-    chat = getattr(codec, "chat", None)
+    chat = env_chat_format(env)
     tokens = np.asarray(tokens)
     runs = _segments(np.asarray(agent_mask) > 0, int(length))
     decode = lambda ids: codec.decode(ids, stop_at_pad=False)
@@ -142,8 +144,8 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
         else:
             if chat is not None:
                 head = len(chat.reply_prefix) + (0 if agent_ended else 1)
-                ids = ids[head:len(ids) - len(chat.turn_suffix)]
-            turns.append(("user", decode(ids)))
+                ids = ids[head:len(ids) - len(chat.reply_suffix)]
+            turns.append(("user" if chat is None else chat.reply_role, decode(ids)))
     return prompt, turns
 
 

@@ -7,7 +7,20 @@
                             the tool's output (or error) is the next observation;
     "<answer>text</answer>" ends the episode: reply "correct" or "wrong";
 
-anything else is a format error with the reply "invalid". With `final_output=True` the
+anything else is a format error with the reply "invalid".
+
+With `tool_format="template"` (a checkpoint's codec, `model.hf_checkpoint`) the env
+speaks the chat template's own tool convention instead of the tag (`arl.text.tool_calls`):
+the tool (`tool_function`, e.g. `run_python(code)`) is in the `tools` list rendered into
+the system turn, a call is written in the model's format (Qwen:
+`<tool_call>{"name": "run_python", "arguments": {"code": ...}}</tool_call>`; Llama 3.1:
+`{"name": "run_python", "parameters": {...}}`) and parsed from it on the host, the
+answer is still "<answer>text</answer>", and EVERY reply is a `tool` message: the
+tool's output, "correct" / "wrong", or an error text ("invalid: no tool call or
+answer", "invalid: bad JSON in the tool call", "invalid: unknown tool 'x' ...", ...).
+The env then carries its own `chat` (`ChatFormat`), which the rollout wraps turns in.
+
+With `final_output=True` the
 first tool call ends the episode instead, and its output is the answer (a one-turn task).
 This is the calculator's protocol (`arl.envs.tasks.calculator`) with a real tool behind the tag.
 
@@ -48,11 +61,18 @@ from flax import struct
 
 from arl.envs.base import NON_NEGATIVE
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
+from arl.text.codec import TRUNCATION_MARK, encode_text
+from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
 from arl.tools.sandbox import ExecutionResult, Status
 from arl.tools.sql import answers_match
 
 CORRECT, WRONG, INVALID = "correct", "wrong", "invalid"
+TOOL_FORMATS = ("tags", "template")
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+class _BadCall(Exception):
+    """A tool call in the template's convention that cannot run (its reply text)."""
 
 
 @struct.dataclass
@@ -99,15 +119,20 @@ class ToolEnvironment(HostEnvironment):
       of a warm start cheap. Internal errors of the tool are never cached.
     max_workers, step_timeout_s: the worker pool and its per-row backstop (a tool
       bounds its own time; this catches a tool that does not).
+    tool_format: "tags" (`<TAG>input</TAG>`) or "template" (the checkpoint's own tool
+      convention, module docstring).
     """
 
     tool_tag = "tool"
+    # (name, description, parameter, parameter description) of the tool in the
+    # template's `tools` list.
+    tool_function = ("run_tool", "Runs the tool on its input.", "input", "The input.")
     memory_fields = ("tool_calls", "answer_seen", "last_value", "has_value")
 
     def __init__(self, *, codec, max_turns: int, prompt_len: int, obs_len: int,
                  action_len: int, final_output: bool = False, skip_tool: float = 0.3,
                  cache_size: int = 4096, max_workers: int | None = None,
-                 step_timeout_s: float | None = 60.0):
+                 step_timeout_s: float | None = 60.0, tool_format: str = "tags"):
         for name, value in (("max_turns", max_turns), ("prompt_len", prompt_len),
                             ("obs_len", obs_len), ("action_len", action_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,7 +146,10 @@ class ToolEnvironment(HostEnvironment):
         if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(
                 max_workers, int) or max_workers < 1):
             raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
         self.codec = codec
+        self.tool_format = tool_format
         self.max_turns = int(max_turns)
         self.prompt_len, self.obs_len, self.action_len = prompt_len, obs_len, action_len
         self.final_output = bool(final_output)
@@ -132,7 +160,25 @@ class ToolEnvironment(HostEnvironment):
         self._open, self._close = f"<{self.tool_tag}>", f"</{self.tool_tag}>"
         self._results: OrderedDict = OrderedDict()
         self._results_lock = threading.Lock()
+        self.call_syntax = None
+        if tool_format == "template":
+            self.chat, self.call_syntax = self._template_convention(codec)
         self._host_init()
+
+    def _template_convention(self, codec):
+        """(ChatFormat, ToolCallSyntax) of the codec's chat template with this env's tool."""
+        template = getattr(codec, "chat_template", None)
+        if template is None:
+            raise ValueError("tool_format='template' needs a checkpoint's codec with a chat "
+                             "template (config.model.hf_checkpoint); use tool_format='tags' "
+                             "with arl's own codecs")
+        name, description, parameter, parameter_description = self.tool_function
+        return derive_tool_chat_format(
+            template, encode=codec.encode,
+            special_texts=[codec.tokenizer.id_to_token(i) for i in sorted(codec.special_ids)],
+            special_tokens=codec.template_tokens, pad_id=codec.pad_id,
+            tools=[function_schema(name, description, parameter, parameter_description)],
+            system_prompt=codec.chat.system_prompt, template_kwargs=codec.template_kwargs)
 
     # -- params
     def default_params(self) -> ToolParams:
@@ -212,12 +258,53 @@ class ToolEnvironment(HostEnvironment):
             return action[len(open_tag):len(action) - len(close_tag)]
         return None
 
+    def reply_ids(self, text: str):
+        """A template that writes tool results as JSON strings (Llama 3.1) gets the
+        escaped text, cut before escaping (so no escape is split) to the longest prefix
+        that fits obs_len with the ".." mark."""
+        syntax = self.call_syntax
+        if syntax is None or not syntax.results_as_json:
+            return super().reply_ids(text)
+        fits = lambda t: len(encode_text(self.codec, syntax.result_text(t))) <= self.obs_len
+        if not fits(text):
+            short, long = 0, len(text)  # fits(text[:short] + mark); not fits(text[:long] ...)
+            while long - short > 1:
+                middle = (short + long) // 2
+                short, long = (middle, long) if fits(text[:middle] + TRUNCATION_MARK) else (
+                    short, middle)
+            text = text[:short] + TRUNCATION_MARK
+        return super().reply_ids(syntax.result_text(text))
+
+    def _tool_input(self, action: str) -> str | None:
+        """The tool's input the turn `action` calls it with, or None (no call); in the
+        template's convention an ill-formed call raises `_BadCall` with the reply."""
+        if self.call_syntax is None:
+            return self._body(action, self._open, self._close)
+        if self._body(action, "<answer>", "</answer>") is not None:
+            return None
+        call = self.call_syntax.parse(action)
+        if call == NO_CALL:
+            return None
+        if isinstance(call, str):
+            raise _BadCall(f"{INVALID}: {call}")
+        name, arguments = call
+        function, _, parameter, _ = self.tool_function
+        if name != function:
+            raise _BadCall(f"{INVALID}: unknown tool {name!r} (the tool is {function!r})")
+        if set(arguments) != {parameter} or not isinstance(arguments[parameter], str):
+            raise _BadCall(f'{INVALID}: {function} takes one string argument "{parameter}"')
+        return arguments[parameter]
+
     def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
         task, params, memory = episode.task, episode.params, episode.memory
         success_reward = float(params.success_reward)
         turn_cost, format_penalty = float(params.turn_cost), float(params.format_penalty)
         seen_before = bool(memory.get("answer_seen", 0))
-        source = self._body(action, self._open, self._close)
+        try:
+            source = self._tool_input(action)
+        except _BadCall as error:
+            return HostTurn(reply=str(error), reward=-turn_cost - format_penalty,
+                            format_error=True)
         if source is not None:
             result = self.call_tool(task, source)
             shows = self.shows_answer(task, result)
@@ -241,10 +328,14 @@ class ToolEnvironment(HostEnvironment):
                             reward=success_reward * correct - turn_cost, terminated=True,
                             success=correct, process_reward=float(correct and not seen_before),
                             memory={"answer_seen": int(seen_before or correct)})
-        return HostTurn(reply=INVALID, reward=-turn_cost - format_penalty, format_error=True)
+        reply = INVALID if self.call_syntax is None else f"{INVALID}: no tool call or answer"
+        return HostTurn(reply=reply, reward=-turn_cost - format_penalty, format_error=True)
 
     # -- scripted policies
     def _tool_text(self, source: str) -> str:
+        if self.call_syntax is not None:
+            function, _, parameter, _ = self.tool_function
+            return self.call_syntax.write(function, {parameter: source})
         return f"{self._open}{source}{self._close}"
 
     def host_oracle(self, episode: HostEpisode) -> str:

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from flax import struct
 
+from arl.text.chat_template import env_chat_format
+
 
 @struct.dataclass
 class SamplingConfig:
@@ -72,9 +74,10 @@ class Trajectory:
 
 def chat_format(env):
     """The `arl.text.chat_template.ChatFormat` the rollout wraps `env`'s turns in (a
-    checkpoint's codec, `HFCodec.from_pretrained`), or None: arl's own codecs read
-    `[bos] + prompt` and the raw replies."""
-    return getattr(env.codec, "chat", None)
+    checkpoint's codec, `HFCodec.from_pretrained`, or the env's own: a tool env in the
+    template's tool convention), or None: arl's own codecs read `[bos] + prompt` and the
+    raw replies."""
+    return env_chat_format(env)
 
 
 def first_observation_length(env) -> int:

@@ -21,6 +21,7 @@ from arl.text import codec as codec_lib
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout.trajectory import SamplingConfig
+from arl.text.chat_template import env_chat_format
 
 ACTION_SOURCES = ("model",) + SCRIPTED_SOURCES
 
@@ -132,7 +133,7 @@ class TurnPlayer:
     horizon: jax.Array
 
     def __post_init__(self):
-        chat = getattr(self.env.codec, "chat", None)
+        chat = env_chat_format(self.env)
         if chat is not None:  # before tracing: a template that rewrites earlier turns
             chat.check_turns(int(getattr(self.env, "max_turns", 1)),
                              f"env {getattr(self.env, 'name', type(self.env).__name__)!r}")
@@ -216,8 +217,8 @@ class TurnPlayer:
         offset = offset + n_act
 
         reply = ts.observation
-        chat = getattr(codec, "chat", None)
-        if chat is not None:  # the reply as the template's next user turn
+        chat = env_chat_format(env)
+        if chat is not None:  # the reply as the template's next user (or tool) turn
             last_id = jnp.take_along_axis(
                 action.tokens, jnp.clip(n_act - 1, 0, action.tokens.shape[1] - 1)[:, None],
                 axis=1)[:, 0]

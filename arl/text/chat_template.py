@@ -16,7 +16,9 @@ the text into the static pieces every turn is wrapped in:
 
     first observation:   prompt_prefix + prompt + turn_suffix
     agent turn:          action ... eot                      (the model writes eot)
-    later observation:   reply_prefix + reply + turn_suffix
+    later observation:   reply_prefix + reply + reply_suffix     (reply_suffix = turn_suffix,
+                                                              or a tool result's end:
+                                                              `arl.text.tool_calls`)
 
 `prompt_prefix` holds what precedes the first user content (a BOS the template writes,
 the system block, the user header), `turn_suffix` the end of a user turn and the
@@ -135,7 +137,10 @@ class ChatFormat:
     hold (None: none, i.e. the template's own default if it has one);
     `multi_turn_error`: None, or why the pieces hold for the first turn only (the
     template rewrites earlier turns, e.g. Qwen3 drops their <think> blocks): an env
-    with more than one turn is then refused (`check_turns`)."""
+    with more than one turn is then refused (`check_turns`); `reply_suffix`: what
+    closes a later observation (default `turn_suffix`); `reply_role`: the role the
+    template renders a later observation as ("user", or "tool" for a tool env in the
+    template's tool convention, `arl.text.tool_calls`)."""
 
     prompt_prefix: tuple[int, ...]
     turn_suffix: tuple[int, ...]
@@ -144,6 +149,13 @@ class ChatFormat:
     pad_id: int
     system_prompt: str | None = None
     multi_turn_error: str | None = None
+    # None: `turn_suffix`; a tool result's own end (Qwen: "\n</tool_response><|im_end|>\n...").
+    reply_suffix: tuple[int, ...] | None = None
+    reply_role: str = "user"  # the role the template renders a later observation as
+
+    def __post_init__(self):
+        if self.reply_suffix is None:
+            object.__setattr__(self, "reply_suffix", self.turn_suffix)
 
     def check_turns(self, max_turns: int, what: str = "the env") -> None:
         """Raises ChatTemplateError when `max_turns` > 1 and the template cannot be cut
@@ -158,7 +170,7 @@ class ChatFormat:
 
     def reply_length(self, obs_len: int) -> int:
         """Static length of a wrapped later observation (eot of a cut action included)."""
-        return 1 + len(self.reply_prefix) + obs_len + len(self.turn_suffix)
+        return 1 + len(self.reply_prefix) + obs_len + len(self.reply_suffix)
 
     def ids_of_conversation(self, encode: Callable[[str], list[int]],
                             turns: Sequence[str]) -> list[int]:
@@ -168,22 +180,23 @@ class ChatFormat:
         for k, content in enumerate(turns):
             if k % 2 == 0:
                 ids += (list(self.reply_prefix) if k else []) + encode(content) + list(
-                    self.turn_suffix)
+                    self.reply_suffix if k else self.turn_suffix)
             else:
                 ids += encode(content) + [self.eot_id]
         return ids
 
-    def _wrap(self, head: jax.Array, head_length, body: TokenChunk, size: int) -> TokenChunk:
-        """head[:head_length] + body + turn_suffix, padded to `size` (one row)."""
-        suffix = jnp.asarray(self.turn_suffix, jnp.int32)
+    def _wrap(self, head: jax.Array, head_length, body: TokenChunk, size: int,
+              tail: tuple[int, ...]) -> TokenChunk:
+        """head[:head_length] + body + tail, padded to `size` (one row)."""
+        suffix = jnp.asarray(tail, jnp.int32)
         pos = jnp.arange(size)
         body_start = head_length
         suffix_start = body_start + body.length
-        length = suffix_start + len(self.turn_suffix)
+        length = suffix_start + len(tail)
         take = lambda arr, i: jnp.take(arr, jnp.clip(i, 0, arr.shape[-1] - 1))
         tokens = jnp.where(pos < body_start, take(head, pos),
                            jnp.where(pos < suffix_start, take(body.tokens, pos - body_start),
-                                     take(suffix, pos - suffix_start) if len(self.turn_suffix)
+                                     take(suffix, pos - suffix_start) if len(tail)
                                      else self.pad_id))
         tokens = jnp.where(pos < length, tokens, self.pad_id)
         return TokenChunk(tokens.astype(jnp.int32), jnp.asarray(length, jnp.int32))
@@ -193,16 +206,22 @@ class ChatFormat:
         `first_length(prompt_len)`."""
         head = jnp.asarray(self.prompt_prefix or (self.pad_id,), jnp.int32)
         return self._wrap(head, len(self.prompt_prefix), prompt,
-                          self.first_length(prompt.tokens.shape[-1]))
+                          self.first_length(prompt.tokens.shape[-1]), self.turn_suffix)
 
     def wrap_reply(self, reply: TokenChunk, action_ended: jax.Array) -> TokenChunk:
-        """[eot unless the action ended with it] + reply_prefix + reply + turn_suffix of
+        """[eot unless the action ended with it] + reply_prefix + reply + reply_suffix of
         one row (traceable), padded to `reply_length(obs_len)`."""
         head = jnp.asarray((self.eot_id,) + self.reply_prefix, jnp.int32)
         skip = jnp.asarray(action_ended, jnp.int32)  # drop the eot: the action wrote it
         head = jnp.roll(head, -skip)
         return self._wrap(head, 1 + len(self.reply_prefix) - skip, reply,
-                          self.reply_length(reply.tokens.shape[-1]))
+                          self.reply_length(reply.tokens.shape[-1]), self.reply_suffix)
+
+
+def env_chat_format(env) -> ChatFormat | None:
+    """The pieces `env`'s turns are wrapped in: the env's own (`env.chat`, e.g. a tool
+    env speaking the template's tool convention), else its codec's, else None."""
+    return getattr(env, "chat", None) or getattr(env.codec, "chat", None)
 
 
 def _find(text: str, needle: str, start: int, what: str) -> int:
@@ -215,7 +234,7 @@ def _find(text: str, needle: str, start: int, what: str) -> int:
     return at
 
 
-def _first_difference(got: list[int], expected: list[int]) -> int:
+def first_difference(got: list[int], expected: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
                 min(len(got), len(expected)))
 
@@ -261,7 +280,7 @@ def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
         expected = encode(text_of([content]))
         got = list(prefix) + encode(content) + list(suffix)
         if got != expected:
-            first = _first_difference(got, expected)
+            first = first_difference(got, expected)
             raise ChatTemplateError(
                 f"chat template: the first turn {content!r} tokenizes to "
                 f"{expected[first:first + 8]} at position {first} when rendered in full, but "
@@ -313,7 +332,7 @@ def _later_turns(text_of, encode, one, at_u1, turn_suffix, eot_text, prefix, suf
                 return (), ("the chat template rewrites earlier assistant turns: "
                             f"{lost!r} is not in the rendered conversation (e.g. Qwen3 drops "
                             "their <think> reasoning)")
-            first = _first_difference(got, expected)
+            first = first_difference(got, expected)
             return (), (f"a {count}-turn conversation tokenizes to "
                         f"{expected[first:first + 8]} at position {first} when rendered in "
                         f"full, but the per-turn pieces give {got[first:first + 8]}")

@@ -124,10 +124,14 @@ class CodeInterpreter(ToolEnvironment):
       allow_weak_sandbox: with the local sandbox, run even where the kernel layers
         (minimal root, seccomp, network and PID namespaces) are unavailable; otherwise
         such a machine is refused with one line at construction.
+      tool_format: "tags" (`<py>...</py>`) or "template": the checkpoint's own tool
+        convention with the tool `run_python(code)` (`arl.envs.tool_use`).
     """
 
     name = "code_interpreter"
     tool_tag = "py"
+    tool_function = ("run_python", "Runs a Python cell and returns what it prints; the "
+                     "value of a final expression is printed.", "code", "The cell's source.")
 
     def __init__(self, codec: Codec | None = None, max_turns: int = 2,
                  families: tuple[str, ...] = tuple(FAMILIES), obs_len: int = 24,
@@ -136,7 +140,7 @@ class CodeInterpreter(ToolEnvironment):
                  final_output: bool = False, cache_size: int = 16384,
                  max_workers: int | None = None, step_timeout_s: float | None = 30.0,
                  executor: PythonExecutor | None = None, executor_url: str = "",
-                 allow_weak_sandbox: bool = False):
+                 allow_weak_sandbox: bool = False, tool_format: str = "tags"):
         families = tuple(families)
         unknown = [f for f in families if f not in FAMILIES]
         if not families or unknown:
@@ -147,7 +151,8 @@ class CodeInterpreter(ToolEnvironment):
         super().__init__(codec=codec or CharCodec(), max_turns=max_turns, prompt_len=32,
                          obs_len=obs_len, action_len=action_len, final_output=final_output,
                          skip_tool=skip_tool, cache_size=cache_size,
-                         max_workers=max_workers, step_timeout_s=step_timeout_s)
+                         max_workers=max_workers, step_timeout_s=step_timeout_s,
+                         tool_format=tool_format)
         self.families = families
         self.buggy_program = float(buggy_program)
         self.limits = SandboxLimits(wall_time_s=wall_time_s, cpu_time_s=cpu_time_s,

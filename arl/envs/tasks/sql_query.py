@@ -73,20 +73,26 @@ class SqlQuery(ToolEnvironment):
         turn needs 145).
       num_employees, num_orders: database size (`random_company_database`).
       time_s, max_rows: `arl.tools.SqlLimits` of each query.
+      tool_format: "tags" (`<sql>...</sql>`) or "template": the checkpoint's own tool
+        convention with the tool `run_sql(query)` (`arl.envs.tool_use`).
     """
 
     name = "sql"
     tool_tag = "sql"
+    tool_function = ("run_sql", "Runs a read-only SQLite query on the company database and "
+                     "returns the rows.", "query", "One SELECT statement.")
 
     def __init__(self, codec: Codec | None = None, max_turns: int = 2, obs_len: int = 48,
                  action_len: int = 148, num_employees: int = 12, num_orders: int = 30,
                  time_s: float = 1.0, max_rows: int = 20, skip_tool: float = 0.3,
                  final_output: bool = False, cache_size: int = 8192,
-                 max_workers: int | None = None, step_timeout_s: float | None = 30.0):
+                 max_workers: int | None = None, step_timeout_s: float | None = 30.0,
+                 tool_format: str = "tags"):
         super().__init__(codec=codec or CharCodec(), max_turns=max_turns, prompt_len=96,
                          obs_len=obs_len, action_len=action_len, final_output=final_output,
                          skip_tool=skip_tool, cache_size=cache_size,
-                         max_workers=max_workers, step_timeout_s=step_timeout_s)
+                         max_workers=max_workers, step_timeout_s=step_timeout_s,
+                         tool_format=tool_format)
         self.database_kwargs = dict(num_employees=num_employees, num_orders=num_orders)
         self.limits = SqlLimits(time_s=time_s, max_rows=max_rows,
                                 max_observation_chars=max(4 * obs_len, 80))

@@ -1,0 +1,227 @@
+"""Tool envs in the checkpoint's own tool-calling format (`tool_format="template"`):
+the policy's context before every turn equals `apply_chat_template(messages, tools=...)`
+with the calls as structured `tool_calls` and the replies as `tool` messages (Qwen2.5
+stand-in, built with transformers); calls are parsed from the model's format, ill-formed
+ones get an error text as the tool's result; templates whose tool turns cannot be cut
+into static pieces, and bad option values, are refused in one line; the shipped config
+trains through the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import pytest
+
+pytest.importorskip("transformers")
+
+from arl import rollout as rollout_lib  # noqa: E402
+from arl.config import ConfigError  # noqa: E402
+from arl.envs import from_config  # noqa: E402
+from arl.envs.host import HostEpisode  # noqa: E402
+from arl.envs.reward_functions import episode_texts  # noqa: E402
+from arl.text.chat_template import ChatTemplateError  # noqa: E402
+from tests.hf_standins import build_standin  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYSTEM = "Answer with the tool."
+
+
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return functools.lru_cache(maxsize=None)(
+        lambda family: build_standin(str(root / family.replace(".", "_")), family))
+
+
+@pytest.fixture(scope="module")
+def qwen(standins):
+    return standins("qwen2")
+
+
+def _env(directory, name="sql", **kwargs):
+    config = ml_collections.ConfigDict(dict(model=dict(hf_checkpoint=directory,
+                                                       system_prompt=SYSTEM)))
+    codec = from_config.checkpoint_codec(config)
+    return from_config.make_env(dict(name=name, kwargs=dict(tool_format="template",
+                                                             **kwargs)), codec)
+
+
+@pytest.mark.parametrize("family,env_name,kwargs", [
+    ("qwen2", "sql", dict(max_turns=3, action_len=256, obs_len=64)),
+    ("qwen2", "code_interpreter", dict(max_turns=3, action_len=96, allow_weak_sandbox=True)),
+    # Llama 3.1: the ipython turn, results written as JSON strings, replies cut short
+    ("llama3.1", "sql", dict(max_turns=3, action_len=256, obs_len=12))])
+def test_context_is_the_template_with_tools_before_every_turn(standins, family, env_name,
+                                                              kwargs):
+    from transformers import AutoTokenizer
+
+    directory = standins(family)
+    env = _env(directory, env_name, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    as_json = env.call_syntax.results_as_json
+    assert as_json == (family == "llama3.1")
+    name, description, parameter, parameter_description = env.tool_function
+    tools = [{"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {parameter: {
+            "type": "string", "description": parameter_description}},
+                       "required": [parameter]}}}]
+    traj = jax.device_get(rollout_lib.scripted_rollout(
+        env, jax.random.key(3), num_tasks=3, group_size=1, action_source="oracle"))
+    chat, checked, results = env.chat, 0, []
+    for b in range(3):
+        tokens = traj.tokens[b].tolist()
+        starts = [int(traj.turn_starts[b, t]) for t in range(int(traj.num_turns[b]))]
+        assert len(starts) == 2  # a call, then the answer
+        prompt = tokens[len(chat.prompt_prefix):starts[0] - len(chat.turn_suffix)]
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": tokenizer.decode(prompt)}]
+        for t, start in enumerate(starts):
+            expected = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                                     add_generation_prompt=True)
+            expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+            assert tokens[:start] == expected, (b, t)
+            checked += 1
+            end = start
+            while traj.agent_mask[b, end] > 0:
+                end += 1
+            assert tokens[end - 1] == env.codec.eot_id
+            text = tokenizer.decode(tokens[start:end - 1])
+            call = env.call_syntax.parse(text)
+            if t == 0:  # the call, given to the template as structured tool_calls
+                assert call[0] == name and set(call[1]) == {parameter}
+                assert text.startswith(f'{{"name": "{name}", "parameters": ' if as_json else
+                                       f'<tool_call>\n{{"name": "{name}", "arguments": ')
+                messages.append({"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": call[0],
+                                                      "arguments": call[1]}}]})
+            else:
+                assert text.startswith("<answer>")
+                messages.append({"role": "assistant", "content": text})
+            reply = end + len(chat.reply_prefix)
+            reply_end = reply
+            while traj.observation_mask[b, reply_end] > 0 and \
+                    tokens[reply_end:reply_end + len(chat.reply_suffix)] != list(
+                        chat.reply_suffix):
+                reply_end += 1
+            written = tokenizer.decode(tokens[reply:reply_end])
+            messages.append({"role": "tool", "content": json.loads(f'"{written}"')
+                             if as_json else written})
+            assert len(tokens[reply:reply_end]) <= env.obs_len
+        assert messages[-1]["content"] == "correct"
+        results += [m["content"] for m in messages if m["role"] == "tool"]
+        # Python reward functions read the same conversation, replies as tool messages
+        prompt_text, turns = episode_texts(env, traj.tokens[b], traj.agent_mask[b],
+                                           traj.length[b])
+        assert prompt_text == messages[1]["content"]
+        assert [role for role, _ in turns] == ["assistant", "tool", "assistant", "tool"]
+        assert [content for role, content in turns if role == "tool"] == [
+            json.dumps(m["content"])[1:-1] if as_json else m["content"]
+            for m in messages if m["role"] == "tool"]
+    assert checked == 6
+    # results with newlines (escaped for Llama 3.1), and (obs_len=12) cut before escaping
+    assert any("\n" in r for r in results) == (env_name == "sql")  # a column header
+    assert any(r.endswith("..") for r in results) == (family == "llama3.1"), results
+
+
+@pytest.mark.parametrize("action,reply", [
+    ("SELECT 1", "invalid: no tool call or answer"),
+    ("<tool_call>\n{\"name\": \"run_sql\", \"arguments\": {\"query\": \"SELECT 1\"\n"
+     "</tool_call>", "invalid: bad JSON in the tool call"),
+    ('<tool_call>{"name": "rm", "arguments": {"query": "x"}}</tool_call>',
+     "invalid: unknown tool 'rm' (the tool is 'run_sql')"),
+    ('<tool_call>{"name": "run_sql", "arguments": {"sql": "x"}}</tool_call>',
+     'invalid: run_sql takes one string argument "query"'),
+    ('<tool_call>{"name": "run_sql", "arguments": [1]}</tool_call>',
+     'invalid: the tool call needs "arguments": an object'),
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>',
+     "6*7\n42"),
+    ("<answer>nope</answer>", "wrong"),
+])
+def test_calls_are_parsed_from_the_model_format(qwen, action, reply):
+    env = _env(qwen)
+    task = env.make_task(5, None)
+    turn = env.host_step(HostEpisode(task=task, params=env.default_params(), turn=0,
+                                     memory={}, seed=5), action)
+    assert turn.reply == reply
+    assert turn.format_error == reply.startswith("invalid")
+    assert turn.reward == pytest.approx(-0.1 if turn.format_error else 0.0)
+
+
+def test_bad_tool_format_and_codecs_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^config\.env\.kwargs.*tool_format must be one of "
+                       r"\('tags', 'template'\), got 'json'$"):
+        from_config.make_env(dict(name="sql", kwargs=dict(tool_format="json")))
+    with pytest.raises(ConfigError, match="tool_format='template' needs a checkpoint's codec"):
+        from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
+
+
+@pytest.mark.parametrize("family", ["qwen2", pytest.param("llama3.1",
+                                                           marks=pytest.mark.slow)])
+def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.train",
+         f"--config=configs/grpo_sql_hf.py:{standins(family)}",
+         f"--workdir={tmp_path / 'run'}", "--config.train_steps=1",
+         "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
+         "--config.model.dtype=float32", "--config.model.param_dtype=float32",
+         "--config.model.remat=False", "--config.model.logprob_chunk=0",
+         "--config.env.kwargs.action_len=96", "--config.log_every=1",
+         "--config.sample_every=1"],
+        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
+        check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
+    # the tools in the system (Llama 3.1: first user) turn; every reply a tool message
+    if family == "qwen2":
+        assert '<tools>\n{"type": "function", "function": {"name": "run_sql"' in sample
+        assert "<|im_start|>user\n<tool_response>\n" in sample
+    else:
+        assert '"name": "run_sql",' in sample
+        assert '<|start_header_id|>ipython<|end_header_id|>\n\n"' in sample
+
+
+def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
+    """A template that writes a structured call's arguments indented (not as the compact
+    JSON it renders them from) cannot hold the context check for the model's calls."""
+    from arl.text.hf_codec import HFCodec
+    from arl.text.tool_calls import derive_tool_chat_format, function_schema
+    from tests.hf_standins import QWEN25_TEMPLATE
+
+    codec = HFCodec.from_pretrained(qwen)
+    indented = QWEN25_TEMPLATE.replace("tool_call.arguments | tojson",
+                                       "tool_call.arguments | tojson(indent=2)")
+    assert indented != QWEN25_TEMPLATE
+    with pytest.raises(ChatTemplateError, match=r"^chat template: 1 tool exchange\(s\) as "
+                       r"structured tool_calls tokenize to .* cannot be split"):
+        derive_tool_chat_format(
+            indented, encode=codec.encode,
+            special_texts=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            special_tokens=codec.template_tokens, pad_id=codec.pad_id,
+            tools=[function_schema("run_python", "Runs.", "code", "A cell.")])
+
+
+def test_llama31_calls_and_json_string_results(standins):
+    """Llama 3.1: a call is the bare JSON object with "parameters"; results are written
+    JSON-escaped between the pieces' quotes, cut before escaping."""
+    env = _env(standins("llama3.1"), obs_len=16)
+    episode = HostEpisode(task=env.make_task(5, None), params=env.default_params(), turn=0,
+                          memory={}, seed=5)
+    step = lambda action: env.host_step(episode, action).reply
+    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\n42"
+    assert step('{"name": "run_sql", "arguments": {"query": "SELECT 1"}}') == \
+        'invalid: the tool call needs "parameters": an object'
+    assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
+    assert step("SELECT 1") == "invalid: no tool call or answer"
+    ids, length = env.reply_ids('say "hi"\n')
+    assert env.codec.decode(ids[:length]) == 'say \\"hi\\"\\n'
+    ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
+    text = env.codec.decode(ids[:length])
+    assert length <= 16 and text.endswith("..") and json.loads(f'"{text}"') == \
+        "\n" * ((len(text) - 2) // 2) + ".."
