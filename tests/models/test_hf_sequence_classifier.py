@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama3"])
+@pytest.fixture(scope="module",
+                params=["qwen2", pytest.param("llama3", marks=pytest.mark.slow)])
 def standin(request, tmp_path_factory):
     from tests.hf_standins import build_reward_model_standin
     return build_reward_model_standin(str(tmp_path_factory.mktemp(request.param)),
