@@ -10,6 +10,7 @@ import pytest
 
 import arl
 from arl.errors import ConfigError
+from arl.runs import checkpoint
 from arl.rollout.rollouts import scripted_rollout
 from arl.trainers.reward_model import OutcomeRewardModel
 
@@ -95,7 +96,7 @@ def test_scores_equal_transformers_and_add_by_weight(reward_model_dir, env_and_t
     assert want.std() > 1e-3  # the rows' scores differ: a mix-up of rows would show
 
 
-def test_train_step_scores_episodes_and_keeps_the_model_frozen(reward_model_dir):
+def test_train_step_scores_episodes_and_keeps_the_model_frozen(reward_model_dir, tmp_path):
     c = _config(reward_model_dir, max_length=128)
     c.rollout.num_tasks, c.rollout.group_size = 2, 2
     c.model.d_model, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim = 32, 4, 2, 64
@@ -113,6 +114,14 @@ def test_train_step_scores_episodes_and_keeps_the_model_frozen(reward_model_dir)
     after = state.reward_model_params
     assert all(np.array_equal(a, b) for a, b in
                zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+    # Saved with the state, restored into the trainer's target, stepping again.
+    with checkpoint.Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(1, state, force=True)
+        _, restored, _ = ckpt.restore_latest(trainer.abstract_state())
+    assert all(np.array_equal(a, b) for a, b in
+               zip(jax.tree.leaves(before), jax.tree.leaves(restored.reward_model_params)))
+    _, metrics = trainer.train_step(restored)
+    assert np.isfinite(float(metrics["reward/reward_model/mean"]))
 
 
 @pytest.mark.parametrize("field, value, message", [
