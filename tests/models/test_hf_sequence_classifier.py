@@ -98,3 +98,17 @@ def test_refuses_what_is_not_a_reward_model(standin, tmp_path, fields, message):
         hsc.read_classifier_config(_edited(standin, tmp_path, **fields))
     with pytest.raises(ValueError, match="is not a directory"):
         hsc.read_classifier_config(str(tmp_path / "missing"))
+
+
+def test_bfloat16_scores_stay_near_float32(standin):
+    import jax.numpy as jnp
+    full = hsc.read_classifier_config(standin)
+    half = hsc.read_classifier_config(standin, dtype=jnp.bfloat16)
+    rows = _token_rows(full.pad_token_id, full.config.vocab_size, np.random.default_rng(2))
+    want = hsc.sequence_scores(full, hsc.load_sequence_classifier(standin, full), rows)
+    params = hsc.load_sequence_classifier(standin, half)
+    assert params["decoder"]["embed_tokens"]["embedding"].dtype == jnp.bfloat16
+    got = jax.jit(lambda p, t: hsc.sequence_scores(half, p, t))(params, rows)
+    assert got.dtype == jnp.float32
+    # bfloat16 keeps 8 bits of mantissa: a few percent of the scores' spread
+    np.testing.assert_allclose(got, want, atol=0.05 * float(np.ptp(want)) + 1e-3)
