@@ -242,3 +242,30 @@ def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
     model.save_pretrained(directory)
     generation.save_pretrained(directory)
     return str(directory)
+
+
+def build_reward_model_standin(directory, family: str = "qwen2", *, seed: int = 0):
+    """Writes a stand-in outcome reward model directory: `build_standin`'s tokenizer and
+    chat template over a `{Qwen2,Llama}ForSequenceClassification` with num_labels=1 and
+    the tokenizer's pad id (Llama's tokenizer has none: its eos is the pad id, as Llama
+    reward models set it), and returns it."""
+    import torch
+    import transformers
+
+    build_standin(directory, family, seed=seed)
+    config = transformers.AutoConfig.from_pretrained(directory)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    config.num_labels = 1
+    config.pad_token_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                           else tokenizer.eos_token_id)
+    model_class = {"qwen2": transformers.Qwen2ForSequenceClassification,
+                   "llama3": transformers.LlamaForSequenceClassification}[family]
+    for name in os.listdir(directory):
+        if name.endswith(".safetensors") or name == "generation_config.json":
+            os.remove(os.path.join(directory, name))
+    torch.manual_seed(seed + 1)
+    model = model_class(config).to(torch.float32)
+    with torch.no_grad():  # a score head of the decoder's scale, so scores differ by row
+        model.score.weight.normal_(0.0, 1.0)
+    model.save_pretrained(directory)
+    return str(directory)

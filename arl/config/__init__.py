@@ -13,8 +13,8 @@ default lives in one place.
 
 One module per section holds that section's defaults (with what each key means) beside
 its checks: `run` (the top-level keys), `env`, `rollout`, `model`, `optim`, `updates`,
-`advantage`, `loss`, `warm_start`, `vector`, `process`, `filters`, `reward`; `schema` assembles
-them. `off_policy` checks the asynchronous-rollout keys of `rollout` and `loss` together.
+`advantage`, `loss`, `warm_start`, `vector`, `process`, `filters`, `reward`,
+`reward_model`; `schema` assembles them. `off_policy` checks the asynchronous-rollout keys of `rollout` and `loss` together.
 
 `config.imports` names modules imported first (by `validate` and by everything that
 builds from a config), so environments and algorithms registered by a user's own module
@@ -38,6 +38,7 @@ from arl.config import off_policy as off_policy_section
 from arl.config import optim as optim_section
 from arl.config import process as process_section
 from arl.config import reward as reward_section
+from arl.config import reward_model as reward_model_section
 from arl.config import rollout as rollout_section
 from arl.config import run as run_section
 from arl.config import updates as updates_section
@@ -117,5 +118,6 @@ def _check(config: ml_collections.ConfigDict, num_devices: int | None) -> None:
         env_section.validate(config)
         process_section.validate(config)
         reward_section.validate(config)
+        reward_model_section.validate(config)
         if algorithm.validate is not None:
             algorithm.validate(config)

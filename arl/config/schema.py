@@ -12,6 +12,7 @@ import ml_collections
 
 from arl import algorithm_table
 from arl.config import advantage, env, filters, loss, model, optim, process, reward, rollout
+from arl.config import reward_model
 from arl.config import run, updates, vector, warm_start
 from arl.config.checks import fail
 from arl.config.env import FREE_FORM_SECTIONS
@@ -21,7 +22,7 @@ from arl.errors import ConfigError, closest, one_line
 SECTIONS = (("env", env), ("rollout", rollout), ("model", model), ("optim", optim),
             ("updates", updates), ("advantage", advantage), ("loss", loss),
             ("warm_start", warm_start), ("vector", vector), ("process", process),
-            ("filters", filters), ("reward", reward))
+            ("filters", filters), ("reward", reward), ("reward_model", reward_model))
 
 
 def default_config() -> ml_collections.ConfigDict:

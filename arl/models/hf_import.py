@@ -308,11 +308,12 @@ def _checked_extras(reader: _TensorReader, extra: set, config: TransformerConfig
 
 
 def _check_names_and_shapes(reader: _TensorReader, config: TransformerConfig,
-                            shapes, directory: str) -> None:
+                            shapes, directory: str, head_tensors=()) -> None:
     """CheckpointMismatchError unless the checkpoint holds exactly the config's tensors
-    (up to `_checked_extras`) with the shapes the config implies."""
+    (up to `_checked_extras`, and `head_tensors`, which the caller reads itself) with the
+    shapes the config implies."""
     expected = _expected_names(config)
-    present = reader.names()
+    present = reader.names() - set(head_tensors)
     missing = [n for n in expected if n not in present]
     unexpected = _checked_extras(reader, present - set(expected), config)
     if missing or unexpected:
@@ -370,7 +371,7 @@ def load_hf_config(directory: str, **kwargs) -> TransformerConfig:
 
 def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
                        mesh: jax.sharding.Mesh | None = None,
-                       rules=LOGICAL_AXIS_RULES, **config_kwargs):
+                       rules=LOGICAL_AXIS_RULES, head_tensors=(), **config_kwargs):
     """(config, params) of a Hugging Face checkpoint directory.
 
     params are plain (unboxed) arrays in config.param_dtype. With `mesh`, every
@@ -384,7 +385,9 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
     use, raises `CheckpointMismatchError` naming them (the first few and the count);
     rotary `inv_freq` buffers and a tied model's duplicate `lm_head.weight` are
     accepted only when they agree with the config. A tensor of the wrong shape raises
-    ValueError naming it.
+    ValueError naming it. head_tensors: names of tensors of a head on top of the decoder
+    (e.g. a sequence classifier's "score.weight") that the caller reads itself; the
+    strictness check leaves them out.
     """
     if config is None:
         config = load_hf_config(directory, **config_kwargs)
@@ -393,7 +396,7 @@ def load_hf_checkpoint(directory: str, config: TransformerConfig | None = None,
     reader = _TensorReader(directory)
     boxed = abstract_params(Transformer(config))
     shapes = nn.unbox(boxed)
-    _check_names_and_shapes(reader, config, shapes, directory)
+    _check_names_and_shapes(reader, config, shapes, directory, head_tensors)
     shardings = param_shardings(boxed, mesh, rules) if mesh is not None else None
     param_dtype = jnp.dtype(config.param_dtype)
     params: dict = {}

@@ -85,19 +85,6 @@ class PythonRewards:
         scored = ~jnp.isnan(scores)
         values = jnp.where(scored, scores, 0.0)
         total = values @ jnp.asarray(self.scorer.weights)
-        # The last agent token of the last played turn: the episode's outcome position.
-        width = traj.turn_end_mask.shape[1]
-        last = width - 1 - jnp.argmax(traj.turn_end_mask[:, ::-1] > 0, axis=1)
-        played = jnp.any(traj.turn_end_mask > 0, axis=1)
-        at_end = (jnp.arange(width)[None, :] == last[:, None]) & played[:, None]
-        total = jnp.where(played, total, 0.0)
-        replace = dict(rewards=self.env_weight * traj.rewards + at_end * total[:, None],
-                       episode_return=self.env_weight * traj.episode_return + total)
-        if traj.turn_rewards is not None:
-            turns = traj.turn_rewards.shape[1]
-            last_turn = (jnp.arange(turns)[None, :] == traj.num_turns[:, None] - 1)
-            replace["turn_rewards"] = (self.env_weight * traj.turn_rewards
-                                       + last_turn * total[:, None])
         metrics = {}
         for i, name in enumerate(self.names):
             count = jnp.sum(scored[:, i])
@@ -107,5 +94,24 @@ class PythonRewards:
             metrics[f"reward/{name}/mean"] = mean
             metrics[f"reward/{name}/std"] = jnp.sqrt(var)
             metrics[f"reward/{name}/errors"] = errors[i].astype(jnp.float32)
-        return traj.replace(**replace), metrics
+        return add_outcome(traj, total, self.env_weight), metrics
+
+
+def add_outcome(traj: Trajectory, outcome: jax.Array, env_weight: float = 1.0) -> Trajectory:
+    """`traj` with its env rewards scaled by `env_weight` and `outcome` f32 [B] added on
+    each played episode's last agent token of its last turn (the outcome position every
+    credit family reads), in `rewards`, `episode_return` and `turn_rewards`. Rows that
+    played no turn get nothing."""
+    width = traj.turn_end_mask.shape[1]
+    last = width - 1 - jnp.argmax(traj.turn_end_mask[:, ::-1] > 0, axis=1)
+    played = jnp.any(traj.turn_end_mask > 0, axis=1)
+    at_end = (jnp.arange(width)[None, :] == last[:, None]) & played[:, None]
+    outcome = jnp.where(played, outcome, 0.0)
+    replace = dict(rewards=env_weight * traj.rewards + at_end * outcome[:, None],
+                   episode_return=env_weight * traj.episode_return + outcome)
+    if traj.turn_rewards is not None:
+        turns = traj.turn_rewards.shape[1]
+        last_turn = (jnp.arange(turns)[None, :] == traj.num_turns[:, None] - 1)
+        replace["turn_rewards"] = env_weight * traj.turn_rewards + last_turn * outcome[:, None]
+    return traj.replace(**replace)
 

@@ -43,6 +43,8 @@ class TrainState:
     implicit_opt_state: Any = None
     # The frozen base weights under LoRA (model.lora_rank > 0); None otherwise.
     base_params: Any = None
+    # The frozen outcome reward model (reward_model.hf_checkpoint); None otherwise.
+    reward_model_params: Any = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -54,10 +56,12 @@ class StateLayout:
     mesh: jax.sharding.Mesh
     uses_reference: bool  # a KL term or PRIME reads the reference policy
     process_models: ProcessModels
+    reward_model: Any = None  # an `arl.trainers.reward_model.OutcomeRewardModel`, or None
 
-    def initial(self, init_key, key, pretrained=None) -> TrainState:
+    def initial(self, init_key, key, pretrained=None, reward_model_params=None) -> TrainState:
         """The state before training: fresh weights (or `pretrained` ones over a fresh
-        value head), a fresh optimizer state, step 0 and the step key stream `key`."""
+        value head), a fresh optimizer state, step 0 and the step key stream `key`; the
+        reward model's loaded parameters `reward_model_params` held as they are."""
         policy_key, prm_key = jax.random.split(init_key)
         params = self.policy.init_params(policy_key)
         if pretrained is not None:  # the checkpoint's weights; a value head stays fresh
@@ -79,8 +83,9 @@ class StateLayout:
                 step=jnp.zeros((), jnp.int32),
                 key=key,
             )
-        return state.replace(**self.process_models.initial_fields(
-            prm_key, params, self.policy.model.config.max_len))
+        return state.replace(reward_model_params=reward_model_params,
+                             **self.process_models.initial_fields(
+                                 prm_key, params, self.policy.model.config.max_len))
 
     def unsharded_shape(self) -> TrainState:
         """Shapes and dtypes of the state (no shardings), without allocating it."""
@@ -90,8 +95,11 @@ class StateLayout:
     def _unsharded_shape(self) -> TrainState:
         # Traced once: the shardings and the checkpoint restore target both ask (each
         # trace of the initial state was ~0.3-1 s of a run's start).
+        reward_model = (None if self.reward_model is None
+                        else self.reward_model.abstract_params())
         return jax.eval_shape(
-            lambda: self.initial(jax.random.key(0), jax.random.key(0)))
+            lambda rm: self.initial(jax.random.key(0), jax.random.key(0), None, rm),
+            reward_model)
 
     def abstract(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (orbax restore target)."""
@@ -134,6 +142,9 @@ class StateLayout:
                 step=replicated,
                 key=replicated,
             )
+        if self.reward_model is not None:
+            shardings = shardings.replace(
+                reward_model_params=self.reward_model.param_shardings(self.mesh))
         return shardings.replace(**self.process_models.field_shardings(
             abstract, param_shardings, self.mesh, opt_shardings))
 

@@ -6,7 +6,8 @@
 
 1. rollout   : `arl.rollout.rollout`, a scan over turns with KV-cached decoding (and
                Monte Carlo continuations, `arl.rollout.branching`, where the config asks).
-2. signals   : Python reward functions (`arl.trainers.python_rewards`, one host callback);
+2. signals   : Python reward functions (`arl.trainers.python_rewards`, one host callback)
+               and an outcome reward model (`arl.trainers.reward_model`);
                rewards -> advantages by the algorithm's row of the table
                (`arl.trainers.credit_assignment`), StarPO-S and DAPO filters, KL-in-reward,
                process rewards (`arl.trainers.process_reward_models`).
@@ -45,6 +46,7 @@ from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers.python_rewards import PythonRewards
+from arl.trainers.reward_model import OutcomeRewardModel
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
 from arl.trainers.protocol import EvaluationReport
@@ -84,6 +86,8 @@ class TokenTrainer:
         self.task_params(1, 1)  # rejects unknown config.env.params fields before tracing
         # config.reward.functions: Python rewards scored on the host inside the step.
         self.python_rewards = PythonRewards.from_config(config, self.env)
+        # config.reward_model: a frozen sequence classifier scoring each episode.
+        self.reward_model = OutcomeRewardModel.from_config(config, self.env)
         self.policy = Policy.from_config(
             config, vocab_size=self.env.codec.vocab_size,
             context_length=self.context_length, value_head=self.algorithm.critic)
@@ -112,7 +116,8 @@ class TokenTrainer:
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
-                                  self.uses_reference, self.process_models)
+                                  self.uses_reference, self.process_models,
+                                  reward_model=self.reward_model)
         self.credit = credit_lib.CreditAssignment(
             self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
             branch_turns=self.branch_turns)
@@ -163,8 +168,9 @@ class TokenTrainer:
         seed = self.config.seed if seed is None else seed
         init_key, key = jax.random.split(jax.random.key(seed))
         pretrained = load_pretrained(self.config, self.model, self.mesh)
+        reward_model = None if self.reward_model is None else self.reward_model.load(self.mesh)
         return jax.jit(self.layout.initial, out_shardings=self.state_shardings())(
-            init_key, key, pretrained)
+            init_key, key, pretrained, reward_model)
 
     def abstract_state(self) -> TrainState:
         """Shapes, dtypes and shardings of the state (orbax restore target)."""
@@ -258,8 +264,14 @@ class TokenTrainer:
                 projections, sharding_lib.layer_major_batch_sharding(self.mesh))
         mask = traj.agent_mask
         metrics = {}
-        if self.python_rewards is not None:
+        env_weight = c.reward.env_weight
+        if self.python_rewards is not None:  # scales the env's reward by env_weight
             traj, reward_metrics = self.python_rewards(traj)
+            metrics.update(reward_metrics)
+            env_weight = 1.0
+        if self.reward_model is not None:
+            traj, reward_metrics = self.reward_model(state.reward_model_params, traj,
+                                                     env_weight)
             metrics.update(reward_metrics)
 
         ref_logp = None
