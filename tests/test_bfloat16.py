@@ -91,7 +91,13 @@ def _hf_checkpoint_arguments(request):
     return (directory,), {"env.kwargs.path": tasks}
 
 
-_ARGUMENTS = {"grpo_hf_checkpoint": _hf_checkpoint_arguments}
+def _sql_hf_arguments(request):
+    directory, _ = request.getfixturevalue("hf_standin")
+    return (directory,), {}
+
+
+_ARGUMENTS = {"grpo_hf_checkpoint": _hf_checkpoint_arguments,
+              "grpo_sql_hf": _sql_hf_arguments}
 
 
 def _experiment(name: str, request):
