@@ -59,7 +59,8 @@ def test_the_update_batch_holds_the_signals_on_the_kept_rows(monkeypatch, algori
     class RecordingLearner:  # the batch it is given, and no update
         def update(self, params, opt_state, batch, *args):
             received.append(batch)
-            return params, opt_state, {"loss": jnp.zeros(())}
+            # the non-finite guard reads the update's loss and gradient norm
+            return params, opt_state, {"loss/total": jnp.zeros(()), "grad_norm": jnp.zeros(())}
 
     monkeypatch.setattr(trainer, "learner", RecordingLearner())
     _, metrics = trainer.learn(state, traj, keys, horizon, behaviour_params=policy)

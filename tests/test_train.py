@@ -77,7 +77,10 @@ def test_the_rollout_method_is_the_step_rollout(grpo_trainer, monkeypatch):
         env_params=grpo_trainer.task_params(c.rollout.num_tasks, c.rollout.group_size),
         share_group_prefill=False))(policy, key)
     np.testing.assert_array_equal(traj.tokens, per_row.tokens)
-    np.testing.assert_allclose(traj.behaviour_logp, per_row.behaviour_logp, atol=1e-5)
+    # One prefill per group sums the prompt's attention in another order than one per
+    # row: float32 log-probs near 0 differ by a few of the logits' ulps (1.2e-5 measured
+    # on AMD family 25), while a different episode would differ by far more.
+    np.testing.assert_allclose(traj.behaviour_logp, per_row.behaviour_logp, atol=5e-5)
 
 
 def test_update_is_skipped_exactly_when_no_advantage_is_nonzero(grpo_trainer):
