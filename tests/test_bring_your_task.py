@@ -118,3 +118,40 @@ def test_python_api_logs_every_reward(user_dir):
         # env_weight 0: the logged return is the functions' weighted sum (all rows scored).
         total += record["reward/correct/mean"]
         assert record["reward_mean"] == pytest.approx(total, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_stand_in_reward_model_joins_the_python_rewards(user_dir):
+    """The README's task with a third reward, a stand-in reward model directory
+    (`reward_model.hf_checkpoint`), through the Python API and the command line: every
+    reward is logged and the return is their weighted sum."""
+    import my_task  # pylint: disable=import-error,g-import-not-at-top
+    from arl.runs import experiment  # pylint: disable=g-import-not-at-top
+    from tests.hf_standins import build_reward_model_standin  # pylint: disable=g-import-not-at-top
+
+    reward_model = build_reward_model_standin(str(user_dir / "reward_model"), "qwen2")
+    config = my_task.get_config()
+    config.train_steps, config.log_every = 2, 1
+    config.reward_model.hf_checkpoint, config.reward_model.weight = reward_model, 0.25
+    records = experiment.run(config, str(user_dir / "api"))
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert np.isfinite(record["reward/reward_model/mean"])
+        assert record["reward/reward_model/std"] > 0.0  # a score per episode, not a constant
+        total = (0.5 * record["reward/formatted/mean"] + record["reward/correct/mean"]
+                 + 0.25 * record["reward/reward_model/mean"])
+        assert record["reward_mean"] == pytest.approx(total, rel=1e-4, abs=1e-5)
+
+    command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / 'cli'}"
+               for a in _command()[1:]]
+    command += ["--config.train_steps=2", "--config.log_every=1",
+                f"--config.reward_model.hf_checkpoint={reward_model}"]
+    result = subprocess.run(
+        [sys.executable] + command, cwd=user_dir, capture_output=True, text=True,
+        timeout=1800, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                           "PYTHONPATH": f"{user_dir}{os.pathsep}{ROOT}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = [json.loads(line) for line in open(user_dir / "cli" / "metrics.jsonl")]
+    assert [r["step"] for r in logged] == [1, 2]
+    assert all(f"reward/{name}/mean" in r for r in logged
+               for name in ("formatted", "correct", "reward_model"))

@@ -451,8 +451,8 @@ def test_fresh_model_projection_biases():
 
 # ------------------------------------------------- rejections outside `validate`
 def _tiny_hf_checkpoint(directory, **config_json_changes):
-    """A 1-layer Llama checkpoint for the CharCodec vocabulary, with `config.json`
-    fields changed afterwards."""
+    """A 1-layer Llama checkpoint for the CharCodec vocabulary (or the `vocab_size`
+    given, in its tensors too), with `config.json` fields changed afterwards."""
     import json
 
     import jax
@@ -461,7 +461,7 @@ def _tiny_hf_checkpoint(directory, **config_json_changes):
     from arl.models import hf_import, transformer
 
     model_config = transformer.TransformerConfig(
-        vocab_size=CharCodec().vocab_size, d_model=8, num_layers=1, num_heads=2,
+        vocab_size=config_json_changes.get("vocab_size", CharCodec().vocab_size), d_model=8, num_layers=1, num_heads=2,
         num_kv_heads=2, mlp_dim=16, max_len=64)
     params = transformer.Transformer(model_config).init(
         jax.random.key(0), jax.numpy.zeros((1, 4), jax.numpy.int32))["params"]
@@ -472,8 +472,11 @@ def _tiny_hf_checkpoint(directory, **config_json_changes):
 
 
 def _hf_config(path):
+    from arl.envs import CharCodec
+
     config = config_lib.default_config()
     config.env.name = "bandit"
+    config.env.kwargs.codec = CharCodec()  # the checkpoint has no tokenizer.json
     config.model.hf_checkpoint = path
     return config
 
@@ -492,16 +495,14 @@ def test_hf_config_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path, ch
 
 
 def test_hf_tensor_mismatch_is_a_config_error_naming_the_checkpoint(tmp_path):
-    """config.json claims 2 layers, the tensors hold 1: refused when the weights load
-    (`hf_import.CheckpointMismatchError`, a ValueError, or a KeyError naming the tensor),
-    before the initial state is compiled."""
+    """config.json claims 2 layers, the tensors hold 1: refused when the config is
+    validated (the safetensors headers are read then), before anything is built."""
     from arl.trainers import TokenTrainer
 
     path = _tiny_hf_checkpoint(tmp_path / "hf", num_hidden_layers=2)
-    trainer = TokenTrainer(_hf_config(path))
     with pytest.raises(config_lib.ConfigError,
                        match=rf"^config\.model\.hf_checkpoint='{path}' is invalid: .*layers"):
-        trainer.init_state()
+        TokenTrainer(_hf_config(path))
 
 
 def test_a_config_is_checked_once_per_content(monkeypatch, tmp_path):
