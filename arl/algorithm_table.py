@@ -132,14 +132,7 @@ _POLICY_LOSSES: dict[str, PolicyLoss] = {}
 def register_policy_loss(policy_loss: PolicyLoss) -> PolicyLoss:
     """Adds a policy loss; the same definition again replaces it, a different one under a
     taken name is an error."""
-    existing = _POLICY_LOSSES.get(policy_loss.name)
-    if existing is not None and not all(
-            _same_definition(getattr(existing, f.name), getattr(policy_loss, f.name))
-            for f in dataclasses.fields(PolicyLoss)):
-        raise ValueError(f"policy loss {policy_loss.name!r} is already registered with a "
-                         "different definition")
-    _POLICY_LOSSES[policy_loss.name] = policy_loss
-    return policy_loss
+    return _register(_POLICY_LOSSES, policy_loss, "policy loss")
 
 
 def policy_loss_names() -> tuple[str, ...]:
@@ -222,17 +215,24 @@ def _same_definition(a, b) -> bool:
             and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None))
 
 
+def _register(table: dict, entry, kind: str):
+    """Puts a dataclass `entry` (an `Algorithm`, a `PolicyLoss`) in `table` under its
+    name: the same definition again replaces it, a different one under a taken name is a
+    ValueError naming the `kind`."""
+    existing = table.get(entry.name)
+    if existing is not None and not all(
+            _same_definition(getattr(existing, f.name), getattr(entry, f.name))
+            for f in dataclasses.fields(entry)):
+        raise ValueError(f"{kind} {entry.name!r} is already registered with a "
+                         "different definition")
+    table[entry.name] = entry
+    return entry
+
+
 def register_algorithm(algorithm: Algorithm) -> Algorithm:
     """Adds a row. Registering the same row again (e.g. its module re-imported) replaces
     it; a different row under a taken name is an error."""
-    existing = _TABLE.get(algorithm.name)
-    if existing is not None and not all(
-            _same_definition(getattr(existing, f.name), getattr(algorithm, f.name))
-            for f in dataclasses.fields(Algorithm)):
-        raise ValueError(f"algorithm {algorithm.name!r} is already registered with a "
-                         "different definition")
-    _TABLE[algorithm.name] = algorithm
-    return algorithm
+    return _register(_TABLE, algorithm, "algorithm")
 
 
 def algorithm_names(trainer: str | None = None) -> tuple[str, ...]:

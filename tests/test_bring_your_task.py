@@ -53,6 +53,19 @@ def _command():
     return block.split()[1:]
 
 
+def _run_command(user_dir, workdir_name, *overrides, timeout):
+    """The README's command in `user_dir`, its workdir `user_dir/workdir_name`, with
+    `overrides` appended; returns metrics.jsonl's records after asserting exit 0."""
+    command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / workdir_name}"
+               for a in _command()[1:]] + list(overrides)
+    result = subprocess.run(
+        [sys.executable] + command, cwd=user_dir, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                              "PYTHONPATH": f"{user_dir}{os.pathsep}{ROOT}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in open(user_dir / workdir_name / "metrics.jsonl")]
+
+
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     path = _user_directory(tmp_path)
@@ -86,14 +99,7 @@ def test_readme_rewards_agree_with_the_verifier(user_dir):
 
 @pytest.mark.slow
 def test_readme_command_learns_beyond_its_start(user_dir):
-    command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / 'run'}"
-               for a in _command()[1:]]
-    result = subprocess.run(
-        [sys.executable] + command, cwd=user_dir, capture_output=True, text=True,
-        timeout=3000, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                           "PYTHONPATH": f"{user_dir}{os.pathsep}{ROOT}"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in open(user_dir / "run" / "metrics.jsonl")]
+    records = _run_command(user_dir, "run", timeout=3000)
     first, last = records[0], records[-1]
     for name in ("formatted", "correct"):
         for stat in ("mean", "std", "errors"):
@@ -142,16 +148,9 @@ def test_a_stand_in_reward_model_joins_the_python_rewards(user_dir):
                  + 0.25 * record["reward/reward_model/mean"])
         assert record["reward_mean"] == pytest.approx(total, rel=1e-4, abs=1e-5)
 
-    command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / 'cli'}"
-               for a in _command()[1:]]
-    command += ["--config.train_steps=2", "--config.log_every=1",
-                f"--config.reward_model.hf_checkpoint={reward_model}"]
-    result = subprocess.run(
-        [sys.executable] + command, cwd=user_dir, capture_output=True, text=True,
-        timeout=1800, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                           "PYTHONPATH": f"{user_dir}{os.pathsep}{ROOT}"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    logged = [json.loads(line) for line in open(user_dir / "cli" / "metrics.jsonl")]
+    logged = _run_command(user_dir, "cli", "--config.train_steps=2", "--config.log_every=1",
+                          f"--config.reward_model.hf_checkpoint={reward_model}",
+                          timeout=1800)
     assert [r["step"] for r in logged] == [1, 2]
     assert all(f"reward/{name}/mean" in r for r in logged
                for name in ("formatted", "correct", "reward_model"))
