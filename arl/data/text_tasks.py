@@ -52,7 +52,6 @@ SPLITS = ("train", "eval")
 MAX_PROMPT_LEN = 512
 MAX_ANSWER_LEN = 256
 _FORMAT_VERSION = 2  # bump when the records change meaning (invalidates cached builds)
-_MAX_LISTED = 20  # bad lines listed in one error
 # What a .jsonl path built on use (DatasetTask(path="x.jsonl")) can do about long rows:
 # the env takes no limits, a dataset built by make_dataset can drop them.
 CACHED_LONG_ROWS_ADVICE = (
@@ -91,7 +90,7 @@ def read_jsonl(path) -> list[TextTask]:
                 tasks.append(_parse_line(raw, number))
             except ValueError as error:
                 errors.append(f"{path}:{number}: {error}")
-    _raise_listed(errors, "bad lines")
+    task_files.raise_listed(errors, "bad lines")
     if not tasks:
         raise ValueError(f"{path}:1: the file holds no tasks (expected one JSON object "
                          "{\"prompt\": ..., \"answer\": ...} per line)")
@@ -123,26 +122,6 @@ def _parse_line(raw: str, number: int) -> TextTask:
             raise ValueError(f"field {field!r} is empty")
         fields[field] = value
     return TextTask(line=number, prompt=fields["prompt"], answer=fields["answer"])
-
-
-def _raise_listed(errors: list[str], what: str, advice: str = "") -> None:
-    """One line: the first of `errors` ("<file>:<line>: ..."), then where the others are
-    (up to _MAX_LISTED line numbers), then `advice`."""
-    if not errors:
-        return
-    more = ""
-    if len(errors) > 1:
-        lines = [_line_of(e) for e in errors[1:_MAX_LISTED + 1]]
-        rest = f", ... ({len(errors) - 1 - len(lines)} more)" if len(errors) - 1 > len(
-            lines) else ""
-        more = f" (also {what} at lines {', '.join(lines)}{rest})"
-    raise ValueError(errors[0] + more + (f"; {advice}" if advice else ""))
-
-
-def _line_of(error: str) -> str:
-    """The line number of a "<file>:<line>: message" error."""
-    head = error.split(": ", 1)[0]
-    return head.rsplit(":", 1)[-1]
 
 
 # ---------------------------------------------------------------------------- tokenizers
