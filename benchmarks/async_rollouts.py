@@ -1,4 +1,4 @@
-"""Step throughput of asynchronous rollouts (`arl.trainers.async_step`) on a host-bound
+"""Step throughput of asynchronous rollouts (`arl.trainers.two_program`) on a host-bound
 environment: the fused step against the two-program loop at policy lag 0, 1 and 2, with
 the rollout on its own device (disaggregated) or on the training device (colocated), and
 the bound max(rollout, update) the overlap can reach.
@@ -64,7 +64,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
-    from arl.trainers.async_step import TwoProgramTrainer  # pylint: disable=import-outside-toplevel
+    from arl.trainers.two_program import TwoProgramTrainer  # pylint: disable=import-outside-toplevel
 
     config = tiny_config(args.tiny)
     trainer = TokenTrainer(config)

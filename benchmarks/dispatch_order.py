@@ -1,5 +1,5 @@
 """Which program goes out first at a policy lag: a rollout that waits on a host tool,
-dispatched before or after the update it should overlap (`arl.trainers.async_step`).
+dispatched before or after the update it should overlap (`arl.trainers.two_program`).
 
     python benchmarks/dispatch_order.py [--wait_ms 20] [--steps 4] [--rounds 5] [--no-write]
 
@@ -66,7 +66,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
-    from arl.trainers.async_step import TwoProgramTrainer  # pylint: disable=import-outside-toplevel
+    from arl.trainers.two_program import TwoProgramTrainer  # pylint: disable=import-outside-toplevel
 
     trainer = TokenTrainer(config())
     env = trainer.env

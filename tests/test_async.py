@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (arl.trainers.async_step) on fake CPU devices: lag 0 through the
+"""Asynchronous rollouts (arl.trainers.two_program) on fake CPU devices: lag 0 through the
 two programs is the synchronous two-program run bit for bit and the fused step to float
 tolerance; at lag k update t trains on a rollout of the parameters of step max(t - k, 0);
 resharding is exact; bad combinations are one-line config errors."""
@@ -14,7 +14,7 @@ import pytest
 from arl import config as config_lib
 from arl.errors import ConfigError
 from arl.trainers import TokenTrainer
-from arl.trainers.async_step import TwoProgramTrainer
+from arl.trainers.two_program import TwoProgramTrainer
 from tests.test_train import tiny_config
 
 STEPS = 4

@@ -111,23 +111,24 @@ def test_evaluate_policy_rejects_bad_num_tasks(workdir):
 
 def test_restore_params_of_a_run_at_a_policy_lag(tmp_path):
     """A run at policy lag k checkpoints the pending rollouts' behaviour parameters next to
-    the state (async_step.AsyncCheckpoint): evaluation and export read the state's
+    the state (two_program.TwoProgramState): evaluation and export read the state's
     parameters out of it, not a behaviour copy."""
-    from arl.trainers import async_step
+    from arl.trainers import two_program
 
     config = _tiny_mixture_config()
     config.rollout.policy_lag = 2
     config.loss.off_policy_correction = "tis"
     trainer = trainers.build(config)
-    state = trainer.init_state()
+    assert isinstance(trainer, two_program.TwoProgramTrainer)
+    state = trainer.trainer.init_state()
     state = state.replace(params=jax.tree.map(lambda p: p + 0.5, state.params))
     stale = jax.tree.map(lambda p: p - 1.0, state.params)
     with checkpoint.Checkpointer(tmp_path / "checkpoints") as ckpt:
-        ckpt.save(7, async_step.AsyncCheckpoint(state=state, behaviour=(stale, stale)),
+        ckpt.save(7, two_program.TwoProgramState(state=state, behaviour=(stale, stale)),
                   force=True, metadata={"config": experiment.config_json(config)})
     step, params = evaluation.restore_params(trainer, str(tmp_path))
     assert step == 7
-    expected = trainer.policy_params(state)
+    expected = trainer.trainer.policy_params(state)
     assert jax.tree.structure(params) == jax.tree.structure(expected)
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -16,7 +16,7 @@ from arl.sharding import MESH_AXES
 
 def uses_two_programs(config: ml_collections.ConfigDict) -> bool:
     """Whether the token trainer runs rollout and update as two programs
-    (`arl.trainers.async_step`): a policy lag or a rollout mesh of its own."""
+    (`arl.trainers.two_program`): a policy lag or a rollout mesh of its own."""
     return config.rollout.policy_lag > 0 or bool(tuple(config.rollout.mesh))
 
 

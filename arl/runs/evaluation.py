@@ -1,7 +1,7 @@
 """Evaluation of a trained token-environment policy: restore, roll out, tabulate.
 
     step, config = checkpoint_config(workdir)
-    trainer = trainers.build(config)
+    trainer = trainer_for_checkpoint(config)     # arl.trainers.build, as the run built it
     step, params = restore_params(trainer, workdir)
     traj = evaluate_policy(trainer, params, key, num_tasks=64, greedy=True)
     print(format_table({"greedy": success_table(trainer.env_names, traj)}))
@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -26,7 +25,6 @@ from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs.experiment import CHECKPOINT_DIR
-from arl.trainers import async_step
 
 
 def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
@@ -44,27 +42,19 @@ def checkpoint_config(workdir: str) -> tuple[int, ml_collections.ConfigDict]:
     return step, config_lib.with_defaults(metadata["config"])
 
 
-def checkpoint_target(trainer) -> tuple[Any, Callable[[Any], Any]]:
-    """The restore target of `trainer`'s checkpoints and the function that takes the
-    train state out of a restored one: a run at a policy lag saves the pending rollouts'
-    behaviour parameters next to the state (`async_step.AsyncCheckpoint`), restored
-    here on the training mesh."""
-    if not config_lib.uses_two_programs(trainer.config):
-        return trainer.abstract_state(), lambda restored: restored
-    target = async_step.abstract_checkpoint(trainer, trainer.layout.param_shardings,
-                                            trainer.config.rollout.policy_lag)
-    return target, lambda restored: restored.state
-
-
 def trainer_for_checkpoint(config: ml_collections.ConfigDict):
-    """The trainer of a run's stored `config` on this machine's devices: a mesh larger
-    than the machine holds becomes one device (playing or exporting a policy needs no
-    particular layout; orbax reshards the checkpoint on restore)."""
+    """The trainer of a run's stored `config` (`arl.trainers.build`, as the run built it:
+    its state is the checkpoint's layout) on this machine's devices: where the run's
+    meshes need more devices than the machine has, the training mesh becomes one device
+    and the rollout program shares it (playing or exporting a policy needs no particular
+    layout; orbax reshards the checkpoint on restore)."""
     from arl import trainers  # pylint: disable=import-outside-toplevel
 
-    if jax.device_count() < math.prod(config.mesh):
-        config.mesh = (1, 1, 1)
-    return trainers.build(config)
+    two_programs = config_lib.uses_two_programs(config)
+    rollout_devices = math.prod(config.rollout.mesh) if tuple(config.rollout.mesh) else 0
+    if jax.device_count() < math.prod(config.mesh) + rollout_devices:
+        config.mesh, config.rollout.mesh = (1, 1, 1), ()
+    return trainers.build(config, two_programs=two_programs)
 
 
 CheckpointCorruptError = checkpoint_lib.CheckpointCorruptError
@@ -76,7 +66,7 @@ def restore_params(trainer, workdir: str, step: int | None = None) -> tuple[int,
     each); under LoRA the base with the adapters merged in. Raises FileNotFoundError
     when there is no such checkpoint, CheckpointCorruptError when the `step` asked for
     does not verify."""
-    target, train_state = checkpoint_target(trainer)
+    target = trainer.abstract_state()
     with checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                      read_only=True) as ckpt:
         if step is None:
@@ -90,7 +80,7 @@ def restore_params(trainer, workdir: str, step: int | None = None) -> tuple[int,
                 raise FileNotFoundError(f"no checkpoint {step} in {workdir!r} "
                                         f"(steps: {steps})")
             checkpoint, _ = ckpt.restore(step, target)
-    return step, trainer.policy_params(train_state(checkpoint))
+    return step, trainer.policy_params(checkpoint)
 
 
 @functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))

@@ -6,10 +6,10 @@
    settings; `arl.runs.process_settings`), then `config_lib.validate(config, workdir=...)`
    rejects bad settings before compiling; the workdir's lock (`arl.runs.workdir_lock`)
    turns a second run on it away.
-2. The trainer: `arl.trainers.build(config)` (a `TokenTrainer` or a `VectorPPO`, by the
-   algorithm's row), run as two overlapped programs (`arl.trainers.async_step`) with a
-   policy lag or a rollout mesh. The loop uses only the `arl.trainers.Trainer`
-   protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
+2. The trainer: `arl.trainers.build(config)`, the one that `arl.build(config)` returns (a
+   `TokenTrainer` or a `VectorPPO`, by the algorithm's row; two overlapped programs,
+   `arl.trainers.two_program`, with a policy lag or a rollout mesh). The loop uses only
+   the `arl.trainers.Trainer` protocol: ``init_state``, ``abstract_state``, ``warm_start``, ``evaluation_report``
    and ``train_step(state) -> (state, metrics)``, which donates ``state``.
 3. The newest readable checkpoint in ``workdir/checkpoints`` is restored (corrupt ones are
    reported and skipped by `arl.runs.checkpoint.Checkpointer`); otherwise training starts
@@ -25,7 +25,7 @@
    (`arl.runs.preemption`; docs/faults.md).
 5. ``curves.png`` from the whole metrics history.
 
-With two programs the state (`async_step.AsyncCheckpoint`) also holds the behaviour
+With two programs the state (`two_program.TwoProgramState`) also holds the behaviour
 parameters of the rollouts still to be consumed, from which a resumed run recomputes
 them.
 
@@ -54,8 +54,6 @@ from arl.runs import preemption
 from arl.runs import workdir_lock
 from arl.runs import run_guards
 from arl.runs import writers as writers_lib
-from arl.trainers import async_step
-from arl.trainers import placement
 
 CHECKPOINT_DIR = "checkpoints"
 CURVES_FILE = "curves.png"
@@ -119,11 +117,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     """
     process_settings.setup(config)
     config_lib.validate(config, num_devices=jax.device_count(), workdir=workdir)
-    # Across processes a rollout mesh of its own takes a share of every process's
-    # devices, and so does the training mesh (arl.trainers.placement); None: the default.
     # Built before the workdir is made: a setting only the trainer rejects leaves nothing.
-    trainer = async_step.build(
-        trainers_lib.build(config, mesh=placement.training_mesh(config)))
+    trainer = trainers_lib.build(config)
     os.makedirs(workdir, exist_ok=True)
     with workdir_lock.hold(workdir):
         return _run_locked(trainer, config, workdir, kill_after_step)

@@ -1,7 +1,7 @@
 """What the experiment loop (`arl.runs.experiment`) needs from a trainer.
 
 Three trainers implement it: `TokenTrainer` (multi-turn token environments), `VectorPPO`
-(vector environments), and `arl.trainers.async_step.TwoProgramTrainer` (a `TokenTrainer`'s
+(vector environments), and `arl.trainers.two_program.TwoProgramTrainer` (a `TokenTrainer`'s
 step as a rollout and an update program, overlapped at a policy lag; its state also holds
 the behaviour parameters of the rollouts in flight). The experiment loop never looks at
 which one it has: whatever `init_state` returns is what it checkpoints, restores (with

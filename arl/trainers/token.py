@@ -18,7 +18,7 @@
 The pieces: `Policy` (model, LoRA, scoring forward), `StateLayout` (the `TrainState`, its
 init and shardings), `CreditAssignment` (advantages), `Learner` (loss and update),
 `ProcessModels` (PRMs); this module wires them into one step. `learn` is the step after
-its rollout, which `arl.trainers.async_step` runs as a program of its own when the
+its rollout, which `arl.trainers.two_program` runs as a program of its own when the
 rollout runs ahead (`config.rollout.policy_lag`, docs/async.md).
 """
 

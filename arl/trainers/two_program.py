@@ -1,7 +1,7 @@
 """Asynchronous rollouts: the token trainer's step as two programs, overlapped.
 
-    two = TwoProgramTrainer(trainer)              # a TokenTrainer; lag and mesh from
-    state = two.init_state()                      # config.rollout.policy_lag / .mesh
+    two = arl.build(config)                       # a TwoProgramTrainer where the config
+    state = two.init_state()                      # has rollout.policy_lag or rollout.mesh
     for _ in range(100):
         state, metrics = two.train_step(state)    # the `arl.trainers.Trainer` protocol
 
@@ -17,7 +17,7 @@ where the meshes lie). Each `train_step` dispatches update t, then rollout t + 1
 waits on neither: JAX dispatch is asynchronous, so the two run concurrently wherever
 they can (disjoint devices; a host tool's wall time). Rollout t samples with the
 parameters after max(t - k, 0) updates (k = `policy_lag`); the state
-(`AsyncCheckpoint`) holds those k versions as copies on the rollout mesh, each taken
+(`TwoProgramState`) holds those k versions as copies on the rollout mesh, each taken
 before the update that would donate it, and is what a checkpoint saves.
 
 With k = 0 rollout t + 1 reads update t's result: the synchronous two-program run, the
@@ -36,7 +36,6 @@ import jax.numpy as jnp
 
 from flax import struct
 
-from arl import config as config_lib
 from arl import sharding as sharding_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout import Trajectory
@@ -45,7 +44,7 @@ from arl.trainers.state import TrainState
 
 
 @struct.dataclass
-class AsyncCheckpoint:
+class TwoProgramState:
     """The state of a `TwoProgramTrainer`, and all a resume at lag k needs: the train
     state after t updates, and the behaviour parameters rollouts t .. t+k-1 read
     (versions max(s - k, 0)); their trajectories are recomputed from these, bit for bit
@@ -55,29 +54,24 @@ class AsyncCheckpoint:
     behaviour: tuple  # k parameter trees, on the rollout mesh
 
 
-def build(trainer):
-    """The trainer that runs `trainer`'s config: a `TwoProgramTrainer` over it with a
-    policy lag or a rollout mesh (`arl.config.uses_two_programs`), else `trainer`
-    itself (its fused step). Either implements `arl.trainers.Trainer`."""
-    if not config_lib.uses_two_programs(trainer.config):
-        return trainer
-    return TwoProgramTrainer(trainer)
-
-
-def abstract_checkpoint(trainer, param_shardings, policy_lag: int) -> AsyncCheckpoint:
-    """The restore target of a two-program run's checkpoint, with the behaviour
-    parameters on `param_shardings` (the rollout mesh's, or any other: orbax reshards)."""
-    state = trainer.abstract_state()
-    params = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        jax.eval_shape(trainer.layout.policy_params, state), param_shardings)
-    return AsyncCheckpoint(state=state, behaviour=(params,) * policy_lag)
-
-
 class TwoProgramTrainer:
     """A `TokenTrainer`'s step split into a rollout and an update program, overlapped at
-    a bounded policy lag: an `arl.trainers.Trainer` whose state is an
-    `AsyncCheckpoint`."""
+    a bounded policy lag: an `arl.trainers.Trainer` whose state is a
+    `TwoProgramState`. `arl.trainers.build` returns one for a config with a policy lag
+    or a rollout mesh. The token trainer's static pieces (`env`, `model`, `sampling`,
+    `task_params`, ... : `_READ_THROUGH`) read through to it, so code written for the
+    `TokenTrainer` that `build` returns otherwise (evaluation, export) takes this one;
+    what takes a state is this class's own (`policy_params`, `abstract_state`, ...)."""
+
+    # The TokenTrainer's attributes that involve no state, read through as they are.
+    _READ_THROUGH = frozenset({
+        "algorithm", "batch_size", "context_length", "env", "env_names", "lora", "model",
+        "num_envs", "policy", "python_rewards", "reward_model", "sampling", "task_params"})
+
+    def __getattr__(self, name):  # only for names not found on the instance or class
+        if name in TwoProgramTrainer._READ_THROUGH:
+            return getattr(self.__dict__["trainer"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __init__(self, trainer, *, policy_lag: int | None = None, mesh=None):
         c = trainer.config
@@ -168,31 +162,40 @@ class TwoProgramTrainer:
     def config(self):
         return self.trainer.config
 
-    def start(self, state: TrainState) -> AsyncCheckpoint:
+    def start(self, state: TrainState) -> TwoProgramState:
         """A run that starts at `state`: its first `policy_lag` rollouts sample with
         `state`'s parameters (those of version 0 for a fresh state)."""
-        return AsyncCheckpoint(state=state,
+        return TwoProgramState(state=state,
                                behaviour=(self.behaviour_params(state),) * self.policy_lag)
 
-    def init_state(self, seed: int | None = None) -> AsyncCheckpoint:
+    def init_state(self, seed: int | None = None) -> TwoProgramState:
         return self.start(self.trainer.init_state(seed))
 
-    def abstract_state(self) -> AsyncCheckpoint:
-        """Shapes, dtypes and shardings of the state (the orbax restore target)."""
-        return abstract_checkpoint(self.trainer, self.param_shardings, self.policy_lag)
+    def abstract_state(self) -> TwoProgramState:
+        """Shapes, dtypes and shardings of the state (the orbax restore target; orbax
+        reshards onto them whatever meshes the checkpoint was written from)."""
+        state = self.trainer.abstract_state()
+        params = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            jax.eval_shape(self.trainer.layout.policy_params, state), self.param_shardings)
+        return TwoProgramState(state=state, behaviour=(params,) * self.policy_lag)
 
-    def warm_start(self, state: AsyncCheckpoint, *, log) -> AsyncCheckpoint:
+    def policy_params(self, state: TwoProgramState):
+        """The policy's parameters in `state` (`TokenTrainer.policy_params`)."""
+        return self.trainer.policy_params(state.state)
+
+    def warm_start(self, state: TwoProgramState, *, log) -> TwoProgramState:
         warmed = self.trainer.warm_start(state.state, log=log)
         return state if warmed is state.state else self.start(warmed)
 
-    def evaluation_report(self, state: AsyncCheckpoint, key: jax.Array):
+    def evaluation_report(self, state: TwoProgramState, key: jax.Array):
         return self.trainer.evaluation_report(state.state, key)
 
     def behaviour_version(self, step: int) -> int:
         """The parameter version (updates applied) rollout `step` samples with."""
         return max(step - self.policy_lag, 0)
 
-    def train_step(self, state: AsyncCheckpoint) -> tuple[AsyncCheckpoint, dict]:
+    def train_step(self, state: TwoProgramState) -> tuple[TwoProgramState, dict]:
         """Update t = `state.state.step` on rollout t, and rollout t + 1; returns at once
         wherever dispatch is asynchronous (nothing is fetched). Donates `state.state`.
 
@@ -232,7 +235,7 @@ class TwoProgramTrainer:
         if samples_next:
             params = behaviour[0] if k else self.behaviour_params(train_state)
             trajectory = self.rollout(params, key, jnp.int32(step + 1))
-        result = AsyncCheckpoint(state=train_state, behaviour=behaviour)
+        result = TwoProgramState(state=train_state, behaviour=behaviour)
         self._ahead = _Ahead(state=result, step=step + 1, key=key, trajectory=trajectory)
         return result, metrics
 
@@ -253,7 +256,7 @@ class _Ahead:
     """What `train_step` dispatched past the state it returned: the step it is at, the
     rollout key of that step and the trajectory of its rollout (None: not sampled)."""
 
-    state: AsyncCheckpoint
+    state: TwoProgramState
     step: int
     key: jax.Array
     trajectory: Trajectory | None
