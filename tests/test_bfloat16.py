@@ -357,7 +357,7 @@ def test_checkpoint_recipe_trains_resumes_evaluates_and_exports_in_bfloat16(
     assert exported.get("torch_dtype", exported.get("dtype")) == "bfloat16"
     _, stored = evaluation.checkpoint_config(str(workdir))
     trainer = evaluation.trainer_for_checkpoint(stored)
-    target, _ = evaluation.checkpoint_target(trainer)
+    target = trainer.abstract_state()
     with checkpoint_lib.Checkpointer(str(workdir / "checkpoints"), read_only=True) as ckpt:
         step, state, _ = ckpt.restore_latest(target)
     assert step == 3
