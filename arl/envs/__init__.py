@@ -8,8 +8,6 @@ environment (gymnax is an optional dependency of that adapter only). `make_env` 
 
 from __future__ import annotations
 
-import sys
-
 from arl.envs import tasks
 from arl.envs.base import (Box, Discrete, Environment, TimeStep, TokenChunk, TokenEnvironment,
                            TokenEnvState, TokenSpace)
@@ -32,13 +30,6 @@ from arl.envs.tool_use import ToolEnvironment, ToolParams, ToolTask
 from arl.envs.wrappers import (AutoReset, Mixture, MixtureParams, MixtureState, TurnHorizon,
                                TurnHorizonParams, TurnHorizonState, VmapWrapper, batch,
                                broadcast_params)
-
-# The tasks' modules live in arl.envs.tasks; their first import paths (arl.envs.sokoban,
-# `from arl.envs.code_interpreter import notebook_cell`, ...) name the same module objects.
-for _name in tasks.MODULES:
-    sys.modules[f"{__name__}.{_name}"] = getattr(tasks, _name)
-    globals()[_name] = getattr(tasks, _name)
-del _name
 
 __all__ = [
     "AutoReset", "Bandit", "BanditParams", "BanditState", "Box", "Calculator",

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from arl.envs import code_interpreter
-from arl.envs.code_interpreter import CodeInterpreter
+from arl.envs.tasks import code_interpreter
+from arl.envs.tasks.code_interpreter import CodeInterpreter
 from arl.tools import HttpExecutor, LocalSandbox, PythonExecutor, SandboxLimits, Status, serve
 from arl.tools import executor as executor_lib
 from arl.tools import sandbox
@@ -139,7 +139,7 @@ def test_code_interpreter_refuses_a_weak_sandbox_unless_accepted(monkeypatch, ca
                               "minimal root, seccomp, network namespace, PID namespace)")
     assert "env.kwargs.allow_weak_sandbox=True" in message
     monkeypatch.setattr(code_interpreter, "_reported", set())
-    with caplog.at_level(logging.WARNING, logger="arl.envs.code_interpreter"):
+    with caplog.at_level(logging.WARNING, logger="arl.envs.tasks.code_interpreter"):
         env = CodeInterpreter(allow_weak_sandbox=True)
         CodeInterpreter(allow_weak_sandbox=True)  # said once per process
     assert isinstance(env.executor, LocalSandbox)

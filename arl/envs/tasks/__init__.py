@@ -10,4 +10,4 @@ from arl.envs.tasks import (bandit, calculator, code_interpreter, countdown, dat
                             frozen_lake, guess_number, sokoban, sql_query)
 
 MODULES = ("bandit", "calculator", "code_interpreter", "countdown", "dataset_task",
-           "frozen_lake", "guess_number", "sokoban", "sql_query")
+           "frozen_lake", "guess_number", "sokoban", "sql_query")  # one task each
