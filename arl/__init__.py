@@ -15,6 +15,7 @@ tests/test_layers.py):
     arl.config       the config schema and its validation
     arl.envs         jittable environments, the registry, env construction from config
     arl.algorithm_table  one row per `config.algorithm` (credit family, policy loss)
+    arl.rewards      Python reward functions, scored on the host
     arl.data         text tasks on disk (tfds array_record)
     arl.models       Flax models (decoder LM with value head, MLP actor-critic), sampling
     arl.algorithms   pure kernels (advantages, losses, filters): jax, chex, numpy only
@@ -33,7 +34,7 @@ __version__ = "0.1.0"
 # first touched.
 _SUBMODULES = frozenset({
     "algorithm_table", "algorithms", "backend", "caches", "config", "data", "envs", "errors",
-    "models", "optim", "rollout", "runs", "sharding", "text", "tools", "trainers",
+    "models", "optim", "rewards", "rollout", "runs", "sharding", "text", "tools", "trainers",
 })
 _EXPORTS = {
     "Algorithm": "arl.algorithm_table",

@@ -24,7 +24,7 @@ class RunStopped(RuntimeError):
 class RewardFunctionError(RunStopped):
     """A user's Python reward function failed (raised, timed out, or returned something
     other than one finite number or None per row); the message is one line naming the
-    function and the row (`arl.envs.reward_functions`)."""
+    function and the row (`arl.rewards.functions`)."""
 
 
 def invalid_field(field: str, value, allowed: str) -> ConfigError:

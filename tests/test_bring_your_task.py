@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import arl
-from arl.envs.reward_functions import RewardFunctions, episodes
+from arl.rewards.functions import RewardFunctions, episodes
 from arl.rollout.rollouts import scripted_rollout
 
 pa = pytest.importorskip("pyarrow")

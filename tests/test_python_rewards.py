@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import arl
-from arl.envs.reward_functions import RewardFunctions
+from arl.rewards.functions import RewardFunctions
 from arl.errors import ConfigError
 from arl.rollout.rollouts import scripted_rollout
 from arl.trainers.python_rewards import PythonRewards

@@ -24,7 +24,7 @@ from arl import rollout as rollout_lib  # noqa: E402
 from arl.config import ConfigError  # noqa: E402
 from arl.envs import from_config  # noqa: E402
 from arl.envs.host import HostEpisode  # noqa: E402
-from arl.envs.reward_functions import episode_texts  # noqa: E402
+from arl.rewards.functions import episode_texts  # noqa: E402
 from arl.text.chat_template import ChatTemplateError  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Reward functions a user writes in plain Python, named in configs as
 "tests.user_rewards:<function>" (tests/test_python_rewards.py,
-tests/envs/test_reward_functions.py)."""
+tests/test_reward_functions.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import math
 import ml_collections
 
 from arl.config.checks import check_choice, check_range, fail
-from arl.envs.reward_functions import ON_ERROR, function_name, resolve
+from arl.rewards.functions import ON_ERROR, function_name, resolve
 
 
 def defaults() -> ml_collections.ConfigDict:

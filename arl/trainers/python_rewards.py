@@ -5,7 +5,7 @@
 
 After the rollout, the batch's token buffers (and each row's dataset row, where the env
 has one) go to the host in ONE `jax.experimental.io_callback`; there
-`arl.envs.reward_functions.RewardFunctions` decodes the episodes and calls every
+`arl.rewards.functions.RewardFunctions` decodes the episodes and calls every
 function of `config.reward.functions` on the batch (a thread pool, a time limit per
 call). Their weighted sum is the episode's outcome from the functions:
 
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import io_callback
 
-from arl.envs.reward_functions import RewardFunctions, episodes
+from arl.rewards.functions import RewardFunctions, episodes
 from arl.rollout.trajectory import Trajectory
 
 

@@ -8,7 +8,7 @@ The model is a sequence classifier read by `arl.models.hf_sequence_classifier` (
 Qwen2/Llama `...ForSequenceClassification` directory with num_labels=1). It reads text
 in its own tokenizer and chat template, not the policy's, so the episode crosses to
 the host once per step (one ordered `io_callback`): each row is decoded to its
-conversation (`arl.envs.reward_functions.episodes`: the prompt's messages, then the
+conversation (`arl.rewards.functions.episodes`: the prompt's messages, then the
 agent's turns as "assistant" and the env's replies as "user"), rendered with the
 model's chat template (no generation prompt) and tokenized, kept to its last
 `reward_model.max_length` tokens (the beginning is cut: a reward model judges the
@@ -37,7 +37,7 @@ from flax import linen as nn
 from jax.experimental import io_callback
 
 from arl import sharding as sharding_lib
-from arl.envs.reward_functions import episodes
+from arl.rewards.functions import episodes
 from arl.errors import ConfigError, one_line
 from arl.models import hf_sequence_classifier as classifier_lib
 from arl.models import transformer as transformer_lib

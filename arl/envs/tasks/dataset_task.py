@@ -365,7 +365,7 @@ class DatasetTask(TokenEnvironment):
         keys = jnp.repeat(jax.random.split(jax.random.key(0), self.num_rows), group_size, axis=0)
         return keys, batched.replace(task_index=rows)
 
-    # -- Python reward functions (arl.envs.reward_functions)
+    # -- Python reward functions (arl.rewards.functions)
     def task_row(self, state: DatasetTaskState) -> jax.Array:
         """The row of the split an episode plays (recorded by the rollout)."""
         return state.row

@@ -1,4 +1,4 @@
-"""Python reward functions on the host (`arl.envs.reward_functions`): episodes decoded
+"""Python reward functions on the host (`arl.rewards.functions`): episodes decoded
 from rollout rows (arl's codec and a checkpoint's chat template), the dataset's prompts
 and columns handed over, weights, None, and every failure as one line naming the
 function and the row, or scored 0 and counted."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from arl.text.hf_codec import HFCodec
-from arl.envs.reward_functions import RewardFunctions, episode_texts, episodes, resolve
+from arl.rewards.functions import RewardFunctions, episode_texts, episodes, resolve
 from arl.envs.tasks.dataset_task import DatasetTask
 from arl.errors import RewardFunctionError
 from arl.rollout.rollouts import scripted_rollout
@@ -94,7 +94,7 @@ def row_a(env, row):
 
 
 def _batch(completions, **columns):
-    from arl.envs.reward_functions import Episodes
+    from arl.rewards.functions import Episodes
     return Episodes(prompts=["p"] * len(completions), completions=list(completions),
                     messages=[[]] * len(completions), columns=columns)
 
