@@ -3,7 +3,7 @@ r"""RL + alpha*SFT with GRPO on `calculator`, spoken in a freshly trained BPE to
 The whole real-model path on CPU: a small Llama-architecture decoder (RoPE, RMSNorm,
 SwiGLU, grouped-query attention with 2 KV heads for 4 query heads) whose vocabulary is a
 byte-level BPE trained with `tokenizers` on the environment's own strings
-(`arl.envs.tokenizer_corpus.env_corpus`); the env gets it as `env.kwargs.codec`, the path of
+(`configs.tokenizer_corpus.env_corpus`); the env gets it as `env.kwargs.codec`, the path of
 the `tokenizer.json`, which `arl.envs.make` wraps in an `HFCodec`. Prompts and replies
 are subword ids; the agent's turns are parsed from ids inside the compiled step, and
 the training log-probs are computed in chunks from the hidden states
@@ -34,7 +34,7 @@ VOCAB_SIZE = 320
 
 def tokenizer_path(vocab_size: int = VOCAB_SIZE) -> str:
     """Trains (once; the result is deterministic) and caches the BPE tokenizer.json."""
-    from arl.envs.tokenizer_corpus import env_corpus
+    from configs.tokenizer_corpus import env_corpus
     from arl.text.hf_codec import train_bpe_tokenizer
 
     directory = os.path.join(tempfile.gettempdir(), "arl_tokenizers")

@@ -150,7 +150,7 @@ LLAMA31_SPECIALS = LLAMA3_SPECIALS + ("<|eom_id|>", "<|python_tag|>")
 def _corpus() -> list[str]:
     from arl.data import word_problems
     from arl.data.text_tasks import read_jsonl
-    from arl.envs.tokenizer_corpus import env_corpus
+    from configs.tokenizer_corpus import env_corpus
 
     lines = env_corpus(num_expressions=100)
     lines += [t.prompt for t in read_jsonl(word_problems.SHIPPED_JSONL)[:200]]

@@ -313,7 +313,7 @@ def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, js
         {"name": "guess_number"}, {"name": "calculator"}]}, codec=envs.checkpoint_codec(c))
     assert all(m.codec is env.codec for m in mixture.envs)
     # An explicit codec wins: a bare tokenizer.json keeps arl's plain turns.
-    from arl.envs.tokenizer_corpus import env_corpus
+    from configs.tokenizer_corpus import env_corpus
     from arl.text.hf_codec import train_bpe_tokenizer
     own = str(standins("qwen2")) + "-own-tokenizer.json"
     train_bpe_tokenizer(env_corpus(), vocab_size=300).save(own)

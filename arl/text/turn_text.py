@@ -41,7 +41,7 @@ def text_id(char: str) -> int:
 
 class CodePoints:
     """The pattern side of a read turn, shaped like a `Codec` for parsers built from one
-    (`arl.envs.arithmetic.ExpressionParser`): ids are code points."""
+    (`arl.envs.tasks.arithmetic.ExpressionParser`): ids are code points."""
 
     digit_value = DIGIT_VALUE
 

@@ -12,7 +12,7 @@ CODEC_NAMES = ("char", "qwen_bpe", "llama3_bpe")
 
 
 def _corpus() -> list[str]:
-    from arl.envs.tokenizer_corpus import env_corpus
+    from configs.tokenizer_corpus import env_corpus
     from arl.envs.tasks import countdown, frozen_lake, sokoban
 
     words = ["numbers", " target ", "arms: ", "safe", "risky", "invalid", "wrong: ",

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arl.envs as E
-from arl.envs import arithmetic
+from arl.envs.tasks import arithmetic
 from arl.envs.base import TokenChunk
 from arl.envs.tasks import countdown
 from tests.envs.helpers import corrupted_turns

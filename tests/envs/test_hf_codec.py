@@ -186,11 +186,11 @@ def test_llama_calculator_trains_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("name", ["bandit", "frozen_lake"])
 def test_every_other_builtin_env_runs_on_bpe_ids(name):
-    """bandit and frozen_lake on a BPE trained on `arl.envs.tokenizer_corpus.env_corpus`: the
+    """bandit and frozen_lake on a BPE trained on `configs.tokenizer_corpus.env_corpus`: the
     oracle solves every task with no format error (budgets counted in subword ids)."""
     from arl import rollout as rollout_lib
     from arl.envs import make
-    from arl.envs.tokenizer_corpus import env_corpus as arl_env_corpus
+    from configs.tokenizer_corpus import env_corpus as arl_env_corpus
 
     codec = HFCodec(train_bpe_tokenizer(arl_env_corpus(), vocab_size=320))
     env = make(name, codec=codec)

@@ -123,7 +123,7 @@ def test_char_table_of_char_codec_reads_text_and_marks_specials():
 
 @pytest.fixture(scope="module")
 def bpe_codec():
-    from arl.envs.tokenizer_corpus import env_corpus
+    from configs.tokenizer_corpus import env_corpus
     from arl.text.hf_codec import HFCodec, train_bpe_tokenizer
 
     corpus = env_corpus() + ["Tom has 12 apples and buys 7 more. How many apples?",

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import arithmetic
+from arl.envs.tasks import arithmetic
 
 from arl.text import chunks, parsing, turn_text
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment,

@@ -6,7 +6,7 @@ arithmetic expression over non-negative integer literals with + − * /, parenth
 spaces (the codec's one-token " ") anywhere except inside a number, e.g.
 "<answer>(50-25)*3-7</answer>" or "<answer>50 + 25 - 7</answer>". The grammar is
 Python's for these tokens; the expression is parsed and evaluated inside `jit` as exact
-rationals by `arl.envs.arithmetic.ExpressionParser` (a division by zero makes the value
+rationals by `arl.envs.tasks.arithmetic.ExpressionParser` (a division by zero makes the value
 undefined, never NaN, never a crash). The constructor demands
 2^(max_numbers−1) · max_number^max_numbers < 2^31, which bounds every intermediate
 numerator and denominator of a LEGAL expression (each given number used at most once;
@@ -65,10 +65,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from arl.envs import arithmetic
+from arl.envs.tasks import arithmetic
 
 from arl.text import chunks, parsing, turn_text
-from arl.envs.arithmetic import ADD, DIV, OPERATORS
+from arl.envs.tasks.arithmetic import ADD, DIV, OPERATORS
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState,
                            tree_select)
 from arl.text.codec import CharCodec, Codec

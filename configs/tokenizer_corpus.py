@@ -1,5 +1,7 @@
 """Training text for a tokenizer of the built-in arithmetic / guessing environments
-(`env_corpus`), e.g. for `arl.text.hf_codec.train_bpe_tokenizer`."""
+(`env_corpus`), e.g. for `arl.text.hf_codec.train_bpe_tokenizer`: the BPE that
+configs/llama_calculator.py trains (the tests' stand-in tokenizers use it too). Not a
+config (no `get_config`): a piece of one, like recipes.py."""
 
 from __future__ import annotations
 
