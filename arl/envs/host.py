@@ -319,7 +319,7 @@ class HostEnvironment(TokenEnvironment):
         """`[fn(item) for item in items]` on the pool (one row: inline), each row
         bounded by `step_timeout_s`; a row that raised or timed out becomes
         `failure(message, timed_out)`."""
-        from arl.tools.sandbox import ExecutionResult, Status
+        from arl.tools.results import ExecutionResult, Status
 
         if not items:
             return []

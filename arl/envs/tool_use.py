@@ -63,7 +63,7 @@ from arl.envs.base import NON_NEGATIVE
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
 from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
-from arl.tools.sandbox import ExecutionResult, Status
+from arl.tools.results import ExecutionResult, Status
 from arl.tools.sql import answers_match
 
 CORRECT, WRONG, INVALID = "correct", "wrong", "invalid"

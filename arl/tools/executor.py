@@ -28,8 +28,9 @@ import urllib.error
 import urllib.request
 from typing import Protocol, runtime_checkable
 
-from arl.tools.sandbox import (ExecutionResult, SandboxLimits, Status, internal_error_result,
-                               run_python, sandbox_capabilities, truncate_text)
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import ExecutionResult, Status, internal_error_result, truncate_text
+from arl.tools.sandbox import run_python, sandbox_capabilities
 
 _MAX_RESPONSE_BYTES = 8 * 2**20
 

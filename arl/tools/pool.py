@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable, Sequence, TypeVar
 
-from arl.tools.sandbox import (ExecutionResult, Status, format_seconds,
+from arl.tools.results import (ExecutionResult, Status, format_seconds,
                                internal_error_result)
 
 Item = TypeVar("Item")

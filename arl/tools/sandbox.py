@@ -39,7 +39,6 @@ its config accepts the weaker mode.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import errno
 import functools
 import json
@@ -57,6 +56,9 @@ import time
 from arl.tools import rootfs, seccomp
 from arl.tools._sandbox_worker import BLOCKED_MODULES
 from arl.tools.capabilities import SandboxCapabilities, candidate_capabilities, resolve_python
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import (ExecutionResult, Status, compose_observation, format_seconds,
+                               internal_error_result)
 
 _log = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,151 +73,6 @@ _MiB = 2 ** 20
 PRELOADED_MODULES = ("collections", "re", "math", "itertools", "functools", "json",
                      "random", "string", "heapq", "bisect", "statistics", "fractions",
                      "decimal", "datetime", "operator", "copy")
-
-
-class Status(str, enum.Enum):
-    """How a call ended."""
-
-    OK = "ok"                          # exit status 0
-    ERROR = "error"                    # the program failed (exception, nonzero exit)
-    TIMEOUT = "timeout"                # wall-time limit
-    CPU_LIMIT = "cpu_limit"            # RLIMIT_CPU (SIGXCPU)
-    MEMORY_LIMIT = "memory_limit"      # RLIMIT_AS (MemoryError)
-    OUTPUT_LIMIT = "output_limit"      # more than max_output_bytes on stdout or stderr
-    FILE_SIZE_LIMIT = "file_size_limit"  # RLIMIT_FSIZE or the working directory is full
-    KILLED = "killed"                  # ended by another signal (e.g. SIGSEGV)
-    INTERNAL_ERROR = "internal_error"  # the sandbox itself failed to run the call
-
-    def __str__(self):
-        return self.value
-
-
-LIMIT_STATUSES = frozenset({Status.TIMEOUT, Status.CPU_LIMIT, Status.MEMORY_LIMIT,
-                            Status.OUTPUT_LIMIT, Status.FILE_SIZE_LIMIT})
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """Limits of one `run_python` call (defaults suit a code-interpreter tool call).
-
-    wall_time_s: wall-clock seconds the program may run (from its start; the parent
-      adds about 1 s of backstop). cpu_time_s: RLIMIT_CPU, whole seconds (rounded up;
-      hard limit one second later). memory_bytes: RLIMIT_AS, address space of each
-      process (the interpreter itself needs ~30 MiB). max_processes: RLIMIT_NPROC,
-      processes plus threads, at least 2 (effective when run as root or in a user namespace; see
-      the module docstring). max_file_bytes: RLIMIT_FSIZE, size of any file written.
-      max_disk_bytes: size of the private working directory (tmpfs; with the mount
-      namespace only). max_open_files: RLIMIT_NOFILE. max_output_bytes: bytes read
-      from each of stdout and stderr; more kills the program (OUTPUT_LIMIT).
-      max_observation_chars: length of `ExecutionResult.observation`, marker included.
-      traceback_lines: how many final lines of stderr an error observation keeps
-      (1: "ZeroDivisionError: division by zero"). max_code_chars: a longer program is
-      not run (ERROR observation).
-    """
-
-    wall_time_s: float = 5.0
-    cpu_time_s: float = 5.0
-    memory_bytes: int = 512 * _MiB
-    max_processes: int = 16
-    max_file_bytes: int = 16 * _MiB
-    max_disk_bytes: int = 32 * _MiB
-    max_open_files: int = 64
-    max_output_bytes: int = 1 * _MiB
-    max_observation_chars: int = 2000
-    traceback_lines: int = 1
-    max_code_chars: int = 100_000
-
-    def __post_init__(self):
-        positive_numbers = ("wall_time_s", "cpu_time_s")
-        positive_ints = ("memory_bytes", "max_processes", "max_file_bytes", "max_disk_bytes",
-                         "max_open_files", "max_output_bytes", "max_observation_chars",
-                         "traceback_lines", "max_code_chars")
-        for name in positive_numbers:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 < value < float("inf")):
-                raise ValueError(f"SandboxLimits.{name} must be a finite number > 0, "
-                                 f"got {value!r}")
-        for name in positive_ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be an int > 0, got {value!r}")
-        if self.memory_bytes < 64 * _MiB:
-            raise ValueError("SandboxLimits.memory_bytes must be at least 64 MiB (the "
-                             f"interpreter needs ~30 MiB), got {self.memory_bytes}")
-        if self.max_processes < 2:
-            raise ValueError("SandboxLimits.max_processes must be at least 2 (the worker's "
-                             "start takes a second thread for a moment), got "
-                             f"{self.max_processes}")
-        if self.max_open_files < 16:
-            raise ValueError("SandboxLimits.max_open_files must be at least 16, got "
-                             f"{self.max_open_files}")
-        if self.max_observation_chars < 80:
-            raise ValueError("SandboxLimits.max_observation_chars must be at least 80, "
-                             f"got {self.max_observation_chars}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutionResult:
-    """What a tool call produced.
-
-    observation: the text the policy reads (at most the limit's max_observation_chars).
-    status: how it ended. stdout / stderr: decoded (UTF-8, errors replaced), at most
-    max_output_bytes each. exit_code: the program's exit status (negative: killed by
-    that signal; None: not known, e.g. killed by the wall-time limit). wall_time_s: time
-    the call took in the parent. output_truncated: the observation or the captured
-    output was cut.
-    """
-
-    observation: str
-    status: Status
-    stdout: str = ""
-    stderr: str = ""
-    exit_code: int | None = None
-    wall_time_s: float = 0.0
-    output_truncated: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.status is Status.OK
-
-    @property
-    def timed_out(self) -> bool:
-        return self.status is Status.TIMEOUT
-
-    @property
-    def limit_exceeded(self) -> bool:
-        return self.status in LIMIT_STATUSES
-
-
-def internal_error_result(message: str, wall_time_s: float = 0.0) -> ExecutionResult:
-    return ExecutionResult(observation=f"sandbox error: {message}",
-                           status=Status.INTERNAL_ERROR, wall_time_s=wall_time_s)
-
-
-TRUNCATION_MARKER = "[output truncated]"
-
-
-def truncate_text(text: str, max_chars: int, marker: str = TRUNCATION_MARKER) -> tuple[str, bool]:
-    """`text` cut to at most `max_chars` characters, ending in `marker` if cut."""
-    if len(text) <= max_chars:
-        return text, False
-    keep = max(0, max_chars - len(marker) - 1)
-    return text[:keep] + "\n" + marker if keep else marker[:max_chars], True
-
-
-def compose_observation(body: str, status_line: str | None, max_chars: int) -> tuple[str, bool]:
-    """`body` (program output) followed by `status_line`, within `max_chars`: the body is
-    cut first (with the truncation marker) so that the status line always survives."""
-    if not status_line:
-        return truncate_text(body, max_chars)
-    status_line = status_line[:max_chars]
-    separator = "" if not body or body.endswith("\n") else "\n"
-    budget = max_chars - len(status_line) - len(separator)
-    if len(body) > budget:
-        body, _ = truncate_text(body, max(budget - 1, 0))
-        return (body + "\n" if body else "") + status_line, True
-    return body + separator + status_line, False
 
 
 # --------------------------------------------------------------------------- isolation
@@ -590,11 +447,6 @@ def _result(collected: _Collected, limits: SandboxLimits, returncode: int | None
     return ExecutionResult(observation=observation, status=status, stdout=stdout,
                            stderr=stderr, exit_code=exit_code, wall_time_s=wall_time_s,
                            output_truncated=truncated or cut)
-
-
-def format_seconds(seconds: float) -> str:
-    """1 -> "1.0", 0.25 -> "0.25": at least one decimal, no float noise."""
-    return f"{seconds:.1f}" if round(seconds, 1) == seconds else f"{seconds:g}"
 
 
 def _format_bytes(count: int) -> str:

@@ -43,7 +43,7 @@ import tempfile
 import time
 import urllib.parse
 
-from arl.tools.sandbox import (ExecutionResult, Status, compose_observation,
+from arl.tools.results import (ExecutionResult, Status, compose_observation,
                                format_seconds, internal_error_result)
 
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ,

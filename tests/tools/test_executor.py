@@ -19,7 +19,7 @@ from arl.envs.tasks import code_interpreter
 from arl.envs.tasks.code_interpreter import CodeInterpreter
 from arl.tools import HttpExecutor, LocalSandbox, PythonExecutor, SandboxLimits, Status, serve
 from arl.tools import executor as executor_lib
-from arl.tools import sandbox
+from arl.tools import results, sandbox
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "tools.md")
 QUICK = SandboxLimits(wall_time_s=10.0, cpu_time_s=2.0)
@@ -118,7 +118,7 @@ def test_code_interpreter_sends_cells_to_its_executor():
 
     def recording(code, limits):
         calls.append((code, limits))
-        return sandbox.ExecutionResult(observation="7\n", status=Status.OK, stdout="7\n")
+        return results.ExecutionResult(observation="7\n", status=Status.OK, stdout="7\n")
 
     assert isinstance(recording, PythonExecutor)
     env = CodeInterpreter(executor=recording)

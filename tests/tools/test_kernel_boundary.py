@@ -25,7 +25,8 @@ import pytest
 
 from arl.tools import ToolPool, rootfs, sandbox
 from arl.tools._sandbox_worker import BLOCKED_MODULES
-from arl.tools.sandbox import SandboxLimits, Status
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import Status
 from tests.tools.conftest import SECRET_VALUE, other_python
 
 PYTHON = os.path.realpath(sys.executable)

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from arl.tools import ToolPool, map_calls, run_python, sql
-from arl.tools.sandbox import ExecutionResult, SandboxLimits, Status
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import ExecutionResult, Status
 
 LIMITS = SandboxLimits(wall_time_s=1.5, cpu_time_s=2)
 

@@ -21,8 +21,11 @@ import uuid
 import pytest
 
 from arl.tools import ToolPool, sandbox
+from arl.tools import results as results_lib
 from arl.tools import _sandbox_worker as child
-from arl.tools.sandbox import SandboxLimits, Status, run_python
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import Status
+from arl.tools.sandbox import run_python
 from tests.tools.conftest import SECRET_NAME, SECRET_VALUE
 
 # Programs that end by themselves get a wall limit they never need, so that a loaded
@@ -250,7 +253,7 @@ def test_long_output_is_cut_with_a_marker(results):
     assert result.status is Status.OK
     assert result.stdout == "y" * 5000 + "\n"
     assert len(result.observation) <= QUICK.max_observation_chars
-    assert result.observation.endswith(sandbox.TRUNCATION_MARKER)
+    assert result.observation.endswith(results_lib.TRUNCATION_MARKER)
     assert result.observation.startswith("y" * 1000) and result.output_truncated
 
 
@@ -296,7 +299,7 @@ def test_huge_output_is_cut_and_the_program_killed(results, name):
     assert len(result.stdout.encode()) <= QUICK.max_output_bytes
     assert len(result.observation) <= QUICK.max_observation_chars
     assert result.observation.endswith(
-        f"{sandbox.TRUNCATION_MARKER}\noutput limit exceeded (more than 1048576 bytes)")
+        f"{results_lib.TRUNCATION_MARKER}\noutput limit exceeded (more than 1048576 bytes)")
     assert result.wall_time_s < QUICK.wall_time_s
 
 
@@ -547,14 +550,14 @@ def test_fallback_without_namespaces(capabilities):
 
 
 def test_compose_observation_keeps_the_status_line():
-    text, cut = sandbox.compose_observation("a" * 500, "timeout after 1.0 s", 100)
+    text, cut = results_lib.compose_observation("a" * 500, "timeout after 1.0 s", 100)
     assert len(text) <= 100 and cut
-    assert text.endswith(f"{sandbox.TRUNCATION_MARKER}\ntimeout after 1.0 s")
-    assert sandbox.compose_observation("out", "err", 100) == ("out\nerr", False)
-    assert sandbox.compose_observation("out\n", "err", 100) == ("out\nerr", False)
-    assert sandbox.compose_observation("abc", None, 100) == ("abc", False)
-    text, cut = sandbox.truncate_text("z" * 300, 90)
-    assert len(text) == 90 and text.endswith(sandbox.TRUNCATION_MARKER) and cut
+    assert text.endswith(f"{results_lib.TRUNCATION_MARKER}\ntimeout after 1.0 s")
+    assert results_lib.compose_observation("out", "err", 100) == ("out\nerr", False)
+    assert results_lib.compose_observation("out\n", "err", 100) == ("out\nerr", False)
+    assert results_lib.compose_observation("abc", None, 100) == ("abc", False)
+    text, cut = results_lib.truncate_text("z" * 300, 90)
+    assert len(text) == 90 and text.endswith(results_lib.TRUNCATION_MARKER) and cut
 
 
 def test_overlong_program_is_not_run():

@@ -24,7 +24,8 @@ import sys
 import pytest
 
 from arl.tools import ToolPool, sandbox
-from arl.tools.sandbox import SandboxLimits, Status
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import Status
 from tests.tools.conftest import other_python
 
 PYTHON = os.path.realpath(sys.executable)

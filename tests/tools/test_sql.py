@@ -11,7 +11,7 @@ import time
 import pytest
 
 from arl.tools import sql
-from arl.tools.sandbox import Status
+from arl.tools.results import Status
 from arl.tools.sql import SqlLimits, run_sql
 
 SEED = 7

@@ -39,7 +39,8 @@ import random
 from arl.text.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask
 from arl.tools.executor import HttpExecutor, LocalSandbox, PythonExecutor
-from arl.tools.sandbox import ExecutionResult, SandboxLimits
+from arl.tools.limits import SandboxLimits
+from arl.tools.results import ExecutionResult
 
 _MiB = 2 ** 20
 _log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import threading
 
 from arl.text.codec import CharCodec, Codec
 from arl.envs.tool_use import ToolEnvironment, ToolTask, parse_int
-from arl.tools.sandbox import ExecutionResult
+from arl.tools.results import ExecutionResult
 from arl.tools.sql import (DEPARTMENTS, FIRST_NAMES, SqlLimits, answers_match,
                            make_sql_task, run_sql)
 
