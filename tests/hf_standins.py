@@ -149,11 +149,11 @@ LLAMA31_SPECIALS = LLAMA3_SPECIALS + ("<|eom_id|>", "<|python_tag|>")
 
 def _corpus() -> list[str]:
     from arl.data import word_problems
-    from arl.data.text_tasks import read_jsonl
+    from arl.data.task_files import read_task_file
     from configs.tokenizer_corpus import env_corpus
 
     lines = env_corpus(num_expressions=100)
-    lines += [t.prompt for t in read_jsonl(word_problems.SHIPPED_JSONL)[:200]]
+    lines += [t.prompt for t in read_task_file(word_problems.SHIPPED_JSONL)[:200]]
     lines += ["You are a helpful assistant.", "system user assistant", "wrong, try again",
               "no answer", "correct", "The answer is", "<think>", "</think>"]
     return lines

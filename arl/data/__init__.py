@@ -5,8 +5,7 @@ prompts with reference answers read from the files users keep (JSONL, Parquet, C
 task sets, scripted demonstrations) are in `arl.rollout.episode_datasets`."""
 
 from arl.data.task_files import read_task_file
-from arl.data.text_tasks import (TextTasks, build_text_tasks, cached_text_tasks,
-                                 load_text_tasks, read_jsonl)
+from arl.data.text_tasks import TextTasks, build_text_tasks, cached_text_tasks, load_text_tasks
 
-__all__ = ["TextTasks", "build_text_tasks", "cached_text_tasks", "load_text_tasks", "read_jsonl",
+__all__ = ["TextTasks", "build_text_tasks", "cached_text_tasks", "load_text_tasks",
            "read_task_file"]

@@ -19,7 +19,7 @@ import pytest
 
 import arl.envs as E
 from arl import caches
-from arl.data import text_tasks, word_problems
+from arl.data import task_files, text_tasks, word_problems
 from arl.text import verifiers
 from arl.envs.base import TokenChunk
 from arl.envs.tasks.dataset_task import DatasetTask
@@ -120,16 +120,19 @@ def test_jsonl_round_trip_through_make_dataset(shipped_dataset):
 
 
 def test_bad_lines_are_listed_with_line_and_field(tmp_path):
+    """A JSONL file's bad lines, as `build_text_tasks` and the env read it
+    (`task_files.read_task_file`, the one reader of every format)."""
     path = write_jsonl(tmp_path / "bad.jsonl", [
         {"prompt": "ok", "answer": "1"}, {"prompt": 3, "answer": "1"}, "not json", "",
         {"prompt": "b"}, {"prompt": "c", "answer": 1.5}, [1], {"prompt": "d", "answer": " "}])
     with pytest.raises(ValueError) as error:
-        text_tasks.read_jsonl(path)
+        task_files.read_task_file(path)
     message = str(error.value)
     # One line: the first bad line in full, then where the other five are.
     assert "\n" not in message
-    assert message.startswith(f"{path}:2: field 'prompt' must be a string, got int 3")
-    assert message.endswith("(also bad lines at lines 3, 5, 6, 7, 8)")
+    assert message.startswith(f"{path}:2: field 'prompt' must be a string or a non-empty "
+                              "list of {'role', 'content'} messages, got int 3")
+    assert message.endswith("(also bad rows at lines 3, 5, 6, 7, 8)")
     for number, expected in [(3, "not valid JSON"), (5, "missing field 'answer'"),
                              (6, "field 'answer' must be a string or an integer, got float"),
                              (7, "expected a JSON object"), (8, "field 'answer' is empty")]:
@@ -138,9 +141,9 @@ def test_bad_lines_are_listed_with_line_and_field(tmp_path):
                           + [json.loads(l) if l.startswith(("{", "[")) else l
                              for l in [open(path).read().splitlines()[number - 1]]])
         with pytest.raises(ValueError, match=f"^{bad}:{number}: {expected}"):
-            text_tasks.read_jsonl(bad)
-    assert text_tasks.read_jsonl(write_jsonl(tmp_path / "int.jsonl",
-                                             [{"prompt": "p", "answer": 12}]))[0].answer == "12"
+            task_files.read_task_file(bad)
+    assert task_files.read_task_file(write_jsonl(
+        tmp_path / "int.jsonl", [{"prompt": "p", "answer": 12}]))[0].answer == "12"
 
 
 def test_long_rows_are_reported_not_cut(tmp_path):
