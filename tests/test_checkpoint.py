@@ -117,15 +117,24 @@ def test_abstract_state_keeps_typed_keys_and_restores_them(tmp_path):
 
 
 @pytest.mark.parametrize("saved_kind", ["typed", "raw"])
-def test_key_leaves_come_back_in_the_targets_kind(tmp_path, saved_kind):
+def test_a_key_stored_in_the_other_kind_is_refused_in_one_line(tmp_path, saved_kind):
+    """A key leaf stored raw where the target holds a typed key (or the other way round:
+    arl's layout before its first release) is refused, not converted."""
     typed = jax.random.key(42, impl="rbg")
     raw = jax.random.key_data(typed)
     saved, target = (typed, raw) if saved_kind == "typed" else (raw, typed)
     with checkpoint.Checkpointer(tmp_path) as ckpt:
-        ckpt.save(1, {"key": saved}, force=True)
-        _, restored, _ = ckpt.restore_latest(checkpoint.abstract_state({"key": target}))
-    assert restored["key"].dtype == target.dtype
-    _assert_trees_bitwise_equal(restored, {"key": target})
+        ckpt.save(1, {"key": saved, "w": jnp.ones(3)}, force=True)
+        with pytest.raises(checkpoint.CheckpointLayoutError) as error:
+            ckpt.restore_latest(checkpoint.abstract_state({"key": target, "w": jnp.ones(3)}))
+        _, restored, _ = ckpt.restore_latest(checkpoint.abstract_state({"key": saved,
+                                                                         "w": jnp.ones(3)}))
+    assert str(error.value) == (
+        f"checkpoint step 1 in {tmp_path} is in a layout no arl release writes (its PRNG "
+        "keys key are stored in another kind (typed / raw uint32) than the state's): not "
+        "restored; start the run in a new workdir")
+    assert os.path.isdir(tmp_path / "1")  # refused, not set aside as corrupt
+    _assert_trees_bitwise_equal(restored, {"key": saved, "w": jnp.ones(3)})
 
 
 def test_restore_into_sharded_abstract_target(tmp_path):
@@ -334,21 +343,24 @@ def test_read_only_reader_skips_a_garbled_step_without_moving_it(tmp_path):
     assert step == 2 and os.path.isdir(tmp_path / "4")
 
 
-def test_checkpoint_without_checksums_restores_with_a_warning(tmp_path, caplog):
-    """Written before checksums existed: restored unverified, and said so once."""
+def test_checkpoint_without_checksums_is_refused_in_one_line(tmp_path):
+    """Written before checksums existed (no arl release wrote that layout): refused in
+    one line by restore and restore_latest, and left where it is."""
     state = _make_state()
     _save_steps(tmp_path, state, [3])
     path = tmp_path / "3" / "metadata" / "metadata"
     saved = json.loads(path.read_text())
     del saved[checkpoint.INTEGRITY_KEY]
     path.write_text(json.dumps(saved))
-    with caplog.at_level(logging.WARNING):
-        with checkpoint.Checkpointer(tmp_path) as ckpt:
-            step, restored, metadata = ckpt.restore_latest(checkpoint.abstract_state(state))
-    assert (step, metadata) == (3, {"step": 3})
-    _assert_trees_bitwise_equal(restored, state.replace(step=jnp.asarray(3, jnp.int32)))
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "without checksums" in warnings[0], warnings
+    expected = (f"checkpoint step 3 in {tmp_path} is in a layout no arl release writes "
+                "(it has no checksums): not restored; start the run in a new workdir")
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        for restore in (lambda: ckpt.restore_latest(checkpoint.abstract_state(state)),
+                        lambda: ckpt.restore(3, checkpoint.abstract_state(state))):
+            with pytest.raises(checkpoint.CheckpointLayoutError) as error:
+                restore()
+            assert str(error.value) == expected
+    assert os.path.isdir(tmp_path / "3") and not os.path.exists(tmp_path / "corrupt")
 
 
 def test_non_finite_state_is_not_saved(tmp_path):

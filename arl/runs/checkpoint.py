@@ -8,9 +8,7 @@ parameters, an optax state, a step counter and a PRNG key). `Checkpointer` wraps
   `ocp.args.StandardRestore(abstract_target)`, so containers (optax named tuples,
   dataclasses) come back as their real types and arrays land on the shardings
   of the abstract target. Typed keys (`jax.random.key`) and raw ``uint32`` keys
-  (`jax.random.PRNGKey`) both round-trip bit for bit; each key leaf comes back
-  in the kind the target asks for (a raw key saved by an older run restores
-  into a typed-key target and vice versa).
+  (`jax.random.PRNGKey`) both round-trip bit for bit.
 * ``metadata``: a JSON object (the config, host-side counters, ...).
 
 Saves are atomic: orbax writes into a temporary directory, writes
@@ -23,8 +21,12 @@ returns). A restore recomputes them from what it read and accepts the step only 
 every one matches: orbax finalises atomically but checks no data, and tensorstore
 reads most bit flips inside a data file as valid (different) numbers. A save refuses a
 state with NaN or inf in a floating leaf (`NonFiniteStateError`, naming the leaves)
-unless ``allow_non_finite=True``. A checkpoint written before checksums existed
-restores with one warning that it is unverified.
+unless ``allow_non_finite=True``.
+
+A checkpoint in a layout no arl release writes (no integrity record, or a key leaf
+stored raw where the target holds a typed key or the other way round: written by arl
+before its first release) is refused with ONE line, `CheckpointLayoutError`, naming the
+step and what differs; it is neither restored nor set aside.
 
 Restoring walks the committed steps from newest to oldest. A step is skipped,
 with ONE absl warning naming the step, the reason and where it was moved, when
@@ -50,7 +52,6 @@ temporary directory of the failed step is removed at the next start.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging as std_logging
 import os
@@ -84,6 +85,10 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint step is incomplete, its files cannot be read or a checksum differs."""
 
 
+class CheckpointLayoutError(RunStopped):
+    """A checkpoint step in a layout no arl release writes (one line; not restored)."""
+
+
 class CheckpointWriteError(RunStopped):
     """A save failed (disk full, lost mount); earlier checkpoints are intact."""
 
@@ -101,46 +106,12 @@ def _is_read_error(error: BaseException) -> bool:
     return isinstance(error, _READ_ERRORS) or type(error) is Exception
 
 
-def _metadata_digest(metadata: Any) -> str:
-    canonical = json.dumps(metadata, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _integrity_record(state: PyTree, json_metadata: dict[str, Any], *,
-                      allow_non_finite: bool, where: str) -> dict[str, Any]:
-    """What `restore` verifies: each array's checksum and the metadata's SHA-256."""
-    checks = checksums.tree_checksums(state)
-    bad = [f"{name} ({check.non_finite})" for name, check in checks.items()
-           if check.non_finite]
-    if bad and not allow_non_finite:
-        raise NonFiniteStateError(
-            f"refusing to checkpoint {where} with NaN or inf values (non-finite elements "
-            f"per leaf: {_listing(bad)}); allow_non_finite=True saves it anyway")
-    return {"algorithm": checksums.ALGORITHM,
-            "metadata_sha256": _metadata_digest(json_metadata),
-            "arrays": {name: check.digest for name, check in checks.items()}}
-
-
-def _listing(names: list[str], shown: int = 4) -> str:
-    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
 def _verify(step_state: PyTree, metadata: dict[str, Any], record: Any) -> None:
     """Raises CheckpointCorruptError unless `step_state` and `metadata` are what was
     saved with `record`."""
-    if (not isinstance(record, dict) or record.get("algorithm") != checksums.ALGORITHM
-            or not isinstance(record.get("arrays"), dict)):
-        raise CheckpointCorruptError("integrity record unreadable")
-    if record.get("metadata_sha256") != _metadata_digest(metadata):
-        raise CheckpointCorruptError("checksum mismatch in the JSON metadata")
-    actual = {name: check.digest for name, check in
-              checksums.tree_checksums(step_state).items()}
-    expected = record["arrays"]
-    differing = sorted(name for name in set(actual) | set(expected)
-                       if actual.get(name) != expected.get(name))
-    if differing:
-        raise CheckpointCorruptError(f"checksum mismatch in {_listing(differing)}")
+    problem = checksums.integrity_problem(step_state, metadata, record)
+    if problem is not None:
+        raise CheckpointCorruptError(problem)
 
 
 def abstract_state(state: PyTree) -> PyTree:
@@ -189,31 +160,16 @@ def _physical_shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(leaf.shape), np.dtype(dtype)
 
 
-def _key_impl(leaf: Any) -> Any:
-    """The PRNG implementation of a typed-key array or ShapeDtypeStruct."""
-    if isinstance(leaf, jax.Array):
-        return jax.random.key_impl(leaf)
-    found = []  # key_impl needs a key value; a traced one is enough
-    jax.eval_shape(
-        lambda key: found.append(jax.random.key_impl(key)) or 0,
-        jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
-    )
-    return found[0]
-
-
 def _is_typed_key(leaf: Any) -> bool:
     return jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
 
 
-def _as_target_key_kind(value: Any, target: Any) -> Any:
-    """Converts between typed and raw keys so `value` has the kind of `target`."""
-    if not hasattr(target, "dtype") or not hasattr(value, "dtype"):
-        return value
-    if _is_typed_key(target) and not _is_typed_key(value):
-        return jax.random.wrap_key_data(value, impl=_key_impl(target))
-    if _is_typed_key(value) and not _is_typed_key(target):
-        return jax.random.key_data(value)
-    return value
+def _key_kind_differences(restored: PyTree, target: PyTree) -> list[str]:
+    """The key leaves stored in another kind (typed / raw uint32) than `target`'s."""
+    flat = jax.tree_util.tree_flatten_with_path(target)[0]
+    return [".".join(ocp.tree.str_keypath(path)) for (path, want), got in
+            zip(flat, jax.tree.leaves(restored))
+            if hasattr(want, "dtype") and _is_typed_key(want) != _is_typed_key(got)]
 
 
 def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
@@ -371,9 +327,12 @@ class Checkpointer:
         json_metadata = _to_json_compatible(dict(metadata or {}))
         if INTEGRITY_KEY in json_metadata:
             raise ValueError(f"metadata key {INTEGRITY_KEY!r} is reserved for checksums")
-        record = _integrity_record(state, json_metadata,
-                                   allow_non_finite=self._allow_non_finite,
-                                   where=f"step {step} in {self._directory}")
+        record, non_finite = checksums.integrity_record(state, json_metadata)
+        if non_finite and not self._allow_non_finite:
+            raise NonFiniteStateError(
+                f"refusing to checkpoint step {step} in {self._directory} with NaN or inf "
+                f"values (non-finite elements per leaf: {checksums.listing(non_finite)}); "
+                "allow_non_finite=True saves it anyway")
         self._check_free_space(step, state)
         args = ocp.args.Composite(**{
             _STATE_ITEM: ocp.args.StandardSave(state),
@@ -472,6 +431,7 @@ class Checkpointer:
             CheckpointStructureError: the tree on disk does not match the target.
             CheckpointCorruptError: a commit marker is missing, files are unreadable or
                 a checksum does not match what was saved.
+            CheckpointLayoutError: the step is in a layout no arl release writes.
         """
         self._check_committed(step)
         try:
@@ -513,12 +473,18 @@ class Checkpointer:
         metadata = dict(metadata)
         record = metadata.pop(INTEGRITY_KEY, None)
         if record is None:
-            logging.warning("Checkpoint step %d in %s was written without checksums (by an "
-                            "older arl): restored unverified.", step, self._directory)
-        else:
-            _verify(restored[_STATE_ITEM], metadata, record)
-        state = jax.tree.map(_as_target_key_kind, restored[_STATE_ITEM], abstract_target)
-        return state, metadata
+            raise self._layout_error(step, "it has no checksums")
+        keys = _key_kind_differences(restored[_STATE_ITEM], abstract_target)
+        if keys:
+            raise self._layout_error(step, f"its PRNG keys {checksums.listing(keys)} are stored "
+                                     "in another kind (typed / raw uint32) than the state's")
+        _verify(restored[_STATE_ITEM], metadata, record)
+        return restored[_STATE_ITEM], metadata
+
+    def _layout_error(self, step: int, what: str) -> CheckpointLayoutError:
+        return CheckpointLayoutError(
+            f"checkpoint step {step} in {self._directory} is in a layout no arl release "
+            f"writes ({what}): not restored; start the run in a new workdir")
 
     def latest_metadata(self) -> tuple[int, dict[str, Any]] | None:
         """The newest committed step whose metadata is readable, and that metadata
@@ -539,7 +505,7 @@ class Checkpointer:
             metadata = dict(metadata)
             record = metadata.pop(INTEGRITY_KEY, None)
             if isinstance(record, dict) and record.get(
-                    "metadata_sha256") != _metadata_digest(metadata):
+                    "metadata_sha256") != checksums.metadata_digest(metadata):
                 continue
             return step, metadata
         return None

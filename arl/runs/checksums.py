@@ -24,6 +24,8 @@ one's, on any layout, and every process computes the same value.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from typing import Any, NamedTuple
 
 import jax
@@ -178,3 +180,42 @@ def tree_checksums(tree: Any) -> dict[str, LeafCheck]:
                 digest=f"{_local_value(lane_1):08x}{_local_value(lane_2):08x}",
                 non_finite=_local_value(non_finite))
     return {name: checks[name] for name, _ in named}
+
+
+# ----------------------------------------------------------------- a checkpoint's record
+def metadata_digest(metadata: Any) -> str:
+    """The SHA-256 of a JSON object, canonical (sorted keys, no spaces)."""
+    canonical = json.dumps(metadata, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def listing(names: list[str], shown: int = 4) -> str:
+    """The first `shown` of `names`, then how many more."""
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def integrity_record(state: Any, json_metadata: dict[str, Any]) -> tuple[dict, list[str]]:
+    """(what a checkpoint stores to verify `state` and `json_metadata` by: each array's
+    checksum and the metadata's SHA-256, the leaves with non-finite values as
+    "<name> (<count>)")."""
+    checks = tree_checksums(state)
+    non_finite = [f"{name} ({check.non_finite})" for name, check in checks.items()
+                  if check.non_finite]
+    return {"algorithm": ALGORITHM, "metadata_sha256": metadata_digest(json_metadata),
+            "arrays": {name: check.digest for name, check in checks.items()}}, non_finite
+
+
+def integrity_problem(state: Any, metadata: dict[str, Any], record: Any) -> str | None:
+    """None when `state` and `metadata` are what `record` (`integrity_record`) was made
+    from; else what differs, in a few words."""
+    if (not isinstance(record, dict) or record.get("algorithm") != ALGORITHM
+            or not isinstance(record.get("arrays"), dict)):
+        return "integrity record unreadable"
+    if record.get("metadata_sha256") != metadata_digest(metadata):
+        return "checksum mismatch in the JSON metadata"
+    actual = {name: check.digest for name, check in tree_checksums(state).items()}
+    expected = record["arrays"]
+    differing = sorted(name for name in set(actual) | set(expected)
+                       if actual.get(name) != expected.get(name))
+    return f"checksum mismatch in {listing(differing)}" if differing else None
