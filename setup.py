@@ -58,7 +58,7 @@ setuptools.setup(
         "data": DATA,
         "test": TRAIN + DATA + [
             "datasets>=2.14",  # writes save_to_disk directories for tests/test_task_files.py
-            "sympy>=1.12",  # the README's "Bring your own task" reward function
+            "sympy>=1.12",  # examples/bring_your_task's reward function
             # The golden runs (tests/test_golden_run.py) compare every metric with values
             # recorded under this JAX: another XLA rounds differently, so the test
             # environment pins the version they were recorded with.

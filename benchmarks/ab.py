@@ -1,8 +1,8 @@
 """A/B of one config option in arl's train step, at the settings of `benchmarks/peers.py`.
 
-A is arl's side of `peers.py` (GRPO, the setting's shared checkpoint,
-`peers.arl_config`); B is A with the given overrides. Both compiled in this process and
-stepped in alternating rounds (the order reversed every other round), so load from other
+A is arl's side of `peers.py` (`harness.ArlRunner`: GRPO, the setting's shared
+checkpoint, `harness.arl_config`); B is A with the given overrides. Both compiled in
+this process and stepped in alternating rounds (the order reversed every other round), so load from other
 jobs hits both alike; the step, its rollout compiled alone, and update = step - rollout
 are medians. Their rollouts from one key are compared token for token ("same tokens": an
 option that should not change what is sampled must say yes).
@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
-import peers  # noqa: E402  pylint: disable=wrong-import-position
+import harness  # noqa: E402  pylint: disable=wrong-import-position
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
 
 
@@ -45,9 +45,9 @@ def alternating_medians(sides, rounds: int) -> dict[str, dict[str, float]]:
 
 def compare_setting(name: str, overrides: dict, rounds: int, cache_dir: str) -> list:
     setting = protocol.SETTINGS[name]
-    checkpoint = peers.write_checkpoint(setting, cache_dir)
-    sides = (("A", peers.ArlRunner(setting, checkpoint, warmup=2)),
-             ("B", peers.ArlRunner(setting, checkpoint, warmup=2, overrides=overrides)))
+    checkpoint = harness.write_checkpoint(setting, cache_dir)
+    sides = (("A", harness.ArlRunner(setting, checkpoint, warmup=2)),
+             ("B", harness.ArlRunner(setting, checkpoint, warmup=2, overrides=overrides)))
     key = jax.random.key(5)
     tokens = [jax.device_get(runner.rollout_program(runner.params, key).tokens)
               for _, runner in sides]
@@ -75,8 +75,8 @@ def main(argv=None) -> list:
     names = protocol.setting_names(parser, args.settings)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
-    overrides = dict(peers.parse_override(text) for text in args.overrides)
-    peers.arl_config(protocol.SETTINGS[names[0]], "", overrides)  # unknown keys: exit early
+    overrides = dict(harness.parse_override(text) for text in args.overrides)
+    harness.arl_config(protocol.SETTINGS[names[0]], "", overrides)  # unknown keys: exit early
     common.host_settings_as_the_cli()
     start_load = common.load_average()
     rows = [compare_setting(name, overrides, args.rounds, args.cache_dir) for name in names]

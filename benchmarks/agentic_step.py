@@ -10,10 +10,10 @@ For each algorithm, in one process:
     peak FLOP/s of a large float32 `jnp.dot` measured in the same run.
 
 FLOP count (static shapes: every row runs every position of the [B, S] buffer):
-  per position, one forward = 2 * P_matmul + 4 * L * S_attended * d_model
-  (P_matmul: parameters used in matmuls, i.e. all but the embedding table; attention
-  scores and mixing over the S_attended key slots); the rollout runs one forward per
-  position (prefill and KV-cached decoding, keys = the cache's S slots); the update runs
+  per position, one forward = `harness.forward_flops` (2 P + 4 L S d, P counted from
+  the parameters: all but the embedding table; attention over the S key slots); the
+  rollout runs one forward per position (prefill and KV-cached decoding, keys = the
+  cache's S slots); the update runs
   forward + backward = 3 forwards per position per epoch (plus the reference forward when
   a KL term is on; PPO's old values come from the rollout).
 
@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
+import harness  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import config as config_lib  # noqa: E402
 from arl.trainers import TokenTrainer  # noqa: E402
@@ -60,18 +61,12 @@ def make_config(algorithm, num_tasks, group_size, d_model, layers, max_turns=Non
     return c
 
 
-def matmul_params(params) -> int:
-    """Parameters used in matmuls: everything except the token embedding table."""
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    return int(sum(np.prod(leaf.shape) for path, leaf in flat
-                   if "embed_tokens" not in jax.tree_util.keystr(path)))
-
-
 def step_flops(trainer: TokenTrainer, params) -> dict:
     c = trainer.config
     s = trainer.context_length
     b = trainer.batch_size
-    per_position = 2 * matmul_params(params) + 4 * c.model.num_layers * s * c.model.d_model
+    per_position = harness.forward_flops(harness.matmul_params_of_tree(params),
+                                         c.model.num_layers, s, c.model.d_model)
     rollout = per_position * b * s
     # PPO's old values are recorded by the rollout (no extra forward since ea77b44).
     update_forwards = 3 * c.updates.epochs + (1 if trainer.uses_reference else 0)

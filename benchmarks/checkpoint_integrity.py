@@ -2,6 +2,9 @@
 orbax (what `arl.runs.checkpoint.Checkpointer` did before) against the checksummed
 `Checkpointer`, interleaved in one process.
 
+A record of one decision (checksum every checkpointed array; benchmarks/RESULTS.md,
+"Checkpoint checksums"), kept to measure that cost on other hardware.
+
 The state is the weights of `configs/real_sizes.py` at `--shape`: its bfloat16
 parameters and a float32 master copy (Qwen2.5-0.5B: 0.92 + 1.84 GiB), random normals
 on a `--mesh` of fake CPU devices, sharded as a run shards them. (The whole train state

@@ -19,9 +19,7 @@ from importlib import metadata
 from typing import Callable, Mapping, Sequence
 
 import jax
-import jax.extend.core as jax_core
 import jax.numpy as jnp
-import numpy as np
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,59 +113,6 @@ def matmul_peak_flops(size: int, repeats: int = 5, dtype=jnp.float32) -> float:
         jax.block_until_ready(dot(a, b))
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
-
-
-def _sub_jaxprs(eqn):
-    """The jaxprs an equation calls (scan / while bodies, cond branches, jit, remat and
-    custom-derivative calls), as (name, jaxpr) pairs."""
-    for name, value in eqn.params.items():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, jax_core.ClosedJaxpr):
-                yield name, item.jaxpr
-            elif isinstance(item, jax_core.Jaxpr):
-                yield name, item
-
-
-def matmul_flops(jaxpr, choose_branch: Callable[[Sequence[float]], float] = max) -> float:
-    """FLOPs of the matrix products (`dot_general`) a jaxpr asks for: 2 x output size x
-    contracted size each, a scan's body times its length, of a cond's branches the one
-    `choose_branch` picks, a while loop's body once (its trip count is data). Products
-    the program does not contain (e.g. a forward value taken from a stored array) are
-    not counted; XLA may still remove dead ones."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "dot_general":
-            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-            lhs_shape = eqn.invars[0].aval.shape
-            contracted = float(np.prod([lhs_shape[d] for d in lhs_contract]))
-            total += 2.0 * float(np.prod(eqn.outvars[0].aval.shape)) * contracted
-        elif name == "cond":
-            total += choose_branch([matmul_flops(b, choose_branch)
-                                    for b in eqn.params["branches"]])
-        else:
-            inner = sum(matmul_flops(sub, choose_branch) for key, sub in _sub_jaxprs(eqn)
-                        if not key.startswith("cond_"))  # a while loop's condition
-            total += inner * (eqn.params["length"] if name == "scan" else 1)
-    return total
-
-
-def largest_cond_branch_flops(jaxpr, choose_inner: Callable[[Sequence[float]], float] = min
-                              ) -> float:
-    """The matmul FLOPs of the costliest branch of the outermost conds in `jaxpr` (those
-    not inside another cond's branch), conds within a branch resolved by
-    `choose_inner`: e.g. a train step's update-or-skip branch."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    best = 0.0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            best = max([best] + [matmul_flops(b, choose_inner)
-                                 for b in eqn.params["branches"]])
-            continue
-        for _, sub in _sub_jaxprs(eqn):
-            best = max(best, largest_cond_branch_flops(sub, choose_inner))
-    return best
 
 
 def host_settings_as_the_cli() -> None:

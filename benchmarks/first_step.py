@@ -5,12 +5,12 @@ with one cache directory ($ARL_CACHE_DIR of the run, fresh per case): the first 
 finds an empty persistent compilation cache ("cold"), the second the programs of the
 first ("warm").
 
-* quickstart: README's Quickstart, `experiments.train --config=configs/grpo_bandit.py`
+* quickstart: the README's Quickstart, `experiments.train --config=configs/grpo_bandit.py`
   (through the CLI; `train_steps` = `log_every` = 5, so the first logged step is 5).
 * multiturn: the `multiturn` setting of `benchmarks/peers.py` through the public API as
-  a notebook builds it: `TokenTrainer(peers.arl_config(...))`, `init_state()` (which
-  loads the setting's Hugging Face checkpoint, written beforehand by this script, as
-  the peers load it), one `train_step` and its metrics on the host.
+  a notebook builds it (`harness.notebook_first_step`: `TokenTrainer(arl_config(...))`,
+  `init_state()`, which loads the setting's Hugging Face checkpoint, written beforehand
+  by this script, as the peers load it, and one `train_step`, its reward on the host).
 * dataset: a new user's tiny `dataset_task` run through the CLI: `grpo_word_problems`
   on a 20-line JSONL (built into a dataset on first use), 10 SFT warm-start steps, first
   logged step 5.
@@ -18,11 +18,10 @@ first ("warm").
 Phases: the process's start, imports, config (loading and validation; the CLI's flag
 parsing), building the trainer (environment, model), the initial state (init or
 checkpoint load), the warm start, the first step, the steps up to the first log,
-evaluation, and the rest (checkpoint manager, writers). Per phase: wall seconds, and of
-them the seconds JAX spent tracing, lowering to MLIR and compiling (or loading from the
-cache; JAX's monitoring events, overlapping spans merged), the programs compiled and
-those loaded from the persistent cache. A cache hit in the cold run is a program
-compiled a second time in the same process.
+evaluation, and the rest (checkpoint manager, writers), timed by `harness.Timeline`
+(wall seconds, and of them JAX's trace / lower / compile-or-load seconds, programs
+compiled and cache hits). A cache hit in the cold run is a program compiled a second
+time in the same process.
 
     python benchmarks/first_step.py [--cases quickstart,multiturn,dataset]
         [--runs 2] [--code DIR] [--before DIR] [--record]
@@ -35,7 +34,6 @@ column; `ARL_COMPILATION_CACHE=0` runs them without arl's cache.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -45,97 +43,20 @@ import tempfile
 import time
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH_DIR)
+import harness  # noqa: E402  pylint: disable=wrong-import-position  (standard library only)
+from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
+
 REPO = os.path.dirname(BENCH_DIR)
 CASES = ("quickstart", "multiturn", "dataset")
 PHASES = ("python start", "imports", "config", "build trainer", "init state",
           "warm start", "first step", "steps to first log", "evaluation", "other")
 _MARK = "@@first_step "
-_TRACE = "/jax/core/compile/jaxpr_trace_duration"
-_LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
-_COMPILE = "/jax/core/compile/backend_compile_duration"
-_HIT = "/jax/compilation_cache/cache_hits"
 DATASET_ROWS = 20
 
 
 # ---------------------------------------------------------------------------- child
-class Timeline:
-    """Contiguous named phases of one process, and JAX's compile events within them."""
-
-    def __init__(self, spawned: float):
-        self.phases = {"python start": {"wall": time.time() - spawned}}
-        self.current, self.since = "imports", time.perf_counter()
-        self.spans = {}  # phase -> event -> [(start, end)]
-        self.counts = {}  # phase -> {"compiled": n, "cache hits": n}
-        self.done = None  # perf_counter time of the first logged step
-        self.programs = []  # [phase, program, compile or load seconds, from the cache]
-        self._hit = False
-
-    def enter(self, name: str) -> None:
-        now = time.perf_counter()
-        entry = self.phases.setdefault(self.current, {"wall": 0.0})
-        entry["wall"] += now - self.since
-        self.current, self.since = name, now
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """`name` while the block runs; then "other" (the loop between the phases)."""
-        self.enter(name)
-        try:
-            yield
-        finally:
-            self.enter("other")
-
-    def finish(self) -> None:
-        """The first step is logged: what follows is not start-up."""
-        self.done = time.perf_counter()
-        self.enter("after the first log")
-        self.enter = lambda name: None  # the loop's later phases are not counted
-
-    def listen(self):
-        import jax  # pylint: disable=import-outside-toplevel
-
-        def span(event, start, end, fun_name="", **_):
-            if event in (_TRACE, _LOWER, _COMPILE):
-                self.spans.setdefault(self.current, {}).setdefault(event, []).append(
-                    (start, end))
-            if event == _COMPILE:
-                counts = self.counts.setdefault(self.current, {})
-                counts["compiled"] = counts.get("compiled", 0) + 1
-                # The hit event comes inside the compile's span; its end names the program.
-                self.programs.append([self.current, fun_name, end - start, self._hit])
-                self._hit = False
-
-        def hit(event, **_):
-            if event == _HIT:
-                counts = self.counts.setdefault(self.current, {})
-                counts["cache hits"] = counts.get("cache hits", 0) + 1
-                self._hit = True
-
-        jax.monitoring.register_event_time_span_listener(span)  # pylint: disable=no-member
-        jax.monitoring.register_event_listener(hit)
-
-    def report(self) -> dict:
-        out = {}
-        for name, entry in self.phases.items():
-            spans = self.spans.get(name, {})
-            out[name] = dict(wall=entry["wall"], **self.counts.get(name, {}), **{
-                key: _union(spans.get(event, ()))
-                for key, event in (("trace", _TRACE), ("lower", _LOWER),
-                                   ("compile", _COMPILE))})
-        return out
-
-
-def _union(spans) -> float:
-    """Seconds covered by `spans` (nested traces overlap their callers')."""
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(spans):
-        if stop > end:
-            total += stop - max(start, end)
-            end = stop
-    return total
-
-
-def _instrument(timeline: Timeline, steps_to_log: int):
+def _instrument(timeline: harness.Timeline, steps_to_log: int):
     """Wraps the experiment loop's trainer and writer so that their calls mark phases."""
     from arl.runs import experiment  # pylint: disable=import-outside-toplevel
     from arl.runs import writers  # pylint: disable=import-outside-toplevel
@@ -179,7 +100,7 @@ def _instrument(timeline: Timeline, steps_to_log: int):
     writers.MetricsWriter.write = first_write
 
 
-def _cli_case(timeline: Timeline, args) -> None:
+def _cli_case(timeline: harness.Timeline, args) -> None:
     from experiments import cli  # pylint: disable=import-outside-toplevel
     from experiments import train  # pylint: disable=import-outside-toplevel
     from arl.runs import experiment  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
@@ -205,30 +126,12 @@ def _cli_case(timeline: Timeline, args) -> None:
     timeline.enter("other")
 
 
-def _api_case(timeline: Timeline, args) -> None:
-    sys.path.insert(0, BENCH_DIR)
-    import jax  # pylint: disable=import-outside-toplevel
-    import peers  # pylint: disable=import-outside-toplevel
-    from peer_workers import protocol  # pylint: disable=import-outside-toplevel
-    import arl  # pylint: disable=import-outside-toplevel
-    from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
-
-    arl.setup()  # a notebook's first cell, counted with the imports
-    timeline.listen()
-    timeline.enter("config")
-    config = peers.arl_config(protocol.SETTINGS["multiturn"], args.checkpoint)
-    timeline.enter("build trainer")
-    trainer = TokenTrainer(config)
-    timeline.enter("init state")
-    state = jax.block_until_ready(trainer.init_state())
-    timeline.enter("first step")
-    state, metrics = trainer.train_step(state)
-    metrics = jax.device_get(metrics)
-    timeline.finish()
+def _api_case(timeline: harness.Timeline, args) -> None:
+    harness.notebook_first_step(timeline, protocol.SETTINGS["multiturn"], args.checkpoint)
 
 
 def child(args) -> None:
-    timeline = Timeline(args.spawned)
+    timeline = harness.Timeline(args.spawned)
     start = time.perf_counter()
     (_api_case if args.child == "multiturn" else _cli_case)(timeline, args)
     report = timeline.report()
@@ -242,9 +145,9 @@ def _write_inputs(case: str, root: str) -> dict:
     """The case's inputs, outside its cache: the peers' checkpoint, the tiny JSONL."""
     os.makedirs(root, exist_ok=True)
     if case == "multiturn":
-        code = (f"import sys; sys.path.insert(0, {BENCH_DIR!r}); import peers; "
+        code = (f"import sys; sys.path.insert(0, {BENCH_DIR!r}); import harness; "
                 "from peer_workers import protocol; "
-                f"print(peers.write_checkpoint(protocol.SETTINGS['multiturn'], {root!r}))")
+                f"print(harness.write_checkpoint(protocol.SETTINGS['multiturn'], {root!r}))")
         path = subprocess.run([sys.executable, "-c", code], check=True, text=True,
                               capture_output=True, env=_env(None, root)).stdout.split()[-1]
         return {"checkpoint": path}
@@ -400,7 +303,6 @@ def main(argv=None):
         table_rows += case_rows
         notes.append(f"{case}: " + programs_line(results[1:] if args.before else results))
         print(markdown(header, case_rows) + "\n\n" + notes[-1] + "\n", flush=True)
-    sys.path.insert(0, BENCH_DIR)
     import common  # pylint: disable=import-outside-toplevel
     text = (common.heading("first_step.py")
             + "Each case in fresh processes sharing one fresh cache directory: cold = "

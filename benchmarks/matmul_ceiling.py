@@ -164,14 +164,14 @@ def step_part(names, repeats, peak, log, peak_size, cache_dir):
     benchmark compiles and runs it) and its rollout alone, each against the sum of its
     own dots timed alone: the time the step would take on this machine's matmul kernels
     if nothing else in it cost anything."""
-    import peers  # pylint: disable=import-outside-toplevel  (TRL/tunix not needed)
+    import harness  # pylint: disable=import-outside-toplevel
 
     rows, peaks = [], [peak]
     for name in names:
         peaks.append(common.matmul_peak_flops(peak_size))
         setting = protocol.SETTINGS[name]
-        runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, cache_dir),
-                                 warmup=2)
+        runner = harness.ArlRunner(setting, harness.write_checkpoint(setting, cache_dir),
+                                   warmup=2)
         step_dots, step_flops, _, _ = dots_alone(
             runner.step_program.as_text(), executed_thunks(runner._run_step),  # pylint: disable=protected-access
             repeats, lambda line: log(f"  {name} step {line}"))

@@ -1,14 +1,9 @@
-"""Equal-work GRPO step: arl's compiled step against TRL's GRPOTrainer and tunix's GRPOLearner.
+"""The race: arl's GRPO step against TRL's GRPOTrainer and tunix's GRPOLearner, at equal work.
 
-Same work on every side: a randomly initialised Qwen2-shaped policy (the SAME weights:
-arl writes one Hugging Face checkpoint per setting, which arl, TRL and tunix all load),
-float32, GRPO without KL (beta 0), one optimizer step per batch of
-`num_prompts x group_size` samples, temperature 1 with no top-k / top-p, and generation
-forced to exactly `gen_len` tokens (arl: an end-of-turn id outside the vocabulary; TRL:
-`min_new_tokens`; tunix: an EOS id outside the vocabulary). Reward: the share of
-generated tokens equal to a target id, computed by each side on its generated ids.
-Settings (`peer_workers/protocol.py`): toy, modest, multiturn (guess_number, 6 turns:
-arl plays every turn inside its one compiled step; the peers pay a host round trip and a
+The equal work, arl's side (`harness.ArlRunner`: its default configuration, built as a
+notebook builds it) and the FLOP formulas are in `harness.py`. Settings
+(`peer_workers/protocol.py`): toy, modest, multiturn (guess_number, 6 turns: arl plays
+every turn inside its one compiled step; the peers pay a host round trip and a
 `generate` call per turn: TRL through its `rollout_func`, one call per turn over the
 unfinished episodes; tunix through its agentic learner, one call per episode per turn),
 tiny (the smoke test's size).
@@ -19,71 +14,25 @@ process (`peer_workers/*_worker.py`) that builds its trainer, warms up, then run
 training step per "step" line on stdin and answers with its timings as a JSON line. All
 workers stay alive, so rounds are INTERLEAVED (arl, trl, tunix, arl, ...) and load from
 other jobs on this shared machine hits every side alike. A peer that cannot be installed
-or crashes is reported in one line and the others carry on.
+or crashes is reported in one line and the others carry on. The peers time their own
+generation (TRL: `GRPOTrainer._generate`; tunix: `RLCluster.generate`).
 
-arl's side runs in this process: the compiled `TokenTrainer.train_step` (state donated)
-and, as in `benchmarks/agentic_step.py`, the rollout alone under its own `jax.jit`
-(`arl.rollout.rollout`, same sizes): update time = step - rollout. The peers time
-their own generation (TRL: `GRPOTrainer._generate`; tunix: `RLCluster.generate`).
+arl's side runs in this process after `arl.setup()`, as a notebook's first cell calls it
+(the library's CPU host settings, `arl.runs.process_settings`: computations run inline,
+glibc keeps freed memory), which takes effect only as this process's first use of JAX:
+the checkpoints are written by a child process, and nothing touches JAX before it. The
+peers get the same host settings from their environment (GLIBC_TUNABLES; tunix's
+computations inline).
 
-arl's row is its DEFAULT configuration built as a notebook user builds it:
-`arl.config.default_config()` with only the equal-work settings above (`arl_config`:
-the env and sizes, learning rate 1e-5, gradient clip 1, no KL, every update taken; none
-of them a speed setting), passed to `TokenTrainer` through the public API, after
-`arl.setup()` as a notebook's first cell calls it (the library's CPU host settings,
-`arl.runs.process_settings`: computations run inline, glibc keeps freed memory), which
-takes effect only as this process's first use of JAX: the checkpoints are written by a
-child process, and nothing touches JAX before it. The peers get the same host settings from
-their environment (GLIBC_TUNABLES; tunix's computations inline). There is no tuned row:
-no setting beyond the defaults is known to make arl's step faster at these sizes (each
-measured option of docs/performance.md is either the default or slower here, e.g.
-`model.layer_unroll=1`, `model.attention=blocked`); `--arl_set KEY=VALUE` measures an
-override, and then arl's row is no longer the default configuration.
+Time to the first step from launch (the table's last column but one) is measured the
+same way for every side, after each setting's rounds: `FIRST_STEP_PROSE` (recorded with
+the table) states how; arl's child is `peer_workers/arl_first_step.py`. Its parts are a
+line of prose under the table. `--first_step_runs N` takes N pairs (medians); 0 skips it.
 
-Time to the first step from launch (the table's last column but one), measured the same
-way for every side: the wall seconds from launching a fresh Python process until its
-first training step has finished, as a user running a short script sees it, timed by
-this script from just before the launch to reading the child's line that the step is
-done (interpreter start, imports, building the trainer, loading the checkpoint,
-compiling, the step). arl's child (`peer_workers/arl_first_step.py`) does what a
-notebook's first cell does: `TokenTrainer(arl_config(...))`, `init_state()`, one
-`train_step` compiled at its call, its reward read on the host; TRL's and tunix's are
-their workers run up to the end of their first step (one warm-up step, then "quit").
-Each side runs twice, interleaved with the others: a first run with arl's persistent
-compilation cache in a fresh empty temporary directory (never the user's
-~/.cache/arl), then a rerun with that directory as the first run left it (TRL and tunix
-as their libraries come: no persistent compilation cache). The phase runs after each
-setting's step rounds, when every process of the rounds has exited, so it cannot
-disturb the step timings, the machine is otherwise idle, and every side's libraries
-have just been read once: Python's bytecode and the OS's file cache are warm for all
-sides alike, and a first run differs from its rerun only by the compilation cache. The
-parts of each side's time (arl: imports, building the trainer, the initial state, the
-first step and JAX's trace / lower / compile-or-load seconds in it; the peers: up to
-the first step's start, and the first step) are a line of prose under the table.
-`--first_step_runs N` takes N pairs (medians); 0 skips the phase.
-
-FLOPs (model FLOPs of the useful work, the same formula for every side, so FLOP/s ratios
-are speed ratios): with P = parameters used in matmuls (all but the embedding table:
-attention and MLP projections and the LM head; biases and norms ignored), L layers,
-width d and a sequence of T positions,
-    one forward of one position  = 2 P + 4 L T d          (dense attention over T keys)
-    update (forward + backward)  = 3 x trained tokens x (2 P + 4 L T d)
-    rollout (prefill + decoding) = B x (prompt + generated) x (2 P + 4 L T d)
-where trained tokens = B x T, the positions each side runs forward + backward on (arl:
-its static [B, S] buffer; TRL, tunix: prompt + completion, padded). This is the useful
-work, as in MFU, not what each side executes: arl's update reads each group's prompt
-once (`updates.share_group_prompt`) and skips the LM head at the prompt, and its forward
-pass takes the layers' projection outputs from the rollout instead of recomputing them
-(`updates.reuse_rollout_activations`, on by default here; `--arl_set
-updates.reuse_rollout_activations=False` turns it off). So arl's
-FLOP/s is its speed on the counted work, not the hardware's utilisation; the column
-"executed of peak" gives the latter for arl: the FLOPs of the matrix products its update
-program contains (`common.matmul_flops` over the step's jaxpr: its update branch, with
-the shared-prompt branch that these settings take) per second of update. The update's
-FLOP/s is reported against the float32 matmul peak of a large `jnp.dot` measured in this run:
-the best of its measurements once the first setting's sides are ready and after each
-setting (one measurement alone read 222-383 GFLOP/s in three runs within ten minutes on
-the 2-core machine).
+The update's FLOP/s (`harness`, "FLOPs") is reported against the float32 matmul peak of
+a large `jnp.dot`, the best of its measurements in this run (once the first setting's
+sides are ready and after each setting); "executed of peak" is arl's update program's
+own matmul FLOPs (`harness.largest_cond_branch_flops`) per second of update.
 
     python benchmarks/peers.py [--settings=toy,modest,multiturn] [--peers=arl,trl,tunix]
         [--rounds=15] [--first_step_runs=1] [--cache_dir=~/.cache/arl-bench-peers]
@@ -93,457 +42,39 @@ the 2-core machine).
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import hashlib
 import json
-import multiprocessing
 import os
 import re
-import select
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import struct
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
+import harness  # noqa: E402  pylint: disable=wrong-import-position
+from peer_workers import driver  # noqa: E402  pylint: disable=wrong-import-position
 from peer_workers import protocol  # noqa: E402  pylint: disable=wrong-import-position
 
 from arl import caches  # noqa: E402
-from arl import config as config_lib  # noqa: E402
-from arl import envs as envs_lib  # noqa: E402
 from arl.runs import process_settings  # noqa: E402
-from arl.models import hf_import  # noqa: E402
-from arl.models import transformer as transformer_lib  # noqa: E402
-from arl.trainers import TokenTrainer  # noqa: E402
 
 PEERS = ("arl", "trl", "tunix")
-WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_workers")
-# What each peer's virtual environment installs (pip arguments). torch is pinned to the
-# CPU wheel kept on this machine's disk: a plain `torch` requirement pulls a CUDA build
-# of several GB.
-REQUIREMENTS = {
-    "trl": ["torch==2.13.0", "trl"],
-    "tunix": ["google-tunix"],
-}
 LOAD_WARNING = 1.5  # 1-minute load average above which timings are flagged
-# A user's own JAX compilation cache settings (arl.caches leaves them alone when set):
-# no part of a measured process's start.
-JAX_CACHE_ENVS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                  "JAX_COMPILATION_CACHE_MAX_SIZE")
-ARL_FIRST_STEP = os.path.join(WORKER_DIR, "arl_first_step.py")
+ARL_FIRST_STEP = os.path.join(driver.WORKER_DIR, "arl_first_step.py")
 FIRST_STEP_RUNS = ("first run", "rerun")
 
 
-# ------------------------------------------------------------------ arl's single-turn env
-class IdCodec(envs_lib.Codec):
-    """Token ids as their own text ("t5 t17 ..."): the single-turn settings' vocabulary.
-    The end-of-turn id is `vocab_size`, outside the sampled range, so a turn always runs
-    its whole token budget."""
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = int(vocab_size)
-        self.pad_id = protocol.PAD_ID
-        self.bos_id = protocol.BOS_ID
-        self.eot_id = self.vocab_size
-        self.digit_ids = np.zeros((10,), np.int32)
-        self.digit_value = np.full((self.vocab_size,), -1, np.int32)
-
-    def encode(self, text: str) -> list[int]:
-        return [int(word[1:]) for word in text.split()]
-
-    def decode(self, ids, stop_at_pad: bool = True, show_special: bool = True) -> str:
-        return " ".join(f"t{int(i)}" for i in ids)
-
-
-@struct.dataclass
-class TargetTokenParams:
-    target: jax.Array  # int32: the rewarded token id
-
-
-class TargetToken(envs_lib.TokenEnvironment):
-    """One turn: the prompt is `prompt_len` uniformly random ids in
-    [FIRST_PROMPT_ID, vocab); the agent writes `gen_len` tokens; reward = the share of
-    them equal to `params.target`. Registered as "peers_target_token"."""
-
-    name = "peers_target_token"
-
-    def __init__(self, vocab: int = 64, prompt_len: int = 7, gen_len: int = 16):
-        self.codec = IdCodec(vocab)
-        self.max_turns = 1
-        self.prompt_len = int(prompt_len)
-        self.obs_len = 0  # no reply after the single turn
-        self.action_len = int(gen_len)
-
-    def default_params(self) -> TargetTokenParams:
-        return TargetTokenParams(target=jnp.asarray(protocol.TARGET_ID, jnp.int32))
-
-    def reward_bounds(self, params):
-        return jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
-
-    def _reset(self, key, params):
-        false = jnp.zeros((), bool)
-        state = envs_lib.TokenEnvState(turn=jnp.zeros((), jnp.int32), terminated=false,
-                                       truncated=false, success=false)
-        tokens = jax.random.randint(key, (self.prompt_len,), protocol.FIRST_PROMPT_ID,
-                                    self.codec.vocab_size, jnp.int32)
-        return state, envs_lib.TokenChunk(tokens, jnp.asarray(self.prompt_len, jnp.int32))
-
-    def _transition(self, key, state, content, params):
-        del key
-        valid = jnp.arange(content.tokens.shape[-1]) < content.length
-        hits = jnp.sum((content.tokens == params.target) & valid)
-        reward = hits / jnp.maximum(content.length, 1)
-        state = state.replace(terminated=jnp.ones((), bool), success=reward > 0.5)
-        return state, self.empty_observation(), reward.astype(jnp.float32), jnp.zeros((), bool)
-
-    def oracle_action(self, key, state, params):
-        return envs_lib.TokenChunk(jnp.full((self.action_len,), params.target, jnp.int32),
-                                   jnp.asarray(self.action_len, jnp.int32))
-
-
-envs_lib.register(TargetToken.name, TargetToken)
-
-
-# ------------------------------------------------------------------ model and checkpoint
-def model_config(setting: protocol.Setting, max_len: int) -> transformer_lib.TransformerConfig:
-    return transformer_lib.TransformerConfig(
-        vocab_size=setting.vocab, d_model=setting.d_model, num_layers=setting.num_layers,
-        num_heads=setting.num_heads, num_kv_heads=setting.num_kv_heads,
-        mlp_dim=setting.mlp_dim, max_len=max_len, rope_theta=setting.rope_theta,
-        norm_eps=setting.norm_eps, qkv_bias=True)
-
-
-def checkpoint_path(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
-    tag = hashlib.sha1(f"{setting.to_json()}-{seed}".encode()).hexdigest()[:10]
-    return os.path.join(cache_dir, "checkpoints", f"{setting.name}-{tag}")
-
-
-def checkpoint_written(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "model.safetensors"))
-
-
-def write_checkpoint(setting: protocol.Setting, cache_dir: str, seed: int = 0) -> str:
-    """The setting's randomly initialised Qwen2 checkpoint (config.json + safetensors),
-    written once under `cache_dir` and loaded by every side."""
-    path = checkpoint_path(setting, cache_dir, seed)
-    if checkpoint_written(path):
-        return path
-    config = model_config(setting, max_len=512)
-    model = transformer_lib.Transformer(config)
-    params = jax.jit(lambda k: model.init(k, jnp.zeros((1, 8), jnp.int32)))(
-        jax.random.key(seed))["params"]
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf_import.save_hf_checkpoint(tmp, params, config, model_type="qwen2")
-    os.replace(tmp, path)
-    return path
-
-
-def matmul_params(setting: protocol.Setting) -> int:
-    s = setting
-    attention = s.d_model * s.head_dim * (2 * s.num_heads + 2 * s.num_kv_heads)
-    mlp = 3 * s.d_model * s.mlp_dim
-    return s.num_layers * (attention + mlp) + s.d_model * s.vocab
-
-
-def forward_flops_per_position(setting: protocol.Setting, length: float) -> float:
-    return 2 * matmul_params(setting) + 4 * setting.num_layers * length * setting.d_model
-
-
-def update_flops(setting: protocol.Setting, trained_tokens: float) -> float:
-    length = trained_tokens / setting.batch
-    return 3 * trained_tokens * forward_flops_per_position(setting, length)
-
-
-def rollout_flops(setting: protocol.Setting, context: int) -> float:
-    return setting.batch * context * forward_flops_per_position(setting, context)
-
-
-# ------------------------------------------------------------------------- arl runner
-def arl_config(setting: protocol.Setting, checkpoint: str, overrides=None):
-    """arl's config of `setting`: `default_config()` with the equal-work settings (the
-    setting's env, sizes and checkpoint; GRPO without KL, one epoch of one minibatch,
-    learning rate, gradient clip, every update taken) and nothing tuned for speed (the
-    defaults reuse the rollout's activations, `updates.reuse_rollout_activations`
-    "auto"); then `overrides` ({"section.key": value}, as on the training CLI's command
-    line)."""
-    c = config_lib.default_config()
-    c.algorithm = "grpo"
-    if setting.turns:
-        c.env.name = "guess_number"
-        c.env.kwargs.max_n = 16
-        c.env.kwargs.max_turns = setting.turns
-        # The checkpoint is weights only: the env's character codec, named explicitly.
-        c.env.kwargs.codec = envs_lib.CharCodec()
-    else:
-        c.env.name = TargetToken.name
-        c.env.kwargs.vocab = setting.vocab
-        c.env.kwargs.prompt_len = setting.prompt_len - 1  # arl's buffer starts with BOS
-        c.env.kwargs.gen_len = setting.gen_len
-    c.rollout.num_tasks = setting.num_prompts
-    c.rollout.group_size = setting.group_size
-    c.model.hf_checkpoint = checkpoint
-    c.model.dtype = "float32"
-    c.optim.learning_rate = 1e-5
-    c.optim.max_grad_norm = 1.0
-    c.loss.kl_coef = 0.0
-    c.updates.epochs = 1
-    c.updates.minibatches = 1
-    c.filters.skip_zero_advantage = False  # always time a real update
-    for key, value in (overrides or {}).items():
-        node = c
-        for part in key.split("."):
-            if not hasattr(node, "keys") or part not in node:
-                raise SystemExit(f"override {key}: arl's config has no such key")
-            node = node[part]
-        try:
-            c.update_from_flattened_dict({key: value})
-        except (TypeError, ValueError) as e:
-            raise SystemExit(f"override {key}={value!r}: {e}") from None
-    return c
-
-
-def parse_override(text: str) -> tuple[str, object]:
-    """"section.key=value" -> ("section.key", value): the value a Python literal (1e-5,
-    False, "dense"), else the text itself."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise SystemExit(f"override {text!r}: expected KEY=VALUE, e.g. "
-                         "updates.reuse_rollout_activations=False")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
-
-
-class ArlRunner:
-    """arl's compiled step and its rollout alone, behind the workers' step() face."""
-
-    name = "arl"
-
-    def __init__(self, setting: protocol.Setting, checkpoint: str, warmup: int,
-                 overrides=None):
-        start = time.perf_counter()
-        self.setting = setting
-        self.trainer = TokenTrainer(arl_config(setting, checkpoint, overrides))
-        state = jax.block_until_ready(self.trainer.init_state())
-        # Setup as a user's run has it: the trainer and its initial state (the checkpoint
-        # loaded); not this benchmark's own work below (the step traced once more for its
-        # FLOPs, the rollout compiled alone, the warm-up steps).
-        setup_s = time.perf_counter() - start
-        self.params = jax.tree.map(lambda x: x.copy(), state.params)  # state is donated
-        # The step's update-or-skip cond: its update branch is the costliest cond branch
-        # of the step; inside it, every group's rows share their prompt in these
-        # settings, so the shared-prompt branch (the cheaper one) is the one that runs.
-        executed_update_flops = common.largest_cond_branch_flops(
-            jax.make_jaxpr(self.trainer.train_step)(state), choose_inner=min)
-        self.step_program, step_compile = common.compile_jitted(self.trainer.train_step,
-                                                                state)
-        roll = self._rollout_program()
-        self.rollout_program, rollout_compile = common.compile_jitted(
-            roll, self.params, jax.random.key(1))
-        self.metrics = []
-        self._run_step = common.donated_step_runner(self.step_program, state,
-                                                    self.metrics.append)
-        self._keys = iter(jax.random.split(jax.random.key(2), 10_000))
-        first = time.perf_counter()
-        self._run_step()
-        first_step_s = time.perf_counter() - first
-        for _ in range(max(0, warmup - 1)):
-            self._run_step()
-        self._run_rollout()
-        self.ready = dict(
-            setup_s=setup_s, first_step_s=first_step_s,
-            compile_s=step_compile, rollout_compile_s=rollout_compile,
-            context=self.trainer.context_length,
-            executed_update_flops=executed_update_flops,
-            temp_mib=(common.temp_bytes(self.step_program) or 0) / 2**20)
-
-    def _rollout_program(self):
-        """The step's own rollout (`TokenTrainer.rollout`: the group's prompt prefilled
-        once), compiled on its own."""
-        trainer = self.trainer
-        return jax.jit(lambda params, key: trainer.rollout(params, key, trainer.horizon(0)))
-
-    def _run_rollout(self):
-        jax.block_until_ready(self.rollout_program(self.params, next(self._keys)))
-
-    def step(self) -> dict:
-        start = time.perf_counter()
-        self._run_step()
-        step_s = time.perf_counter() - start
-        start = time.perf_counter()
-        self._run_rollout()
-        rollout_s = time.perf_counter() - start
-        m = self.metrics[-1]
-        generated = float(m["response_tokens_mean"]) * self.trainer.batch_size
-        return dict(step_s=step_s, rollout_s=rollout_s, generated_tokens=generated,
-                    trained_tokens=self.trainer.batch_size * self.trainer.context_length,
-                    reward_mean=float(m.get("reward_mean", np.nan)))
-
-    def close(self):
-        pass
-
-
-# ------------------------------------------------------------------- peer environments
-def peer_python(peer: str, cache_dir: str, log) -> tuple[str | None, str]:
-    """(python of the peer's virtual environment, note), creating it on first use; None
-    and the reason when it cannot be installed."""
-    venv = os.path.join(cache_dir, peer, "venv")
-    python = os.path.join(venv, "bin", "python")
-    marker = os.path.join(venv, ".arl-bench-installed")
-    wanted = " ".join(REQUIREMENTS[peer])
-    if os.path.isfile(marker) and open(marker, encoding="utf-8").read() == wanted:
-        return python, "cached"
-    log(f"[{peer}] installing {wanted} into {venv} (first use; a few minutes) ...")
-    start = time.perf_counter()
-    install_log = os.path.join(cache_dir, peer, "install.log")
-    os.makedirs(os.path.dirname(install_log), exist_ok=True)
-    with open(install_log, "w", encoding="utf-8") as f:
-        for cmd in ([sys.executable, "-m", "venv", "--clear", venv],
-                    [python, "-m", "pip", "install", "--quiet", *REQUIREMENTS[peer]]):
-            result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-            if result.returncode:
-                return None, (f"install failed (`{' '.join(cmd[-3:])}` exit "
-                              f"{result.returncode}; see {install_log})")
-    with open(marker, "w", encoding="utf-8") as f:
-        f.write(wanted)
-    seconds = time.perf_counter() - start
-    log(f"[{peer}] installed in {seconds:.0f} s")
-    return python, f"installed in {seconds:.0f} s"
-
-
-def child_environment(*dropped: str) -> dict:
-    """A measured child process's environment: this one's without `dropped` and a
-    user's JAX compilation cache settings, its output unbuffered, JAX on the CPU."""
-    env = dict(os.environ)
-    for name in (*dropped, *JAX_CACHE_ENVS):
-        env.pop(name, None)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    return env
-
-
-def peer_environment() -> dict:
-    """A peer worker's environment: this one's, less what belongs to arl's process (its
-    path, the tests' fake devices, a JAX compilation cache: a peer runs with its
-    library's defaults), plus the host settings every side gets."""
-    env = child_environment("PYTHONPATH", "XLA_FLAGS")
-    # arl's host settings (`arl.runs.process_settings`) for every side: freed memory kept
-    # mapped (mallopt, set before the worker starts) and, for a JAX peer, computations
-    # inline (torch runs every op on the calling thread anyway).
-    env["GLIBC_TUNABLES"] = process_settings.GLIBC_TUNABLES
-    env["ARL_PEERS_INLINE_DISPATCH"] = "1"
-    return env
-
-
-class WorkerRunner:
-    """A peer's worker process; `step()` asks for one training step and returns its
-    timings. Raises RuntimeError (with the worker's one-line reason) when it fails."""
-
-    def __init__(self, peer: str, python: str, setting: protocol.Setting, checkpoint: str,
-                 warmup: int, log_path: str, timeout: float, script: str | None = None,
-                 env: dict | None = None):
-        self.name = peer
-        self.timeout = timeout
-        self._log = open(log_path, "w", encoding="utf-8")
-        command = [python, script or os.path.join(WORKER_DIR, f"{peer}_worker.py"),
-                   "--setting", setting.to_json(), "--checkpoint", checkpoint,
-                   "--warmup", str(warmup)]
-        env = peer_environment() if env is None else env
-        self.launched = time.perf_counter()  # `ready_s` counts from here
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            text=True, bufsize=1, env=env)
-        self.log_path = log_path
-        self.ready = None
-        self.ready_s = None  # seconds from the launch to reading the "ready" line
-
-    def wait_ready(self, timeout: float) -> dict:
-        self.ready = self._expect("ready", timeout)
-        self.ready_s = self._received - self.launched
-        return self.ready
-
-    def _expect(self, event: str, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                raise RuntimeError(f"no '{event}' within {timeout:.0f} s (log: {self.log_path})")
-            ready, _, _ = select.select([self.proc.stdout], [], [], min(left, 5.0))
-            if not ready:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with code {self.proc.returncode} "
-                                       f"(log: {self.log_path})")
-                continue
-            line = self.proc.stdout.readline()
-            self._received = time.perf_counter()
-            if not line:
-                self.proc.wait()
-                raise RuntimeError(f"worker exited with code {self.proc.returncode} "
-                                   f"(log: {self.log_path})")
-            message = protocol.parse_event(line)
-            if message is None:
-                continue
-            if message["event"] == "error":
-                self.close()
-                raise RuntimeError(f"{message['message']} (log: {self.log_path})")
-            if message["event"] == event:
-                return message
-
-    def step(self) -> dict:
-        self.proc.stdin.write(json.dumps({"cmd": "step"}) + "\n")
-        self.proc.stdin.flush()
-        return self._expect("step", self.timeout)
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=20)
-            except (BrokenPipeError, subprocess.TimeoutExpired, OSError):
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
 # --------------------------------------------------------------------------- measuring
-def write_checkpoints(settings, cache_dir: str) -> None:
-    """`write_checkpoint` of each setting whose checkpoint is missing, in a child
-    process: this one's JAX backend then starts with arl's first trainer."""
-    missing = [s for s in settings if not checkpoint_written(checkpoint_path(s, cache_dir))]
-    if not missing:
-        return
-    context = multiprocessing.get_context("spawn")
-    child = context.Process(target=_write_checkpoints, args=(missing, cache_dir))
-    child.start()
-    child.join()
-    if child.exitcode != 0:
-        raise SystemExit(f"writing the checkpoints of {[s.name for s in missing]} failed "
-                         f"(exit status {child.exitcode})")
-
-
-def _write_checkpoints(settings, cache_dir: str) -> None:
-    for setting in settings:
-        write_checkpoint(setting, cache_dir)
-
-
 def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures,
                 on_ready=None) -> dict:
     """Builds every side for one setting, then interleaves `args.rounds` rounds;
     `on_ready()` runs once every side is ready, before the rounds."""
-    checkpoint = write_checkpoint(setting, args.cache_dir)
+    checkpoint = harness.write_checkpoint(setting, args.cache_dir)
     runners = []
     for peer in peers:
         if peer != "arl" and pythons.get(peer) is None:
@@ -551,11 +82,11 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures,
         start = time.perf_counter()
         try:
             if peer == "arl":
-                runner = ArlRunner(setting, checkpoint, args.warmup, dict(
-                    [parse_override(text) for text in args.arl_set]))
+                runner = harness.ArlRunner(setting, checkpoint, args.warmup, dict(
+                    [harness.parse_override(text) for text in args.arl_set]))
             else:
                 log_path = os.path.join(args.cache_dir, peer, f"worker-{setting.name}.log")
-                runner = WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
+                runner = driver.WorkerRunner(peer, pythons[peer], setting, checkpoint, args.warmup,
                                       log_path, args.step_timeout)
             runners.append(runner)
         except Exception as e:  # noqa: BLE001 - one side's failure must not stop the rest
@@ -565,7 +96,7 @@ def run_setting(setting: protocol.Setting, peers, args, log, pythons, failures,
         log(f"[{setting.name}] {peer}: started ({time.perf_counter() - start:.0f} s)")
     alive = []
     for runner in runners:
-        if isinstance(runner, WorkerRunner):
+        if isinstance(runner, driver.WorkerRunner):
             try:
                 runner.wait_ready(args.ready_timeout)
             except RuntimeError as e:
@@ -616,8 +147,8 @@ def summarise(setting: protocol.Setting, recs, ready) -> dict:
         step_s=step_s, step_min=min(steps), step_max=max(steps), rollout_s=rollout_s,
         update_s=update_s, generated_tokens=generated, trained_tokens=trained,
         generated_per_s=generated / step_s, trained_per_s=trained / step_s,
-        update_flops=update_flops(setting, trained),
-        update_flops_per_s=update_flops(setting, trained) / update_s,
+        update_flops=harness.update_flops(setting, trained),
+        update_flops_per_s=harness.update_flops(setting, trained) / update_s,
         executed_flops_per_s=(ready["executed_update_flops"] / update_s
                               if ready.get("executed_update_flops") else None),
         ready=ready, rounds=recs)
@@ -629,7 +160,7 @@ def arl_first_step_environment(cache: str) -> dict:
     in-process side runs under), with arl's caches in `cache` and no JAX cache setting
     of the user's, so the trainer's `arl.caches` picks `cache`/jax as it picks the
     default cache for a user who set none (and ~/.cache/arl is never touched)."""
-    env = child_environment()
+    env = driver.child_environment()
     env[caches.CACHE_ENV] = cache
     env[caches.COMPILATION_CACHE_ENV] = os.path.join(cache, "jax")
     return env
@@ -641,7 +172,7 @@ def time_first_step(side: str, python: str, setting: protocol.Setting, checkpoin
     peer's worker with one warm-up step; arl's `peer_workers/arl_first_step.py`):
     `total_s`, the seconds from just before its launch to reading its "ready" line, and
     its parts (`parts`: seconds, and for arl the programs compiled and loaded)."""
-    runner = WorkerRunner(side, python, setting, checkpoint, 1, log_path, timeout,
+    runner = driver.WorkerRunner(side, python, setting, checkpoint, 1, log_path, timeout,
                           script=ARL_FIRST_STEP if side == "arl" else None, env=env)
     try:
         ready = runner.wait_ready(timeout)
@@ -673,7 +204,7 @@ def first_step_phase(setting: protocol.Setting, sides, args, log, pythons,
     as the first run left it). {side: {"first run": s, "rerun": s (medians over the
     pairs), "parts": {run: {part: median}}, "runs": [records]}}; a side that fails is
     reported in `failures` and left out."""
-    checkpoint = checkpoint_path(setting, args.cache_dir)
+    checkpoint = harness.checkpoint_path(setting, args.cache_dir)
     sides = [side for side in sides if side == "arl" or pythons.get(side) is not None]
     records = {side: [] for side in sides}
     failed = set()
@@ -693,7 +224,7 @@ def first_step_phase(setting: protocol.Setting, sides, args, log, pythons,
                         record = time_first_step(
                             side, sys.executable if arl else pythons[side], setting,
                             checkpoint, arl_first_step_environment(cache) if arl
-                            else peer_environment(), log_path, args.ready_timeout)
+                            else driver.peer_environment(), log_path, args.ready_timeout)
                     except (RuntimeError, KeyError) as e:
                         failed.add(side)
                         failures.append((setting.name, side,
@@ -866,9 +397,9 @@ def main(argv=None):
     # of JAX in this process (the library's host settings, `arl.runs.process_settings`);
     # the checkpoints are written by a child process, and the machine line and the
     # first peak measurement wait for the first setting's trainers. The peers get the
-    # same settings from their environment (WorkerRunner).
+    # same settings from their environment (driver.WorkerRunner).
     process_settings.setup()
-    write_checkpoints([protocol.SETTINGS[name] for name in settings], args.cache_dir)
+    harness.write_checkpoints([protocol.SETTINGS[name] for name in settings], args.cache_dir)
     load_start = common.load_average()
     if load_start > LOAD_WARNING:
         log(f"WARNING: 1-minute load average {load_start:.2f} > {LOAD_WARNING}: other jobs "
@@ -879,7 +410,7 @@ def main(argv=None):
     for peer in peers:
         if peer == "arl":
             continue
-        pythons[peer], install_notes[peer] = peer_python(peer, args.cache_dir, log)
+        pythons[peer], install_notes[peer] = driver.peer_python(peer, args.cache_dir, log)
         if pythons[peer] is None:
             failures.append(("all", peer, install_notes[peer]))
             log(f"[{peer}] skipped: {install_notes[peer]}")

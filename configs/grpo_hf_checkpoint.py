@@ -30,7 +30,7 @@ Sizes: full fine-tuning at learning rate 1e-6 with bfloat16 parameters and activ
 logits), 8 prompts x 8 samples per step. docs/sharding.md says how to spread a larger
 model over devices (`mesh = (1, N, 1)`: FSDP over N chips; LoRA, `model.lora_rank`,
 for less optimizer memory). On a CPU only a tiny stand-in trains in reasonable time
-(README, "Finetune your own checkpoint": seconds per step at 2 layers x 32 wide); a
+(docs/checkpoints.md, "The recipe": seconds per step at 2 layers x 32 wide); a
 0.5B model wants an accelerator.
 """
 

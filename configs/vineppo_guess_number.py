@@ -14,7 +14,7 @@ environment steps as the rollout itself (`mc/env_steps_per_rollout_step`).
 (`c.warm_start` sets stage 1, run by it and by `experiments.train`: behaviour cloning
 on the environment's weaker demonstrator first, as docs/learning.md explains.) The comparison
 with GRPO, PPO and process rewards at an equal budget of environment steps:
-`python -m benchmarks.credit_assignment` (README.md, "Credit assignment inside an
+`python -m benchmarks.credit_assignment` (docs/algorithms.md, "Credit assignment inside an
 episode").
 
 Scale up: `process.mc_samples` (less noisy values), `process.branch_turns=()` (fork

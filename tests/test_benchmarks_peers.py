@@ -1,6 +1,7 @@
-"""Smoke test of `benchmarks/peers.py` without any peer install: arl's side at the tiny
-size, the driver's worker protocol against a stand-in worker, the FLOP count, and the
-peers' plain-Python guess_number against arl's environment."""
+"""Smoke test of `benchmarks/peers.py` and its harness (`benchmarks/harness.py`) without
+any peer install: arl's side at the tiny size, the driver's worker protocol against a
+stand-in worker, the FLOP counts, and the peers' plain-Python guess_number against
+arl's environment."""
 
 import argparse
 import json
@@ -13,6 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from arl import config as config_lib
+from arl.envs import TokenChunk
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
@@ -24,6 +28,11 @@ def peers():
         yield module
     finally:
         sys.path.remove(BENCH)
+
+
+@pytest.fixture(scope="module")
+def harness(peers):  # imported with benchmarks/ on the path, as peers.py imports it
+    return peers.harness
 
 
 @pytest.mark.slow  # compiles arl's step and rollout (~15 s): default suite budget
@@ -55,15 +64,15 @@ def test_arl_side_runs_the_tiny_setting_with_forced_generation_length(peers, tmp
 
 
 @pytest.mark.slow  # compiles arl's step and rollout (~15 s): default suite budget
-def test_executed_update_flops_equal_the_dots_a_profile_sees_run(peers, tmp_path):
+def test_executed_update_flops_equal_the_dots_a_profile_sees_run(harness, tmp_path):
     """The "executed of peak" count (the step's jaxpr: update branch, shared-prompt
     branch) equals the matmul FLOPs of the dots the compiled step runs, less its
     rollout's, as `matmul_ceiling.executed_thunks` counts them from a profile."""
     import matmul_ceiling  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
 
-    setting = peers.protocol.SETTINGS["tiny"]
-    runner = peers.ArlRunner(setting, peers.write_checkpoint(setting, str(tmp_path)),
-                             warmup=1)
+    setting = harness.protocol.SETTINGS["tiny"]
+    runner = harness.ArlRunner(setting, harness.write_checkpoint(setting, str(tmp_path)),
+                               warmup=1)
 
     def flops(program, run):
         dots = matmul_ceiling.hlo_dots(program.as_text(), matmul_ceiling.executed_thunks(run))
@@ -83,7 +92,7 @@ def test_first_step_from_launch_times_a_fresh_arl_process_then_reuses_its_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     monkeypatch.delenv("ARL_CACHE_DIR", raising=False)
     setting = peers.protocol.SETTINGS["tiny"]
-    peers.write_checkpoint(setting, str(tmp_path))
+    peers.harness.write_checkpoint(setting, str(tmp_path))
     args = argparse.Namespace(cache_dir=str(tmp_path), first_step_runs=1, ready_timeout=120)
     logs, failures = [], []
     out = peers.first_step_phase(setting, ["arl", "trl"], args, logs.append, {}, failures)
@@ -98,7 +107,9 @@ def test_first_step_from_launch_times_a_fresh_arl_process_then_reuses_its_cache(
     # The first run compiled into the empty directory; the rerun found those entries.
     assert first["parts"]["from the cache"] == 0 and first["cache_files"] > 0
     assert rerun["parts"]["from the cache"] > 0
-    assert rerun["cache_files"] == first["cache_files"]
+    # The rerun may add entries: a small program's compile time straddles JAX's write
+    # threshold (arl.caches.MIN_COMPILE_SECS, 0.05 s) on a loaded machine.
+    assert rerun["cache_files"] >= first["cache_files"]
     assert not (tmp_path / "home-cache").exists()
     assert out["arl"]["first run"] == first["total_s"]
 
@@ -113,24 +124,25 @@ def test_first_step_from_launch_times_a_fresh_arl_process_then_reuses_its_cache(
     assert "from the cache 0 / " in details and "arl: python start" in details
 
 
-def test_arl_config_takes_overrides_and_refuses_unknown_keys(peers):
-    setting = peers.protocol.SETTINGS["tiny"]
-    override = peers.parse_override("updates.reuse_rollout_activations=False")
+def test_arl_config_takes_overrides_and_refuses_unknown_keys(harness):
+    setting = harness.protocol.SETTINGS["tiny"]
+    override = harness.parse_override("updates.reuse_rollout_activations=False")
     assert override == ("updates.reuse_rollout_activations", False)
-    assert peers.parse_override("model.attention=blocked") == ("model.attention", "blocked")
-    config = peers.arl_config(setting, "checkpoint", dict([override, ("optim.learning_rate",
+    assert harness.parse_override("model.attention=blocked") == ("model.attention", "blocked")
+    config = harness.arl_config(setting, "checkpoint", dict([override, ("optim.learning_rate",
                                                                      3e-4)]))
     assert config.updates.reuse_rollout_activations is False
     assert config.optim.learning_rate == 3e-4
-    default = peers.arl_config(setting, "checkpoint")
+    default = harness.arl_config(setting, "checkpoint")
     assert default.updates.reuse_rollout_activations == "auto"
-    assert peers.config_lib.reuses_rollout_activations(default)
+    assert config_lib.reuses_rollout_activations(default)
     with pytest.raises(SystemExit, match="updates.no_such_key"):
-        peers.arl_config(setting, "checkpoint", {"updates.no_such_key": 1})
+        harness.arl_config(setting, "checkpoint", {"updates.no_such_key": 1})
     with pytest.raises(SystemExit, match="updates.epochs='two'"):
-        peers.arl_config(setting, "checkpoint", dict([peers.parse_override("updates.epochs=two")]))
+        harness.arl_config(setting, "checkpoint",
+                           dict([harness.parse_override("updates.epochs=two")]))
     with pytest.raises(SystemExit, match="KEY=VALUE"):
-        peers.parse_override("updates.epochs")
+        harness.parse_override("updates.epochs")
 
 
 @pytest.mark.slow  # compiles two steps and two rollouts (~30 s): default suite budget
@@ -153,11 +165,11 @@ _EQUAL_WORK_KEYS = {
 
 
 @pytest.mark.parametrize("setting_name", ["modest", "multiturn"])
-def test_arl_row_is_the_default_configuration(peers, setting_name):
+def test_arl_row_is_the_default_configuration(harness, setting_name):
     """Every key of arl's config that differs from `default_config()` is an equal-work
     setting: the headline row measures the defaults."""
-    config = peers.arl_config(peers.protocol.SETTINGS[setting_name], "checkpoint")
-    default = peers.config_lib.default_config()
+    config = harness.arl_config(harness.protocol.SETTINGS[setting_name], "checkpoint")
+    default = config_lib.default_config()
 
     def flat(c, prefix=""):
         out = {}
@@ -174,54 +186,55 @@ def test_arl_row_is_the_default_configuration(peers, setting_name):
     assert {"model.hf_checkpoint", "optim.learning_rate"} <= changed  # it sees changes
 
 
-def test_target_token_reward_is_the_share_of_target_ids(peers):
-    env = peers.TargetToken(vocab=16, prompt_len=3, gen_len=4)
+def test_target_token_reward_is_the_share_of_target_ids(harness):
+    import target_token  # pylint: disable=import-outside-toplevel  (benchmarks/ on the path)
+
+    env = target_token.TargetToken(vocab=16, prompt_len=3, gen_len=4)
     params = env.default_params()
     state, ts = env.reset(jax.random.key(0), params)
     prompt = np.asarray(ts.observation.tokens)
     assert prompt.shape == (3,) and ((prompt >= 4) & (prompt < 16)).all()
     tokens = jnp.asarray([3, 7, 3, 3], jnp.int32)
-    action = peers.envs_lib.TokenChunk(tokens, jnp.asarray(4, jnp.int32))
+    action = TokenChunk(tokens, jnp.asarray(4, jnp.int32))
     _, ts = jax.jit(env.step)(jax.random.key(1), state, action, params)
     assert float(ts.reward) == pytest.approx(0.75)
-    assert float(ts.reward) == pytest.approx(peers.protocol.target_share([3, 7, 3, 3]))
+    assert float(ts.reward) == pytest.approx(harness.protocol.target_share([3, 7, 3, 3]))
     assert bool(ts.terminated)
 
 
-def test_update_flops_by_hand(peers):
-    s = peers.protocol.SETTINGS["toy"]
+def test_update_flops_by_hand(harness):
+    s = harness.protocol.SETTINGS["toy"]
     # attention: 128 x 32 x (2 x 4 + 2 x 2) = 49152; MLP 3 x 128 x 256 = 98304 per layer;
     # 2 layers + LM head 128 x 64 = 8192.
-    assert peers.matmul_params(s) == 2 * (49152 + 98304) + 8192
+    assert harness.matmul_params(s) == 2 * (49152 + 98304) + 8192
     trained = 64 * 24
-    per_position = 2 * peers.matmul_params(s) + 4 * 2 * 24 * 128
-    assert peers.update_flops(s, trained) == 3 * trained * per_position
+    per_position = 2 * harness.matmul_params(s) + 4 * 2 * 24 * 128
+    assert harness.update_flops(s, trained) == 3 * trained * per_position
 
 
 
-def test_matmul_flops_of_a_jaxpr_by_hand(peers):
+def test_matmul_flops_of_a_jaxpr_by_hand(harness):
     """2 x output x contracted per product; a scan's body times its length; a cond's
     branch by the chooser; a while body once; the backward's products after jax.grad;
     the step-level helper takes the outermost cond's costliest branch, resolving the
     conds inside it by the chooser."""
-    common = peers.common
     x, w = jnp.ones((8, 16)), jnp.ones((16, 4))
     one = 2 * 8 * 4 * 16  # x @ w
     scanned = lambda x: jax.lax.scan(lambda c, _: (c, c @ w), x, None, length=3)[1]
-    assert common.matmul_flops(jax.make_jaxpr(scanned)(x)) == 3 * one
+    assert harness.matmul_flops(jax.make_jaxpr(scanned)(x)) == 3 * one
     inner = lambda x: jax.lax.cond(x.sum() > 0, lambda: (x @ w).sum(),
                                    lambda: ((x @ w) @ w.T).sum())
-    assert common.matmul_flops(jax.make_jaxpr(inner)(x), max) == one + 2 * 8 * 16 * 4
-    assert common.matmul_flops(jax.make_jaxpr(inner)(x), min) == one
+    assert harness.matmul_flops(jax.make_jaxpr(inner)(x), max) == one + 2 * 8 * 16 * 4
+    assert harness.matmul_flops(jax.make_jaxpr(inner)(x), min) == one
     # forward x @ w and the weight gradient x^T dy (no input gradient: x is a constant)
     grad = jax.grad(lambda w: jax.jit(lambda w: (x @ w).sum())(w))
-    assert common.matmul_flops(jax.make_jaxpr(grad)(w)) == 2 * one
+    assert harness.matmul_flops(jax.make_jaxpr(grad)(w)) == 2 * one
     looped = lambda x: jax.lax.while_loop(
         lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ jnp.ones((16, 16))), (0, x))[1]
-    assert common.matmul_flops(jax.make_jaxpr(looped)(x)) == 2 * 8 * 16 * 16
+    assert harness.matmul_flops(jax.make_jaxpr(looped)(x)) == 2 * 8 * 16 * 16
     outer = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, lambda: inner(x) + (x @ w).sum(),
                                            lambda: 0.0))
-    assert common.largest_cond_branch_flops(jax.make_jaxpr(outer)(x), min) == 2 * one
+    assert harness.largest_cond_branch_flops(jax.make_jaxpr(outer)(x), min) == 2 * one
 
 FAKE_WORKER = textwrap.dedent("""
     import argparse, os, sys
@@ -249,9 +262,9 @@ FAKE_WORKER = textwrap.dedent("""
 
 def test_worker_protocol_round_trip_and_crash_report(peers, tmp_path):
     script = tmp_path / "fake_worker.py"
-    script.write_text(FAKE_WORKER.format(worker_dir=peers.WORKER_DIR))
+    script.write_text(FAKE_WORKER.format(worker_dir=peers.driver.WORKER_DIR))
     setting = peers.protocol.SETTINGS["tiny"]
-    runner = peers.WorkerRunner("fake", sys.executable, setting, str(tmp_path), 1,
+    runner = peers.driver.WorkerRunner("fake", sys.executable, setting, str(tmp_path), 1,
                                 str(tmp_path / "worker.log"), timeout=30, script=str(script))
     assert runner.wait_ready(30)["first_step_s"] == 0.25
     first, second = runner.step(), runner.step()
@@ -281,7 +294,7 @@ def test_host_guess_number_replies_like_arl_guess_number(peers):
         ids = env.codec.encode(text)
         padded = np.full((env.action_len,), env.codec.pad_id, np.int32)
         padded[:len(ids)] = ids
-        chunk = peers.envs_lib.TokenChunk(jnp.asarray(padded), jnp.asarray(len(ids), jnp.int32))
+        chunk = TokenChunk(jnp.asarray(padded), jnp.asarray(len(ids), jnp.int32))
         state, ts = step(jax.random.key(4), state, chunk, params)
         reply = host.step(ids)
         assert reply == np.asarray(ts.observation.tokens)[:int(ts.observation.length)].tolist()

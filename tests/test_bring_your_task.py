@@ -1,12 +1,14 @@
-"""The README's "Bring your own task" as written: its `my_rewards.py` and `my_task.py`
-blocks written to a directory beside a Parquet file of chat prompts; the functions
-score the env's oracle and demonstrator episodes as the in-graph verifier does (cheap);
-its command trains and learns beyond its starting point, and the Python API logs every
-reward (slow)."""
+"""examples/bring_your_task/ as written: its `my_rewards.py` and `my_task.py` copied to a
+directory beside the Parquet file its `make_tasks.py` writes; the functions score the
+env's oracle and demonstrator episodes as the in-graph verifier does (cheap); the command
+of docs/bring_your_task.md trains and learns beyond its starting point, and the Python
+API logs every reward (slow)."""
 
 import json
 import os
 import re
+import runpy
+import shutil
 import subprocess
 import sys
 
@@ -18,43 +20,37 @@ import arl
 from arl.rewards.functions import RewardFunctions, episodes
 from arl.rollout.rollouts import scripted_rollout
 
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow")
 pytest.importorskip("sympy")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TITLE = "## Bring your own task"
-
-
-def _section():
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    start = text.index(TITLE)
-    end = text.find("\n## ", start + len(TITLE))
-    return text[start:end]
+EXAMPLE = os.path.join(ROOT, "examples", "bring_your_task")
 
 
 def _user_directory(path):
-    """The README's files in `path`, and a Parquet file of the rows it describes."""
-    python = re.findall(r"```python\n(.*?)```", _section(), flags=re.DOTALL)
-    assert len(python) == 2
-    (path / "my_rewards.py").write_text(python[0], encoding="utf-8")
-    (path / "my_task.py").write_text(python[1], encoding="utf-8")
-    rows = [{"prompt": [{"role": "system", "content": "Answer with a number."},
-                        {"role": "user", "content": f"What is {a} + {b}?"}],
-             "answer": str(a + b), "level": "easy" if a + b < 10 else "hard"}
-            for a in range(10) for b in range(10)]
-    pq.write_table(pa.Table.from_pylist(rows), str(path / "tasks.parquet"))
+    """The example's files in `path`, and the Parquet file its make_tasks.py writes."""
+    for name in ("my_rewards.py", "my_task.py", "make_tasks.py"):
+        shutil.copy(os.path.join(EXAMPLE, name), path / name)
+    runpy.run_path(str(path / "make_tasks.py"), run_name="__main__")
+    assert (path / "tasks.parquet").is_file()
     return path
 
 
 def _command():
-    block = re.search(r"```bash\n(.*?)```", _section(), flags=re.DOTALL).group(1).strip()
-    assert block.startswith("PYTHONPATH=. python -m experiments.train --config=my_task.py")
-    return block.split()[1:]
+    """docs/bring_your_task.md's training command, without its PYTHONPATH prefix (the
+    test sets the same path: the example's directory, then the checkout)."""
+    doc = open(os.path.join(ROOT, "docs", "bring_your_task.md"), encoding="utf-8").read()
+    section = doc[doc.index("## The whole example"):]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.DOTALL).group(1).strip()
+    assert block.splitlines()[0] == "cd examples/bring_your_task && python make_tasks.py"
+    train = block.splitlines()[1]
+    assert train.startswith("PYTHONPATH=.:../.. python -m experiments.train "
+                            "--config=my_task.py")
+    return train.split()[1:]
 
 
 def _run_command(user_dir, workdir_name, *overrides, timeout):
-    """The README's command in `user_dir`, its workdir `user_dir/workdir_name`, with
+    """The documented command in `user_dir`, its workdir `user_dir/workdir_name`, with
     `overrides` appended; returns metrics.jsonl's records after asserting exit 0."""
     command = [a if not a.startswith("--workdir=") else f"--workdir={user_dir / workdir_name}"
                for a in _command()[1:]] + list(overrides)
@@ -128,7 +124,7 @@ def test_python_api_logs_every_reward(user_dir):
 
 @pytest.mark.slow
 def test_a_stand_in_reward_model_joins_the_python_rewards(user_dir):
-    """The README's task with a third reward, a stand-in reward model directory
+    """The example task with a third reward, a stand-in reward model directory
     (`reward_model.hf_checkpoint`), through the Python API and the command line: every
     reward is logged and the return is their weighted sum."""
     import my_task  # pylint: disable=import-error,g-import-not-at-top

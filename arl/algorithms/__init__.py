@@ -5,7 +5,7 @@ the agent mask. Every kernel is jittable and vmappable, computes statistics in f
 returns no NaN on degenerate input and zeros its outputs where the mask is 0.
 
 The package stands alone: it imports jax, chex and numpy only, so its kernels compose
-into any JAX code (the README's "Compose" section). No kernel compiles itself: called
+into any JAX code (examples/compose_kernels.py). No kernel compiles itself: called
 outside a trace it runs op by op, like any `jax.numpy` function; `jax.jit` the function
 that calls it. The algorithm table that names these kernels in a config lives a layer
 up, in `arl.algorithm_table`.
