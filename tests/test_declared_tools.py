@@ -53,7 +53,7 @@ def standins(tmp_path_factory):
 def _codec(directory, **template_kwargs):
     config = ml_collections.ConfigDict(dict(model=dict(
         hf_checkpoint=directory, system_prompt=SYSTEM,
-        chat_template_kwargs=json.dumps(template_kwargs) if template_kwargs else "")))
+        chat_template_kwargs=dict(template_kwargs))))
     return from_config.checkpoint_codec(config)
 
 

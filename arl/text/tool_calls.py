@@ -212,8 +212,20 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
     user = {"role": "user", "content": _USER}
     opened = text_of([user])
     arguments = {_ARG_MARK: _VALUE_MARK}
-    called = text_of([user, _call_message(_NAME_MARK, arguments)], add_generation_prompt=False)
-    if not called.startswith(opened) or eot_text is None or eot_text not in called[len(opened):]:
+    # The call is followed by its result: a template may render the LAST assistant turn
+    # otherwise (Qwen3 gives it a think block), and a call is never the last turn here.
+    called = text_of([user, _call_message(_NAME_MARK, arguments),
+                      {"role": "tool", "content": _RESULT}], add_generation_prompt=False)
+    if eot_text is not None and not called.startswith(opened):
+        common = next((i for i, (a, b) in enumerate(zip(called, opened)) if a != b),
+                      min(len(called), len(opened)))
+        common = opened.rfind("\n", 0, common) + 1
+        raise ChatTemplateError(
+            f"chat template: the generation prompt ends {opened[common:]!r}, but an earlier "
+            f"assistant turn with a tool call re-renders as {called[common:common + 40]!r}...: "
+            "the template rewrites earlier turns (Qwen3 with enable_thinking=False drops "
+            "their empty think block), so the context would not be what it renders")
+    if eot_text is None or eot_text not in called[len(opened):]:
         raise ChatTemplateError(f"chat template: a structured tool call renders as {called!r}, "
                                 f"not as an assistant turn after the generation prompt "
                                 f"{opened!r} ended by the end-of-turn token")
@@ -251,7 +263,8 @@ def _several_calls(syntax: ToolCallSyntax, text_of, opened: str, eot_text: str,
 
     def assistant_text(message) -> str | None:
         try:
-            called = text_of([user, message], add_generation_prompt=False)
+            called = text_of([user, message, {"role": "tool", "content": _RESULT}],
+                             add_generation_prompt=False)
         except ChatTemplateError:  # Llama 3.1: "This model only supports single tool-calls"
             return None
         if not called.startswith(opened) or eot_text not in called[len(opened):]:
