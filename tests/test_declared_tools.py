@@ -151,6 +151,15 @@ def test_contexts_equal_the_template_qwen3_and_llama31(standins, family, templat
     assert per_turn == calls_per_turn
 
 
+@pytest.mark.slow
+def test_qwen3_without_thinking_is_refused_for_tool_envs(standins):
+    """Its generation prompt's empty think block is dropped from earlier turns."""
+    with pytest.raises(ConfigError, match=r"the generation prompt ends '<think>\\n\\n"
+                                          r"</think>\\n\\n', but an earlier assistant turn"):
+        from_config.make_env(dict(name="warehouse", kwargs={}),
+                             _codec(standins("qwen3"), enable_thinking=False))
+
+
 def _episode(env, memory=None, seed=5):
     return HostEpisode(task=env.make_task(seed, None), params=env.default_params(), turn=0,
                        memory={"looked_up": 0, "tool_calls": 0, "invalid_streak": 0,

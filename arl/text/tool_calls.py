@@ -23,6 +23,15 @@ The derivation is CHECKED on full renders of conversations with one to three too
 exchanges of real contents (numbers, tracebacks, quotes, newlines, a plain-text turn
 answered with an error), with the assistant turns given both as the raw text the
 model wrote and as structured `tool_calls`: the tokens must equal the pieces'.
+Several calls in one turn (`ToolCallSyntax.write_calls` / `parse_calls`, for
+`arl.envs.tool_calling`): the text between two calls, between their two results in the
+one reply, and between a turn's text and its first call are read from renders of a
+message with two `tool_calls`, of two `tool` messages in a row and of a message with
+content and a call; where the template raises (Llama 3.1: one call per turn) or writes
+results apart with special tokens, one call per turn. The check then also renders a
+turn with two calls and a call after text, raw and structured. A call is always
+rendered before its result, never as the conversation's last turn, which Qwen3 renders
+with a think block.
 A template that writes a tool result as a JSON string (Llama 3.1's `ipython` turn) keeps
 the quotes in the pieces, and the host writes the escaped text between them
 (`ToolCallSyntax.result_text`). A template whose tool turns cannot be cut this way (one
