@@ -386,6 +386,9 @@ def test_user_tool_env_trains_through_the_cli(standins, tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text(
         ).splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
+    # the SFT term's oracle episodes (both calls in one turn, then the answer) ran in the
+    # compiled step and solved every task
+    assert [m["demo_success_rate"] for m in metrics] == [1.0, 1.0]
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
     assert '"name": "stock"' in sample and '"name": "price"' in sample
     assert "<|im_start|>user\n<tool_response>\n" in sample
