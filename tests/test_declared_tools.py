@@ -364,13 +364,27 @@ def test_several_calls_are_refused_where_the_template_renders_one(standins):
 
 
 def test_a_tool_may_return_a_host_turn(standins):
-    """`stock` returns a HostTurn: its memory change is kept, later calls see it."""
-    env = _warehouse(standins("qwen2"))
+    """`stock` returns a HostTurn: its memory change is kept and a later call of the same
+    turn sees it (here an overriding `price` that reports it), rewards are summed."""
+    class Seeing(tool_user_envs.Warehouse):
+        @tool
+        def price(self, episode, item: str) -> HostTurn:
+            return HostTurn(reply=f"looked up: {episode.memory['looked_up']}", reward=0.25)
+
+    env = Seeing(codec=_codec(standins("qwen2")), obs_len=96)
+    assert [s["function"]["name"] for s in env.tool_schemas] == ["stock", "price"]
+    assert list(env.tool_schemas[1]["function"]["parameters"]["properties"]) == ["item"]
     task = _episode(env).task
-    turn = env.host_step(_episode(env), env.calls_text(
-        ("stock", {"item": task["item"], "warehouse": task["warehouse"]})))
-    assert turn.memory == {"looked_up": 1, "tool_calls": 1, "invalid_streak": 0}
-    assert isinstance(turn, HostTurn) and turn.reward == 0.0
+    stock = ("stock", {"item": task["item"], "warehouse": task["warehouse"]})
+    turn = env.host_step(_episode(env), env.calls_text(("price", {"item": "x"}), stock,
+                                                       ("price", {"item": "x"})))
+    assert turn.reply.split(env.call_syntax.result_separator) == [
+        "looked up: 0", str(tool_user_envs._units(5, task["item"], task["warehouse"])),
+        "looked up: 1"]
+    assert turn.memory == {"looked_up": 1, "tool_calls": 3, "invalid_streak": 0}
+    assert turn.reward == pytest.approx(0.5) and not turn.format_error
+    with pytest.raises(ValueError, match=r"^max_calls_per_turn must be an int >= 1, got 0$"):
+        Seeing(codec=env.codec, max_calls_per_turn=0)
 
 
 @pytest.mark.slow

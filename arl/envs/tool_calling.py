@@ -118,7 +118,9 @@ class ToolCallingEnvironment(HostEnvironment):
         for key, value, low in (("max_turns", max_turns, 1), ("prompt_len", prompt_len, 1),
                                 ("obs_len", obs_len, 1), ("action_len", action_len, 1),
                                 ("max_invalid_calls", max_invalid_calls, 0),
-                                ("max_calls_per_turn", max_calls_per_turn or 1, 1)):
+                                ("max_calls_per_turn", max_calls_per_turn, 1)):
+            if key == "max_calls_per_turn" and value is None:
+                continue  # as the template renders (below)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{key} must be an int >= {low}, got {value!r}")
         if isinstance(invalid_call_penalty, bool) or not isinstance(
