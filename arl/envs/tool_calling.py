@@ -99,8 +99,9 @@ class ToolCallingEnvironment(HostEnvironment):
     template), max_turns, prompt_len, obs_len, action_len as every token env;
     max_invalid_calls: invalid turns in a row that end the episode (0: never);
     max_calls_per_turn: calls one turn may hold (>1 needs a template that renders
-    several; None: 4 where it does, else 1); invalid_call_penalty: the (non-negative) cost of an invalid turn, which
-    `reward_bounds` must cover; max_workers, step_timeout_s: as `HostEnvironment`'s.
+    several; None: 4 where it does, else 1); invalid_call_penalty: the (non-negative)
+    cost of an invalid turn, which `reward_bounds` must cover; max_workers,
+    step_timeout_s: as `HostEnvironment`'s.
 
     Subclass hooks: `make_task`, `prompt`, `host_answer(episode, text) -> HostTurn` (a
     turn without a call), `host_oracle(episode) -> str` (write calls with
