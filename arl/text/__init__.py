@@ -7,7 +7,10 @@ that read and write token ids inside `jit`.
 * `chat_template`: a model's Jinja chat template rendered and reduced to the fixed turn
   markers a token environment emits (`ChatFormat`).
 * `tool_calls`: the template's tool convention (the `tools` list, calls in the model's
-  format, results as `tool` messages) as static pieces (`derive_tool_chat_format`).
+  format, results as `tool` messages) as static pieces (`derive_tool_chat_format`);
+  several calls in one turn where the template renders them (`ToolCallSyntax`).
+* `tool_schemas`: tools as users declare them (OpenAI function schemas, from a Python
+  function's signature and docstring) and the check of a call's arguments.
 * `chunks`: `TokenChunk` (a padded chunk of token ids, what token environments observe and
   act with) and building chunks inside `jit`.
 * `parsing`: reading an agent's token ids inside `jit` (find, compare, parse integers).

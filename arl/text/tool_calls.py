@@ -23,6 +23,15 @@ The derivation is CHECKED on full renders of conversations with one to three too
 exchanges of real contents (numbers, tracebacks, quotes, newlines, a plain-text turn
 answered with an error), with the assistant turns given both as the raw text the
 model wrote and as structured `tool_calls`: the tokens must equal the pieces'.
+Several calls in one turn (`ToolCallSyntax.write_calls` / `parse_calls`, for
+`arl.envs.tool_calling`): the text between two calls, between their two results in the
+one reply, and between a turn's text and its first call are read from renders of a
+message with two `tool_calls`, of two `tool` messages in a row and of a message with
+content and a call; where the template raises (Llama 3.1: one call per turn) or writes
+results apart with special tokens, one call per turn. The check then also renders a
+turn with two calls and a call after text, raw and structured. A call is always
+rendered before its result, never as the conversation's last turn, which Qwen3 renders
+with a think block.
 A template that writes a tool result as a JSON string (Llama 3.1's `ipython` turn) keeps
 the quotes in the pieces, and the host writes the escaped text between them
 (`ToolCallSyntax.result_text`). A template whose tool turns cannot be cut this way (one
@@ -81,6 +90,20 @@ class ToolCallSyntax:
     name_key: str
     arguments_key: str
     results_as_json: bool = False  # the template writes a result as a JSON string
+    # Several calls in one turn (`write_calls`, `parse_calls`): the text between two
+    # calls (Qwen: "\n") and between their two results in the one reply (Qwen:
+    # "\n</tool_response>\n<tool_response>\n"); None where the template renders one
+    # call per turn (Llama 3.1 raises) or writes results apart with special tokens.
+    call_separator: str | None = None
+    result_separator: str | None = None
+    # The text between an assistant's content and its first call (Qwen: "\n"); None
+    # where the template drops the content of a turn with calls (Llama 3.1).
+    content_separator: str | None = None
+
+    @property
+    def several_calls(self) -> bool:
+        """Whether one turn can hold several calls (and its reply their results)."""
+        return self.call_separator is not None and self.result_separator is not None
 
     def result_text(self, text: str) -> str:
         """What the host writes between the result's pieces for the result `text`."""
@@ -91,6 +114,63 @@ class ToolCallSyntax:
         body = json.dumps({self.name_key: name, self.arguments_key: dict(arguments)},
                           ensure_ascii=False)
         return f"{self.prefix}{body}{self.suffix}"
+
+    def write_calls(self, calls: Sequence[tuple[str, Mapping[str, Any]]],
+                    content: str = "") -> str:
+        """A turn of `content` then the `calls` ((name, arguments) pairs), as the template
+        renders an assistant message {"content": content, "tool_calls": calls}."""
+        if len(calls) > 1 and not self.several_calls:
+            raise ValueError(f"this template renders one tool call per turn, got {len(calls)}")
+        if content and self.content_separator is None:
+            raise ValueError("this template drops the text of a turn with a tool call")
+        text = (self.call_separator or "").join(self.write(n, a) for n, a in calls)
+        return f"{content}{self.content_separator}{text}" if content else text
+
+    def result_texts(self, results: Sequence[str]) -> str:
+        """What the host writes between the result pieces for the results of one turn's
+        calls (each escaped where the template writes JSON strings)."""
+        if len(results) > 1 and not self.several_calls:
+            raise ValueError(f"this template renders one tool result per turn, got "
+                             f"{len(results)}")
+        return (self.result_separator or "").join(self.result_text(r) for r in results)
+
+    def parse_calls(self, text: str) -> tuple[str, list[tuple[str, dict[str, Any]]]] | str:
+        """(content, [(name, arguments), ...]) of the turn `text`: the text before the
+        first call (where the template renders one) and every call, separated by
+        whitespace; "no tool call" when the turn holds none, or the error text the env
+        answers with ("bad JSON in the tool call", "one tool call per turn", ...)."""
+        marker, closing = self.prefix.strip(), self.suffix.strip()
+        start = text.find(marker) if marker else len(text) - len(text.lstrip())
+        if start < 0 or (not marker and not text[start:].startswith("{")):
+            return NO_CALL
+        content = text[:start].rstrip()
+        if content and self.content_separator is None:
+            return "text before the tool call (write the call alone)"
+        decoder, calls, position = json.JSONDecoder(), [], start
+        while True:
+            position += len(marker)
+            position += len(text[position:]) - len(text[position:].lstrip())
+            try:
+                call, position = decoder.raw_decode(text, position)
+            except ValueError:
+                return "bad JSON in the tool call"
+            if not isinstance(call, dict) or not isinstance(call.get(self.name_key), str):
+                return f'the tool call needs "{self.name_key}": a string'
+            if not isinstance(call.get(self.arguments_key), dict):
+                return f'the tool call needs "{self.arguments_key}": an object'
+            calls.append((call[self.name_key], call[self.arguments_key]))
+            rest = text[position:].lstrip()
+            if closing:
+                if not rest.startswith(closing):
+                    return f"the tool call is not closed with {closing!r}"
+                rest = rest[len(closing):].lstrip()
+            position = len(text) - len(rest)
+            if not rest:
+                return content, calls
+            if not rest.startswith(marker or "{"):
+                return "text after the tool call"
+            if not self.several_calls:
+                return "one tool call per turn (this model's template renders one)"
 
     def parse(self, text: str) -> tuple[str, dict[str, Any]] | str:
         """(name, arguments) of the call `text` (surrounding whitespace ignored), or the
@@ -141,8 +221,20 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
     user = {"role": "user", "content": _USER}
     opened = text_of([user])
     arguments = {_ARG_MARK: _VALUE_MARK}
-    called = text_of([user, _call_message(_NAME_MARK, arguments)], add_generation_prompt=False)
-    if not called.startswith(opened) or eot_text is None or eot_text not in called[len(opened):]:
+    # The call is followed by its result: a template may render the LAST assistant turn
+    # otherwise (Qwen3 gives it a think block), and a call is never the last turn here.
+    called = text_of([user, _call_message(_NAME_MARK, arguments),
+                      {"role": "tool", "content": _RESULT}], add_generation_prompt=False)
+    if eot_text is not None and not called.startswith(opened):
+        common = next((i for i, (a, b) in enumerate(zip(called, opened)) if a != b),
+                      min(len(called), len(opened)))
+        common = opened.rfind("\n", 0, common) + 1
+        raise ChatTemplateError(
+            f"chat template: the generation prompt ends {opened[common:]!r}, but an earlier "
+            f"assistant turn with a tool call re-renders as {called[common:common + 40]!r}...: "
+            "the template rewrites earlier turns (Qwen3 with enable_thinking=False drops "
+            "their empty think block), so the context would not be what it renders")
+    if eot_text is None or eot_text not in called[len(opened):]:
         raise ChatTemplateError(f"chat template: a structured tool call renders as {called!r}, "
                                 f"not as an assistant turn after the generation prompt "
                                 f"{opened!r} ended by the end-of-turn token")
@@ -160,12 +252,64 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
     # host writes the escaped text between them (`ToolCallSyntax.result_text`).
     quoted = result.find(json.dumps(_RESULT), len(expected_head)) == at_result - 1
     syntax = dataclasses.replace(syntax, results_as_json=quoted)
+    syntax = _several_calls(syntax, text_of, opened, eot_text, special_texts,
+                            result[len(expected_head):at_result])
     chat = dataclasses.replace(
         base, multi_turn_error=None, reply_role="tool",
         reply_prefix=tuple(encode(result[len(expected_head):at_result])),
         reply_suffix=tuple(encode(result[at_result + len(_RESULT):])))
     _check(chat, syntax, text_of, encode)
     return chat, syntax
+
+
+def _several_calls(syntax: ToolCallSyntax, text_of, opened: str, eot_text: str,
+                   special_texts: Sequence[str], reply_head: str) -> ToolCallSyntax:
+    """`syntax` with the separators of several calls in one turn, of their results and
+    of a turn's content, read from renders (each None where the template does not
+    render it as plain text between the pieces; module docstring)."""
+    user = {"role": "user", "content": _USER}
+    first, second = (_NAME_MARK, {_ARG_MARK: _VALUE_MARK}), ("Kilo", {"Lima": "Mike"})
+
+    def assistant_text(message) -> str | None:
+        try:
+            called = text_of([user, message, {"role": "tool", "content": _RESULT}],
+                             add_generation_prompt=False)
+        except ChatTemplateError:  # Llama 3.1: "This model only supports single tool-calls"
+            return None
+        if not called.startswith(opened) or eot_text not in called[len(opened):]:
+            return None
+        return called[len(opened):called.index(eot_text, len(opened))]
+
+    def between(text, left, right) -> str | None:
+        if text is None or not (text.startswith(left) and text.endswith(right)) or len(
+                text) < len(left) + len(right):
+            return None
+        middle = text[len(left):len(text) - len(right)]
+        return None if any(t and t in middle for t in special_texts) else middle
+
+    two = {"role": "assistant", "content": "", "tool_calls": [
+        _call_message(*first)["tool_calls"][0], _call_message(*second)["tool_calls"][0]]}
+    call_separator = between(assistant_text(two), syntax.write(*first), syntax.write(*second))
+    content = dict(_call_message(*first), content="November")
+    content_separator = between(assistant_text(content), "November", syntax.write(*first))
+    result_separator = None
+    if call_separator is not None:
+        two_text = syntax.write(*first) + call_separator + syntax.write(*second)
+        try:
+            results = text_of([user, {"role": "assistant", "content": two_text},
+                               {"role": "tool", "content": _RESULT},
+                               {"role": "tool", "content": "Oscar"}])
+        except ChatTemplateError:
+            results = None
+        head = opened + two_text + eot_text + reply_head
+        if results is not None and results.startswith(head):
+            tail = results[len(head):]
+            left, right = syntax.result_text(_RESULT), syntax.result_text("Oscar")
+            at = tail.find(right, len(left))
+            result_separator = between(tail[:at + len(right)], left, right) if at > 0 else None
+    return dataclasses.replace(syntax, call_separator=call_separator,
+                               result_separator=result_separator,
+                               content_separator=content_separator)
 
 
 def _syntax_of(call_text: str, name: str, arguments: Mapping[str, Any]) -> ToolCallSyntax:
@@ -190,28 +334,43 @@ def _syntax_of(call_text: str, name: str, arguments: Mapping[str, Any]) -> ToolC
 def _check(chat: ChatFormat, syntax: ToolCallSyntax, text_of, encode) -> None:
     """Full renders of 1-3 tool exchanges (and a plain-text turn) == the pieces."""
     name, key = "run_python", "code"
+    conversations = []
     for count in (1, 2, 3):
-        exchanges = [_PLAIN_TURN] if count == 2 else []
-        exchanges += [(syntax.write(name, {key: value}), result)
+        exchanges = [(_PLAIN_TURN[0], [_PLAIN_TURN[1]])] if count == 2 else []
+        exchanges += [(syntax.write(name, {key: value}), [result])
                       for value, result in _CHECK_EXCHANGES[:count]]
+        conversations.append((f"{count} tool exchange(s)", exchanges))
+    if syntax.several_calls:  # two calls in one turn, then one
+        calls = [(name, {key: value}) for value, _ in _CHECK_EXCHANGES]
+        results = [result for _, result in _CHECK_EXCHANGES]
+        conversations.append(("two calls in one turn", [
+            (syntax.write_calls(calls[:2]), results[:2]),
+            (syntax.write_calls(calls[2:]), results[2:])]))
+    if syntax.content_separator is not None:
+        conversations.append(("a call after text", [
+            (syntax.write_calls([(name, {key: "6*7"})], content="I will compute it."),
+             ["42"])]))
+    for what, exchanges in conversations:
         ids = list(chat.prompt_prefix) + encode(_USER) + list(chat.turn_suffix)
-        for turn, result in exchanges:
+        for turn, results in exchanges:
             ids += encode(turn) + [chat.eot_id] + list(chat.reply_prefix) + \
-                encode(syntax.result_text(result)) + list(chat.reply_suffix)
+                encode(syntax.result_texts(results)) + list(chat.reply_suffix)
         for structured in (False, True):
             messages = [{"role": "user", "content": _USER}]
-            for turn, result in exchanges:
-                parsed = syntax.parse(turn)
+            for turn, results in exchanges:
+                parsed = syntax.parse_calls(turn)
                 if structured and not isinstance(parsed, str):
-                    messages.append(_call_message(*parsed))
+                    content, calls = parsed
+                    messages.append({"role": "assistant", "content": content, "tool_calls": [
+                        _call_message(*call)["tool_calls"][0] for call in calls]})
                 else:
                     messages.append({"role": "assistant", "content": turn})
-                messages.append({"role": "tool", "content": result})
+                messages += [{"role": "tool", "content": result} for result in results]
             expected = encode(text_of(messages))
             if ids != expected:
                 first = first_difference(ids, expected)
                 raise ChatTemplateError(
-                    f"chat template: {count} tool exchange(s) "
+                    f"chat template: {what} "
                     f"{'as structured tool_calls ' if structured else ''}tokenize to "
                     f"{expected[first:first + 8]} at position {first} when rendered in full, "
                     f"but the pieces give {ids[first:first + 8]}; the template's tool turns "
