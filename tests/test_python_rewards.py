@@ -131,6 +131,33 @@ def test_a_failure_inside_the_step_logs_no_jax_traceback(env_and_traj, caplog):
         ["jax.io_callback failed"]
 
 
+def test_transcripts_show_every_reward_term(env_and_traj):
+    """The evaluation transcript's extra line: the env's return and each function's
+    score with its weight, and their weighted total (what the train step adds)."""
+    import types
+
+    from arl.trainers.reward_terms import reward_terms_lines
+
+    env, traj = env_and_traj
+    config = arl.default_config()
+    config.reward.env_weight = 0.5
+    scorer = RewardFunctions(["tests.user_rewards:length", "tests.user_rewards:nan_on_y"],
+                             weights=[0.25, 2.0])
+    trainer = types.SimpleNamespace(config=config, env=env, reward_model=None,
+                                    python_rewards=PythonRewards(env, scorer, 0.5))
+    lines = reward_terms_lines(trainer, None, traj)
+    out, _ = jax.jit(trainer.python_rewards)(traj)
+    completions = episodes(env, traj.tokens, traj.agent_mask, traj.length,
+                           traj.task_rows).completions
+    for b, line in enumerate(lines):
+        env_return = float(traj.episode_return[b])
+        assert line == (f"-- reward terms: env {env_return:+.3f} x 0.5, length "
+                        f"{len(completions[b]):+.3f} x 0.25, nan_on_y +1.000 x 2 = "
+                        f"{float(out.episode_return[b]):+.3f}")
+    trainer.python_rewards = None
+    assert reward_terms_lines(trainer, None, traj) is None  # the env's reward alone
+
+
 @pytest.mark.parametrize("field,value,message", [
     ("functions", ("tests.user_rewards",), "expected 'module:function'"),
     ("functions", ("tests.user_rewards:missing",), "has no 'missing'"),

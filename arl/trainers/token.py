@@ -46,6 +46,7 @@ from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
 from arl.trainers.python_rewards import PythonRewards
+from arl.trainers.reward_terms import reward_terms_lines
 from arl.trainers.reward_model import OutcomeRewardModel
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
@@ -412,8 +413,13 @@ class TokenTrainer:
         greedy_metrics, _ = self.evaluate(params, greedy_key, greedy=True)
         sampled_metrics, traj = self.evaluate(params, sample_key, greedy=False)
         rows = sharding_lib.gather_rows(traj, TRANSCRIPT_ROWS)
-        text = "\n\n".join(rollout_lib.render_trajectory(self.env, rows, row)
-                            for row in range(min(TRANSCRIPT_ROWS, rows.tokens.shape[0])))
+        shown = range(min(TRANSCRIPT_ROWS, rows.tokens.shape[0]))
+        texts = [rollout_lib.render_trajectory(self.env, rows, row) for row in shown]
+        # Python reward functions / a reward model: every term of each row's reward.
+        terms = reward_terms_lines(self, state, rows)
+        if terms is not None:
+            texts = [f"{text}\n{line}" for text, line in zip(texts, terms)]
+        text = "\n\n".join(texts)
         metrics = {f"eval/{k}": v for k, v in greedy_metrics.items()}
         metrics.update({f"eval_sampled/{k}": v for k, v in sampled_metrics.items()})
         return EvaluationReport(metrics=metrics, transcript=text)
