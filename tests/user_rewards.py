@@ -54,3 +54,7 @@ def raises_always(prompts, completions, **kwargs):
 def never_returns(prompts, completions, **kwargs):
     """Hangs (a call to a service that never answers)."""
     threading.Event().wait()
+
+
+def nan_on_every_row(prompts, completions, **kwargs):
+    return [math.nan] * len(completions)

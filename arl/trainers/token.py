@@ -45,6 +45,7 @@ from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
+from arl.envs.sessions import check_branching
 from arl.trainers.python_rewards import PythonRewards
 from arl.trainers.reward_terms import reward_terms_lines
 from arl.trainers.reward_model import OutcomeRewardModel
@@ -116,6 +117,7 @@ class TokenTrainer:
         self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
+        check_branching(self.env, self.branch_turns)  # a session env that cannot replay
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models,
                                   reward_model=self.reward_model)
