@@ -35,7 +35,7 @@ Modes, for what a pure state pytree gave for free (`deterministic`):
 * ``deterministic = False`` ("restart"): nothing can be replayed. A resumed run starts
   the episodes that were in flight afresh (new sessions of the same seeds); Monte Carlo
   branching is refused when the trainer is built (one line naming
-  `config.process.branch_turns`), and a row whose session is gone ends with a "host
+  `config.process.mc_samples`), and a row whose session is gone ends with a "host
   error" reply.
 
 Sessions never outlive the process (they are not in checkpoints): a train step opens
@@ -274,15 +274,17 @@ class SessionEnvironment(HostEnvironment):
                                    lambda session: self.session_demonstrator(session, rng))
 
 
-def check_branching(env, branch_turns) -> None:
-    """Refuses Monte Carlo branching on a session env that cannot replay (one line)."""
+def check_branching(env, branch_turns, mc_samples: int = 1) -> None:
+    """Refuses Monte Carlo branching (`process.mc_samples` > 0, forking before
+    `branch_turns`) on a session env that cannot replay, in one line."""
     members = getattr(env, "envs", (env,))
     for member in members:
         inner = getattr(member, "env", member)  # a wrapper's env
         if branch_turns and isinstance(inner, SessionEnvironment) and \
                 not inner.deterministic:
             raise ConfigError(
-                f"config.process.branch_turns={tuple(branch_turns)!r} is invalid: env "
-                f"{inner.name!r} holds a session per episode and is not deterministic "
-                "(resume mode 'restart'), so a mid-episode state cannot be forked; use "
-                "process.branch_turns=() or make the env deterministic given its seed")
+                f"config.process.mc_samples={mc_samples!r} is invalid: Monte Carlo "
+                f"branching forks mid-episode states (before turns {tuple(branch_turns)}), "
+                f"and env {inner.name!r} holds a session per episode and is not "
+                "deterministic (resume mode 'restart'); use process.mc_samples=0, or make "
+                "the env deterministic given its seed (deterministic = True: replay)")

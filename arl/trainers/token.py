@@ -117,7 +117,7 @@ class TokenTrainer:
         self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
-        check_branching(self.env, self.branch_turns)  # a session env that cannot replay
+        check_branching(self.env, self.branch_turns, config.process.mc_samples)  # sessions
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models,
                                   reward_model=self.reward_model)

@@ -130,7 +130,17 @@ def test_branching_replays_the_recorded_actions_in_deterministic_mode():
 def test_restart_mode_refuses_branching_in_one_line():
     sessions.check_branching(DigitGames(deterministic=True), (1,))
     sessions.check_branching(DigitGames(deterministic=False), ())
-    with pytest.raises(ConfigError, match=r"^config.process.branch_turns=\(1,\) is invalid: "
-                                          r"env 'digit_game' holds a session per episode "
-                                          r"and is not deterministic"):
-        sessions.check_branching(DigitGames(deterministic=False), (1,))
+    message = (r"^config.process.mc_samples=2 is invalid: Monte Carlo branching forks "
+               r"mid-episode states \(before turns \(1, 2\)\), and env 'digit_game' holds "
+               r"a session per episode and is not deterministic")
+    with pytest.raises(ConfigError, match=message):
+        sessions.check_branching(DigitGames(deterministic=False), (1, 2), 2)
+    # Through the trainer a config builds: refused before anything is traced.
+    from tests import session_env_config
+
+    config = session_env_config.get_config()
+    config.imports = ()
+    config.env.kwargs.deterministic = False
+    config.process.mc_samples = 2
+    with pytest.raises(ConfigError, match=message):
+        arl.build(config)
