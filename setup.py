@@ -56,6 +56,10 @@ setuptools.setup(
         # Datasets as users keep them (arl.data.task_files): Parquet files and
         # datasets.save_to_disk directories are read with pyarrow.
         "data": DATA,
+        # reasoning_gym:<task> environments (arl.envs.tasks.reasoning_gym_task). Kept out
+        # of "test": two of its dependencies (pycosat, cellpylib) build from source; its
+        # tests skip, saying so, without it.
+        "reasoning_gym": ["reasoning-gym==0.1.25"],
         "test": TRAIN + DATA + [
             "datasets>=2.14",  # writes save_to_disk directories for tests/test_task_files.py
             "sympy>=1.12",  # examples/bring_your_task's reward function

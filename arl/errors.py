@@ -8,6 +8,7 @@ programs print that line and exit with status 2 instead of a traceback."""
 from __future__ import annotations
 
 import difflib
+import logging
 from typing import Iterable
 
 
@@ -50,3 +51,29 @@ def did_you_mean(name: str, candidates: Iterable[str], prefix: str = "") -> str:
     """" (did you mean <prefix><closest>?)" when a candidate is close to `name`, else ""."""
     match = closest(name, candidates)
     return f" (did you mean {prefix}{match}?)" if match is not None else ""
+
+
+# The logger JAX reports an exception of a host callback with (`logger.exception(
+# "jax.io_callback failed")`: the whole traceback) before re-raising it from the step.
+_JAX_CALLBACK_LOGGER = "jax._src.callback"
+
+
+class _OneLineCallbackFailures(logging.Filter):
+    """Drops JAX's traceback record of a host callback that raised one of arl's one-line
+    errors (`RunStopped`, `ConfigError`): the caller reports that line itself. Any other
+    exception (a bug) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, (RunStopped, ConfigError))
+
+
+_CALLBACK_FILTER = _OneLineCallbackFailures()
+
+
+def quiet_callback_failures() -> None:
+    """Keeps JAX from logging a traceback for an arl one-line error raised inside a host
+    callback (a failing Python reward function); idempotent."""
+    logger = logging.getLogger(_JAX_CALLBACK_LOGGER)
+    if _CALLBACK_FILTER not in logger.filters:
+        logger.addFilter(_CALLBACK_FILTER)

@@ -3,6 +3,7 @@ weighted total lands on each episode's last turn end (NumPy reference), the env'
 is scaled by `reward.env_weight`, per-function metrics, the config's checks, and a
 failing function ending a run with one line through the command line."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -11,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 
 import arl
-from arl.rewards.functions import RewardFunctions
-from arl.errors import ConfigError
+from arl.rewards.functions import RewardFunctions, episodes
+from arl.errors import ConfigError, RewardFunctionError
 from arl.rollout.rollouts import scripted_rollout
 from arl.trainers.python_rewards import PythonRewards
 
@@ -81,6 +83,79 @@ def test_unscored_rows_leave_the_statistics(env_and_traj):
     np.testing.assert_allclose(out.episode_return - traj.episode_return,
                                np.nan_to_num(values), rtol=1e-6)
     assert np.all(np.isfinite(out.rewards))
+
+
+def test_failed_rows_stay_out_of_the_mean_and_are_counted_apart(env_and_traj):
+    """on_error="zero": a row the function failed on scores 0 in the total but is not in
+    reward/<name>/mean or std (which cover the rows it scored); errors counts it."""
+    env, traj = env_and_traj
+    scorer = RewardFunctions(["tests.user_rewards:length_nan_on_odd"], on_error="zero")
+    out, metrics = jax.jit(PythonRewards(env, scorer))(traj)
+    completions = episodes(env, traj.tokens, traj.agent_mask, traj.length,
+                           traj.task_rows).completions
+    lengths = np.array([len(c) for c in completions], np.float64)
+    odd = lengths % 2 == 1
+    assert 0 < odd.sum() < len(odd), lengths  # both kinds of rows in the batch
+    np.testing.assert_allclose(metrics["reward/length_nan_on_odd/mean"],
+                               lengths[~odd].mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["reward/length_nan_on_odd/std"],
+                               lengths[~odd].std(), rtol=1e-5)
+    assert float(metrics["reward/length_nan_on_odd/errors"]) == odd.sum()
+    np.testing.assert_allclose(out.episode_return - traj.episode_return,
+                               np.where(odd, 0.0, lengths), rtol=1e-6)
+
+
+def test_a_failure_inside_the_step_logs_no_jax_traceback(env_and_traj, caplog):
+    """The function's error leaves the compiled step as JAX's runtime error, its one
+    line in the message; JAX's own "jax.io_callback failed" record (a traceback) is
+    dropped for it, but kept for any other exception of a callback."""
+    env, traj = env_and_traj
+    rewards = PythonRewards(env, RewardFunctions(["tests.user_rewards:raises_always"]))
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(Exception, match="the scoring service is down") as error:
+            jax.block_until_ready(jax.jit(rewards)(traj))
+    assert not isinstance(error.value, RewardFunctionError)  # JAX's, with the line inside
+    assert [r for r in caplog.records if r.name == "jax._src.callback"] == []
+    assert rewards.scorer.failure.startswith(
+        "reward function 'tests.user_rewards:raises_always' raised RuntimeError: the "
+        f"scoring service is down on dataset row {int(traj.task_rows[0])}, prompt '")
+
+    def bug(x):
+        raise KeyError("a bug")
+
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(Exception, match="a bug"):
+            jax.block_until_ready(jax.jit(lambda x: io_callback(
+                bug, jax.ShapeDtypeStruct((), jnp.float32), x, ordered=True))(1.0))
+    assert [r.getMessage() for r in caplog.records if r.name == "jax._src.callback"] == \
+        ["jax.io_callback failed"]
+
+
+def test_transcripts_show_every_reward_term(env_and_traj):
+    """The evaluation transcript's extra line: the env's return and each function's
+    score with its weight, and their weighted total (what the train step adds)."""
+    import types
+
+    from arl.trainers.reward_terms import reward_terms_lines
+
+    env, traj = env_and_traj
+    config = arl.default_config()
+    config.reward.env_weight = 0.5
+    scorer = RewardFunctions(["tests.user_rewards:length", "tests.user_rewards:nan_on_y"],
+                             weights=[0.25, 2.0])
+    trainer = types.SimpleNamespace(config=config, env=env, reward_model=None,
+                                    python_rewards=PythonRewards(env, scorer, 0.5))
+    lines = reward_terms_lines(trainer, None, traj)
+    out, _ = jax.jit(trainer.python_rewards)(traj)
+    completions = episodes(env, traj.tokens, traj.agent_mask, traj.length,
+                           traj.task_rows).completions
+    for b, line in enumerate(lines):
+        env_return = float(traj.episode_return[b])
+        assert line == (f"-- reward terms: env {env_return:+.3f} x 0.5, length "
+                        f"{len(completions[b]):+.3f} x 0.25, nan_on_y +1.000 x 2 = "
+                        f"{float(out.episode_return[b]):+.3f}")
+    trainer.python_rewards = None
+    assert reward_terms_lines(trainer, None, traj) is None  # the env's reward alone
 
 
 @pytest.mark.parametrize("field,value,message", [

@@ -93,10 +93,11 @@ def row_a(env, row):
     return int(env.tasks.answer_texts[row]) - 1
 
 
-def _batch(completions, **columns):
+def _batch(completions, dataset_rows=None, **columns):
     from arl.rewards.functions import Episodes
-    return Episodes(prompts=["p"] * len(completions), completions=list(completions),
-                    messages=[[]] * len(completions), columns=columns)
+    return Episodes(prompts=[f"p{r}" for r in range(len(completions))],
+                    completions=list(completions), messages=[[]] * len(completions),
+                    columns=columns, dataset_rows=dataset_rows)
 
 
 def test_scores_weights_and_none():
@@ -110,25 +111,35 @@ def test_scores_weights_and_none():
 
 
 @pytest.mark.parametrize("function,row,message", [
-    ("explodes_on_x", 1, "raised ValueError: cannot score 'x' (row 1 of 3, completion 'x')"),
-    ("nan_on_y", 2, "returned the non-finite value nan for row 2 (row 2 of 3, completion 'y')"),
+    ("explodes_on_x", 1, "raised ValueError: cannot score 'x' on dataset row 41, prompt "
+     "'p1', completion 'x' (batch row 1 of 3)"),
+    ("nan_on_y", 2, "returned the non-finite value nan on dataset row 7, prompt 'p2', "
+     "completion 'y' (batch row 2 of 3)"),
     ("too_few", None, "returned list of length 2, not one number (or None) per row for 3"),
 ])
 def test_failures_are_one_line_naming_function_and_row(function, row, message):
     spec = f"tests.user_rewards:{function}"
+    rows = [12, 41, 7]  # the rows of the env's dataset the batch played
     with pytest.raises(RewardFunctionError) as error:
-        RewardFunctions([spec]).score(_batch(["a", "x", "y"]))
+        RewardFunctions([spec]).score(_batch(["a", "x", "y"], dataset_rows=rows))
     text = str(error.value)
     assert "\n" not in text and text.startswith(f"reward function {spec!r} ")
     assert message in text and "reward.on_error='zero'" in text
-    # on_error="zero": the bad rows score 0 and are counted; the others keep theirs.
+    # on_error="zero": the bad rows score 0 (NaN: left out of the function's mean, like
+    # an unscored row) and are counted apart; the others keep theirs.
     scorer = RewardFunctions([spec], on_error="zero")
-    scores, errors = scorer.score(_batch(["a", "x", "y"]))
+    scores, errors = scorer.score(_batch(["a", "x", "y"], dataset_rows=rows))
     bad = [row] if row is not None else [0, 1, 2]
     assert errors.tolist() == [len(bad)]
-    expected = [0.0 if r in bad else 1.0 for r in range(3)]
+    expected = [np.nan if r in bad else 1.0 for r in range(3)]
     np.testing.assert_array_equal(scores[:, 0], expected)
     assert message in scorer.failure
+
+
+def test_an_env_without_a_dataset_names_the_prompt_only():
+    with pytest.raises(RewardFunctionError, match=r"on prompt 'p1', completion 'x' "
+                                                  r"\(batch row 1 of 2\);"):
+        RewardFunctions(["tests.user_rewards:explodes_on_x"]).score(_batch(["a", "x"]))
 
 
 def test_a_slow_function_is_cut_at_its_time_limit():
@@ -136,7 +147,7 @@ def test_a_slow_function_is_cut_at_its_time_limit():
                              timeout_s=0.2, on_error="zero")
     scores, errors = scorer.score(_batch(["ab", "c"]))
     assert errors.tolist() == [2, 0]
-    np.testing.assert_array_equal(scores, [[0.0, 2.0], [0.0, 1.0]])
+    np.testing.assert_array_equal(scores, [[np.nan, 2.0], [np.nan, 1.0]])
     with pytest.raises(RewardFunctionError, match=r"^reward function 'tests.user_rewards:"
                                                   r"sleeps' did not return within "
                                                   r"timeout_s=0.2 s on a batch of 2 rows"):

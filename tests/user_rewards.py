@@ -5,6 +5,7 @@ tests/test_reward_functions.py)."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 
@@ -39,3 +40,21 @@ def sleeps(prompts, completions, **kwargs):
 
 
 NOT_A_FUNCTION = 3
+
+
+def length_nan_on_odd(prompts, completions, **kwargs):
+    """The completion's length, NaN (a failure) where it is odd."""
+    return [math.nan if len(c) % 2 else float(len(c)) for c in completions]
+
+
+def raises_always(prompts, completions, **kwargs):
+    raise RuntimeError("the scoring service is down")
+
+
+def never_returns(prompts, completions, **kwargs):
+    """Hangs (a call to a service that never answers)."""
+    threading.Event().wait()
+
+
+def nan_on_every_row(prompts, completions, **kwargs):
+    return [math.nan] * len(completions)

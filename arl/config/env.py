@@ -7,6 +7,7 @@ import ml_collections
 
 from arl import envs as envs_lib
 from arl.config.checks import fail
+from arl.envs import registry
 from arl.envs.base import SCRIPTED_SOURCES as SFT_SOURCES
 
 # Sections whose keys the schema does not fix: the environment's constructor arguments
@@ -37,16 +38,16 @@ def validate(config) -> None:
         if len(config.env.members) < 1:
             fail("env.members", config.env.members, "a mixture needs at least one member")
         for i, member in enumerate(config.env.members):
-            if not hasattr(member, "get") or member.get("name") not in known:
+            if not hasattr(member, "get") or not registry.is_known(member.get("name")):
                 fail(f"env.members[{i}].name",
                      member.get("name") if hasattr(member, "get") else member,
                      f"allowed values are {known}")
-    elif name not in known:
+    elif not registry.is_known(name):
         hint = (" (gymnax environments are vector envs: use algorithm='ppo_vector')"
                 if str(name).startswith("gymnax:") else
                 " (an env of your own: register it in a module named in config.imports)")
-        fail("env.name", name, f"allowed values for token algorithms are {known + ['mixture']}"
-             f"{hint}")
+        fail("env.name", name, "allowed values for token algorithms are "
+             f"{known + ['mixture'] + registry.registered_prefixes()}{hint}")
     # Python only, nothing compiled: the constructors' and the params' checks.
     env = envs_lib.make_env(config.env, codec=envs_lib.checkpoint_codec(config))
     envs_lib.task_params(env, config.env, envs_lib.member_of_task(env, 1))

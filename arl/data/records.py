@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 from typing import Any
 
@@ -134,7 +135,31 @@ def builder_classes():
 CANONICAL_FORMS = ("exact", "normalized", "number")
 
 
+class _NoVariantWarnings(logging.Filter):
+    """Drops tfds's "Variant folder <dir> has no dataset_info.json": it looks for finished
+    versions in the directory a new dataset is being written to and warns about the one
+    being written (every new dataset logged it once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Variant folder %s has no")
+
+
+@contextlib.contextmanager
+def _no_variant_warnings():
+    log_filter, logger = _NoVariantWarnings(), logging.getLogger("absl")  # tfds logs there
+    logger.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(log_filter)
+
+
 def prepare(builder_cls, data_dir, **kwargs) -> str:
+    with _no_variant_warnings():
+        return _prepare(builder_cls, data_dir, **kwargs)
+
+
+def _prepare(builder_cls, data_dir, **kwargs) -> str:
     tfds = _tfds()
     builder = builder_cls(data_dir=os.fspath(data_dir), file_format="array_record", **kwargs)
     if builder.is_prepared():  # tfds would silently reuse it: only if it is the same set

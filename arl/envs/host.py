@@ -67,9 +67,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import random
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -80,6 +82,7 @@ from flax import struct
 
 from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
 from arl.envs.batched_callback import batched_host_function
+from arl.errors import one_line
 from arl.text.codec import decode_action, encode_action, encode_reply
 
 _log = logging.getLogger(__name__)
@@ -155,6 +158,19 @@ class HostStats:
         return dataclasses.asdict(self)
 
 
+def _log_failure(message: str, *args) -> None:
+    """An error line for a failed host call (its last argument the exception): the
+    exception on one line with where it was raised; the traceback only at DEBUG (a
+    failing row is logged at every turn it fails, so a traceback each time would bury
+    the log)."""
+    *args, exc = args
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in " \
+        f"{frames[-1].name})" if frames else ""
+    _log.error(message, *args, f"{type(exc).__name__}: {one_line(exc)}{where}")
+    _log.debug("traceback of the failure above", exc_info=exc)
+
+
 def _seed_bits(key: jax.Array) -> jax.Array:
     """uint32 [2]: 64 random bits of `key` (typed or raw), a function of the key only."""
     return jax.random.bits(key, (2,), jnp.uint32)
@@ -226,6 +242,18 @@ class HostEnvironment(TokenEnvironment):
         """A weaker teacher's turn (default: the oracle's)."""
         del rng
         return self.host_oracle(episode)
+
+    @property
+    def has_oracle(self) -> bool:
+        """Whether `host_oracle` is implemented (configs that play it are refused up front,
+        in one line, without it)."""
+        return type(self).host_oracle is not HostEnvironment.host_oracle
+
+    @property
+    def has_demonstrator(self) -> bool:
+        """Whether `host_demonstrator` is implemented, or the oracle it defaults to."""
+        return (type(self).host_demonstrator is not HostEnvironment.host_demonstrator
+                or self.has_oracle)
 
     # -- host machinery
     def _host_init(self):
@@ -327,15 +355,16 @@ class HostEnvironment(TokenEnvironment):
             try:
                 return [fn(items[0])]
             except Exception as exc:  # pylint: disable=broad-except
-                _log.exception("%s: host turn failed", self.name)
+                _log_failure("%s: host turn failed for row %s: %s", self.name, items[0], exc)
                 return [failure(f"{type(exc).__name__}: {exc}", False)]
         results = self.pool().map(fn, items, timeout_s=self.step_timeout_s)
         out = []
         for item, result in zip(items, results):
             if isinstance(result, ExecutionResult):  # the pool caught a failure
                 timed_out = result.status is Status.TIMEOUT
-                _log.error("%s: host turn %s: %s", self.name,
-                           "timed out" if timed_out else "failed", result.observation)
+                _log.error("%s: host turn %s for row %s: %s", self.name,
+                           "timed out" if timed_out else "failed", item,
+                           one_line(result.observation))
                 out.append(failure(result.observation, timed_out))
             else:
                 out.append(result)
@@ -356,8 +385,9 @@ class HostEnvironment(TokenEnvironment):
                 tokens[b], lengths[b] = encode_reply(self.codec, self.prompt(task, params),
                                                      self.prompt_len)
                 memory[b] = self._memory_row({}, self.initial_memory(task, params))
-            except Exception:  # pylint: disable=broad-except
-                _log.exception("%s: reset failed for row %d", self.name, b)
+            except Exception as exc:  # pylint: disable=broad-except
+                _log_failure("%s: reset failed for row %d (task seed %d): %s", self.name, b,
+                             _seed_int(seeds[b]), exc)
                 tokens[b], lengths[b] = encode_reply(self.codec, HOST_ERROR_REPLY,
                                                      self.prompt_len)
                 errors += 1
@@ -409,8 +439,9 @@ class HostEnvironment(TokenEnvironment):
                 terminated[b], success[b] = bool(turn.terminated), bool(turn.success)
                 format_error[b], host_error[b] = bool(turn.format_error), bool(turn.host_error)
                 new_memory[b] = row_memory
-            except Exception:  # pylint: disable=broad-except
-                _log.exception("%s: bad host turn for row %d", self.name, b)
+            except Exception as exc:  # pylint: disable=broad-except
+                _log_failure("%s: bad host turn for row %d (task seed %d): %s", self.name, b,
+                             _seed_int(seeds[b]), exc)
                 reward[b] = process[b] = 0.0
                 reply[b], reply_len[b] = self.reply_ids(HOST_ERROR_REPLY)
                 terminated[b], success[b], format_error[b] = True, False, False
@@ -439,8 +470,9 @@ class HostEnvironment(TokenEnvironment):
                 else:
                     text = self.host_demonstrator(episode, episode.rng())
                 action[b], length[b] = encode_action(self.codec, str(text), self.action_len)
-            except Exception:  # pylint: disable=broad-except
-                _log.exception("%s: %s policy failed for row %d", self.name, kind, b)
+            except Exception as exc:  # pylint: disable=broad-except
+                _log_failure("%s: %s policy failed for row %d (task seed %d): %s", self.name,
+                             kind, b, _seed_int(seeds[b]), exc)
                 errors += 1  # an empty turn: a format error for the env
         self._record(batch, len(rows), time.monotonic() - start, errors)
         return action, length

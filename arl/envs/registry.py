@@ -13,6 +13,7 @@ from arl.envs.tasks.countdown import Countdown
 from arl.envs.tasks.dataset_task import DatasetTask
 from arl.envs.tasks.frozen_lake import FrozenLake
 from arl.envs.tasks.guess_number import GuessNumber
+from arl.envs.tasks import reasoning_gym_task
 from arl.envs.tasks.sokoban import Sokoban
 from arl.envs.tasks.sql_query import SqlQuery
 
@@ -47,6 +48,40 @@ def register(name: str, factory: Callable[..., Environment]) -> None:
     _REGISTRY[name] = factory
 
 
+# "<prefix>:<name>" environments of other libraries (`register_prefix`): prefix -> a
+# function of the name after the colon returning the factory (imports the library).
+_PREFIXES: dict[str, Callable[[str], Callable[..., Environment]]] = {}
+
+
+def register_prefix(prefix: str, loader: Callable[[str], Callable[..., Environment]]) -> None:
+    """Makes "<prefix>:<name>" work in `make` and in configs: `loader(name)` returns the
+    factory (e.g. `functools.partial(AdapterClass, name)`), importing its library only
+    when such a name is asked for."""
+    if not isinstance(prefix, str) or not prefix.isidentifier() or prefix == "gymnax":
+        raise ValueError(f"env name prefix {prefix!r} is reserved or not an identifier")
+    _PREFIXES[prefix] = loader
+
+
+def prefixed(name: str):
+    """(prefix, rest) of a registered "<prefix>:<rest>" name, else None."""
+    prefix, colon, rest = str(name).partition(":")
+    return (prefix, rest) if colon and prefix in _PREFIXES else None
+
+
+# Other libraries' environments (each imports its library on first use).
+register_prefix("reasoning_gym", reasoning_gym_task.factory)
+
+
+def registered_prefixes() -> list[str]:
+    """"<prefix>:<name>" forms of the registered prefixes, for error messages."""
+    return [f"{prefix}:<name>" for prefix in sorted(_PREFIXES)]
+
+
+def is_known(name: str) -> bool:
+    """Whether `name` is registered or has a registered prefix (a token env name)."""
+    return name in _REGISTRY or prefixed(name) is not None
+
+
 def _same_class(a, b) -> bool:
     """The same class defined again (e.g. a re-imported module): same module and name."""
     return (isinstance(a, type) and isinstance(b, type) and a.__module__ == b.__module__
@@ -63,6 +98,9 @@ def factory(name: str) -> Callable[..., Environment]:
     if name.startswith(GYMNAX_PREFIX):
         from arl.envs.gymnax_adapter import GymnaxEnvironment  # pylint: disable=g-import-not-at-top
         return GymnaxEnvironment
+    if prefixed(name) is not None:
+        prefix, rest = prefixed(name)
+        return _PREFIXES[prefix](rest)
     if name not in _REGISTRY:
         raise ValueError(f"unknown env name {name!r}; known names: {registered_names()} "
                          "or 'gymnax:<id>' (e.g. 'gymnax:CartPole-v1')")
@@ -88,6 +126,8 @@ def make(name: str, **kwargs) -> Environment:
         # gymnax is imported only when a gymnax env is asked for.
         from arl.envs.gymnax_adapter import GymnaxEnvironment  # pylint: disable=g-import-not-at-top
         return GymnaxEnvironment(name[len(GYMNAX_PREFIX):], **kwargs)
+    if prefixed(name) is not None:
+        return factory(name)(**kwargs)
     if name not in _REGISTRY:
         raise ValueError(f"unknown env name {name!r}; known names: {registered_names()} "
                          "or 'gymnax:<id>' (e.g. 'gymnax:CartPole-v1')")

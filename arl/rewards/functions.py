@@ -48,6 +48,7 @@ import numpy as np
 from arl.errors import RewardFunctionError, one_line
 from arl.text.chat_template import env_chat_format
 from arl.text.codec import stop_ids
+from arl.tools.daemon_pool import DaemonPool
 
 ON_ERROR = ("raise", "zero")
 # Keyword arguments every function gets; a column of the env with one of these names
@@ -91,9 +92,23 @@ class Episodes:
     completions: list[str]
     messages: list[list[dict]]
     columns: dict[str, list]
+    # The rows of the env's dataset the episodes played (None: an env without one);
+    # error lines name them.
+    dataset_rows: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.completions)
+
+    def describe(self, row: int) -> str:
+        """Batch row `row` as an error line names it: its dataset row (where the env has
+        a dataset), its prompt and completion (each cut to 60 characters) and where it
+        sits in the batch."""
+        prompt = self.prompts[row]
+        if isinstance(prompt, (list, tuple)):  # messages: the last one's content
+            prompt = prompt[-1].get("content", "") if prompt else ""
+        where = "" if self.dataset_rows is None else f"dataset row {self.dataset_rows[row]}, "
+        return (f"{where}prompt {_shown(str(prompt))}, completion "
+                f"{_shown(self.completions[row])} (batch row {row} of {len(self)})")
 
     def arguments(self, rows: Sequence[int] | None = None) -> dict[str, list]:
         """The keyword arguments of a call (for `rows` only, if given)."""
@@ -162,7 +177,7 @@ def episodes(env, tokens, agent_mask, length, task_rows=None) -> Episodes:
         completions.append(next((c for role, c in reversed(turns) if role == "assistant"),
                                 ""))
         messages.append([{"role": role, "content": content} for role, content in turns])
-    columns = {}
+    columns, rows = {}, None
     if task_rows is not None and hasattr(env, "reward_columns"):
         rows = [int(r) for r in np.asarray(task_rows).reshape(-1)]
         source = env.reward_prompts(rows)
@@ -177,7 +192,7 @@ def episodes(env, tokens, agent_mask, length, task_rows=None) -> Episodes:
         raise RewardFunctionError(f"the env's column {clash[0]!r} has the name of a reward "
                                   f"function argument ({', '.join(RESERVED_ARGUMENTS)}): "
                                   "rename it")
-    return Episodes(prompts, completions, messages, columns)
+    return Episodes(prompts, completions, messages, columns, rows)
 
 
 class RewardFunctions:
@@ -216,9 +231,10 @@ class RewardFunctions:
             raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
         self.on_error = on_error
         self.timeout_s = float(timeout_s)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max_workers or max(4, len(self.functions)),
-            thread_name_prefix="arl-reward")
+        # Daemon workers: a function that never returns cannot keep the process alive
+        # after the run has ended on its error line.
+        self._executor = DaemonPool(max_workers or max(4, len(self.functions)),
+                                    name="arl-reward")
         self._lock = threading.Lock()
         self.failure: str | None = None  # the last RewardFunctionError's line
 
@@ -226,8 +242,9 @@ class RewardFunctions:
         return f"RewardFunctions({self.specs}, weights={self.weights.tolist()})"
 
     def score(self, batch: Episodes) -> tuple[np.ndarray, np.ndarray]:
-        """(scores float32 [B, F], NaN where a function returned None; errors int32 [F]:
-        rows scored 0 after a failure, with on_error="zero"). Raises `RewardFunctionError`
+        """(scores float32 [B, F], NaN where a function returned None or failed; errors
+        int32 [F]: rows that failed, with on_error="zero", which score 0 and stay out of
+        the function's mean and std like unscored rows). Raises `RewardFunctionError`
         with on_error="raise"."""
         futures = [self._executor.submit(fn, **batch.arguments()) for fn in self.functions]
         done, _ = concurrent.futures.wait(futures, timeout=self.timeout_s)
@@ -238,9 +255,11 @@ class RewardFunctions:
                 future.cancel()
                 self._fail(i, f"did not return within timeout_s={self.timeout_s:g} s on a "
                            f"batch of {len(batch)} rows")
+                scores[:, i] = np.nan
                 errors[i] = len(batch)
                 continue
             values, bad = self._checked(i, future, batch)
+            values[bad] = np.nan
             scores[:, i] = values
             errors[i] = len(bad)
         return scores, errors
@@ -265,7 +284,7 @@ class RewardFunctions:
             if number is None:
                 values[row] = np.nan
             elif isinstance(number, str):
-                self._fail(i, f"returned {number} for row {row}", batch, row)
+                self._fail(i, f"returned {number}", batch, row)
                 bad.append(row)
             else:
                 values[row] = number
@@ -295,7 +314,7 @@ class RewardFunctions:
                 bad.append(row)
                 continue
             if isinstance(value, str):
-                self._fail(i, f"returned {value} for row {row}", batch, row)
+                self._fail(i, f"returned {value}", batch, row)
                 bad.append(row)
             else:
                 values[row] = np.nan if value is None else value
@@ -307,11 +326,7 @@ class RewardFunctions:
 
     def _fail(self, i: int, what: str, batch: Episodes | None = None,
               row: int | None = None) -> None:
-        where = ""
-        if row is not None:
-            shown = batch.completions[row]
-            shown = shown if len(shown) <= _SHOWN_CHARS else shown[:_SHOWN_CHARS] + "..."
-            where = f" (row {row} of {len(batch)}, completion {shown!r})"
+        where = f" on {batch.describe(row)}" if row is not None else ""
         message = (f"reward function {self.specs[i]!r} {what}{where}; set "
                    "reward.on_error='zero' to score such rows 0 and count them")
         with self._lock:
@@ -321,6 +336,12 @@ class RewardFunctions:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _shown(text: str) -> str:
+    """`text` quoted, on one line, cut to `_SHOWN_CHARS` characters."""
+    text = " ".join(text.split())
+    return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
 
 
 def _number(value) -> float | str | None:

@@ -67,6 +67,7 @@ import orbax.checkpoint as ocp
 
 from arl.errors import RunStopped
 from arl.runs import checksums
+from arl.runs import read_failure_noise
 
 PyTree = Any
 
@@ -253,6 +254,8 @@ class Checkpointer:
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep must be an integer >= 1, got {max_to_keep!r}.")
+        # A corrupt step's failed read leaves tracebacks of late callbacks on stderr.
+        read_failure_noise.quiet_closed_loop_callbacks()
         if save_every is not None and (not isinstance(save_every, int) or save_every < 1):
             raise ValueError(
                 f"save_every must be None or an integer >= 1, got {save_every!r}."

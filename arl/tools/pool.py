@@ -10,7 +10,8 @@ there are more items than workers), not the sum.
 `timeout_s` is a backstop for functions that do not bound themselves: a call still
 running `timeout_s` seconds after it started is reported as a TIMEOUT result and
 abandoned (a Python thread cannot be killed; its worker stays busy until the function
-returns, so keep such functions rare). An exception raised by `fn` becomes an
+returns, so keep such functions rare; the workers are daemon threads, so it never keeps
+the process alive at exit: `arl.tools.daemon_pool`). An exception raised by `fn` becomes an
 INTERNAL_ERROR result, never an exception of `map`: the batch always comes back whole.
 
 Used from a JAX host callback (`jax.experimental.io_callback`), `map` blocks the
@@ -26,6 +27,7 @@ import threading
 import time
 from typing import Callable, Sequence, TypeVar
 
+from arl.tools.daemon_pool import DaemonPool
 from arl.tools.results import (ExecutionResult, Status, format_seconds,
                                internal_error_result)
 
@@ -52,8 +54,8 @@ class ToolPool:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
         self.max_workers = max_workers
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max_workers, thread_name_prefix="arl-tool")
+        # Daemon workers: an abandoned call never keeps the process alive at exit.
+        self._executor = DaemonPool(max_workers, name="arl-tool")
         self._closed = False
         self._lock = threading.Lock()
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import io_callback
 
+from arl.errors import quiet_callback_failures
 from arl.rewards.functions import RewardFunctions, episodes
 from arl.rollout.trajectory import Trajectory
 
@@ -37,6 +38,8 @@ class PythonRewards:
     def __init__(self, env, scorer: RewardFunctions, env_weight: float = 1.0):
         self.env = env
         self.scorer = scorer
+        # A failing function raises its one line from the callback: no JAX traceback.
+        quiet_callback_failures()
         self.env_weight = float(env_weight)
         # Host callbacks made and wall seconds spent in them (decoding + the functions):
         # what the device waits for each step.

@@ -45,7 +45,9 @@ from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
 from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
+from arl.envs.sessions import check_branching
 from arl.trainers.python_rewards import PythonRewards
+from arl.trainers.reward_terms import reward_terms_lines
 from arl.trainers.reward_model import OutcomeRewardModel
 from arl.trainers import warm_start as warm_start_lib
 from arl.trainers.policy import Policy, load_pretrained, shift_right
@@ -115,6 +117,7 @@ class TokenTrainer:
         self.branch_turns = credit_lib.branch_turns(
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
+        check_branching(self.env, self.branch_turns, config.process.mc_samples)  # sessions
         self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
                                   self.uses_reference, self.process_models,
                                   reward_model=self.reward_model)
@@ -412,8 +415,13 @@ class TokenTrainer:
         greedy_metrics, _ = self.evaluate(params, greedy_key, greedy=True)
         sampled_metrics, traj = self.evaluate(params, sample_key, greedy=False)
         rows = sharding_lib.gather_rows(traj, TRANSCRIPT_ROWS)
-        text = "\n\n".join(rollout_lib.render_trajectory(self.env, rows, row)
-                            for row in range(min(TRANSCRIPT_ROWS, rows.tokens.shape[0])))
+        shown = range(min(TRANSCRIPT_ROWS, rows.tokens.shape[0]))
+        texts = [rollout_lib.render_trajectory(self.env, rows, row) for row in shown]
+        # Python reward functions / a reward model: every term of each row's reward.
+        terms = reward_terms_lines(self, state, rows)
+        if terms is not None:
+            texts = [f"{text}\n{line}" for text, line in zip(texts, terms)]
+        text = "\n\n".join(texts)
         metrics = {f"eval/{k}": v for k, v in greedy_metrics.items()}
         metrics.update({f"eval_sampled/{k}": v for k, v in sampled_metrics.items()})
         return EvaluationReport(metrics=metrics, transcript=text)

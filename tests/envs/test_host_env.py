@@ -8,6 +8,7 @@ exercise the failure paths: "boom" raises, "nan" returns a NaN reward, "sleep S"
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -228,6 +229,40 @@ def test_failures_of_the_host_become_observations_within_the_timeout():
     np.testing.assert_array_equal(ts.reward, [0, 0, 0, 0, 0, 1])
     assert env.host_stats.host_errors == 4
     env.close()
+
+
+def test_host_failures_are_logged_in_one_line_each(caplog):
+    """A failing row is an ERROR record of one line naming the exception and where it
+    was raised (the traceback only at DEBUG), not a traceback at every turn."""
+    env = Reverse(step_timeout_s=2.0)  # generous: the other rows must not time out
+    keys = jax.random.split(jax.random.key(6), 4)
+    (state, _), params = _reset(env, keys)
+    actions = _chunks(env, ["boom", "nan", "sleep 4", "bad memory"])
+    with caplog.at_level(logging.INFO, logger="arl.envs.host"):
+        state, ts = jax.jit(jax.vmap(env.step))(jax.random.split(keys[0], 4), state,
+                                                actions, params)
+        jax.block_until_ready(ts)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 4 and all(r.exc_info is None for r in errors)
+    lines = sorted(r.getMessage() for r in errors)
+    assert all("\n" not in line for line in lines)
+    seed = host._seed_int(state.seed[1])
+    assert f"reverse: bad host turn for row 1 (task seed {seed}): ValueError: non-finite " \
+           "reward nan or process reward 0.0 (at host.py:" in "\n".join(lines)
+    assert "reverse: host turn failed for row 0: sandbox error: tool call failed: " \
+           "RuntimeError: boom" in lines
+    assert "reverse: host turn timed out for row 2: timeout after 2.0 s" in lines
+    env.close()
+
+
+def test_an_env_without_host_oracle_has_no_oracle():
+    class NoOracle(Reverse):
+        host_oracle = HostEnvironment.host_oracle
+        host_demonstrator = HostEnvironment.host_demonstrator
+
+    assert Reverse().has_oracle and Reverse().has_demonstrator
+    assert not NoOracle().has_oracle and not NoOracle().has_demonstrator
+    assert not NoOracle().supports_action_source("oracle")
 
 
 def test_rows_run_in_parallel():
