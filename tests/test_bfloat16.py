@@ -52,7 +52,7 @@ from arl import trainers
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs import evaluation
 from arl.runs import writers
-from tests import golden_run
+from tests import golden_run, optional_envs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CONFIG_DIR = os.path.join(_ROOT, "configs")
@@ -116,6 +116,7 @@ def _experiment(name: str, request):
         assert not required, (f"configs/{name}.py's get_config needs {required}: add how "
                               "to call it to _ARGUMENTS")
     config = module.get_config(*args)
+    optional_envs.skip_without_extra(config)
     if config.algorithm == "ppo_vector":
         pytest.skip(f"configs/{name}.py is a vector-env config: its MLP actor-critic is "
                     "float32 only (model.dtype does not reach it)")

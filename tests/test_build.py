@@ -25,7 +25,7 @@ from arl import trainers
 from arl.runs import checkpoint as checkpoint_lib
 from arl.runs import evaluation
 from arl.runs import experiment
-from tests import golden_run
+from tests import golden_run, optional_envs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(f[:-3] for f in os.listdir(os.path.join(_ROOT, "configs"))
@@ -64,6 +64,7 @@ def _shipped(name, request):
         assert not [p for p in inspect.signature(module.get_config).parameters.values()
                     if p.default is inspect.Parameter.empty], f"add {name} to _ARGUMENTS"
     config = module.get_config(*args)
+    optional_envs.skip_without_extra(config)
     config.update_from_flattened_dict(overrides)
     if config.algorithm != "ppo_vector" and not config.model.hf_checkpoint:
         golden_run._small_model(config, kv_heads=min(config.model.num_kv_heads, 2))  # pylint: disable=protected-access
