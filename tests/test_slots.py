@@ -146,8 +146,8 @@ def test_config_refuses_bad_scheduler_settings(rollout, field):
 
 def test_config_refuses_slots_with_what_needs_lockstep():
     c = _config(scheduler="slots")
-    c.process.branch_turns = (0,)
-    with pytest.raises(ConfigError, match=r"rollout\.scheduler.*branch"):
+    c.process.mc_samples = 2
+    with pytest.raises(ConfigError, match=r"rollout\.scheduler.*branching"):
         config_lib.validate(c)
     c = _config(scheduler="slots")
     c.updates.reuse_rollout_activations = True

@@ -84,8 +84,8 @@ def _validate_scheduler(config) -> None:
     check_range(config, "rollout.slot_service_batch", 1, r.num_slots or batch, integer=True)
     if r.scheduler != "slots":
         return
-    if tuple(config.process.branch_turns):
+    if config.process.mc_samples > 0:
         fail("rollout.scheduler", r.scheduler,
-             "Monte Carlo branching (process.branch_turns) forks the turn states a "
-             "lockstep rollout records: use 'lockstep'")
+             "Monte Carlo branching (process.mc_samples > 0) forks the turn states a "
+             "lockstep rollout records: allowed values are ('lockstep',)")
 
