@@ -7,7 +7,8 @@ trained tokens and finished episodes per second of whole GRPO steps (rollout + u
 Workloads: `long_tail` (benchmarks/long_tail_env.py: each episode's number of turns drawn
 from a Pareto tail whose p99 is 10x its median, capped at max_turns), `guess_number` and
 `countdown` as shipped (configs/grpo_*.py, no warm start), each at the same tiny model.
-Arms: lockstep, and slots with `--slots` x (num_tasks * group_size) generation rows. With
+Arms: lockstep, and slots with each `--slots` fraction x (num_tasks * group_size)
+generation rows. With
 nothing carried over both play the same episodes from the same keys (the same trained
 tokens); they differ in how the decoding is scheduled. Each arm runs `--steps` steps per
 round, round-robin over `--rounds` rounds; medians. The table also gives each
@@ -43,8 +44,11 @@ def workload_config(name: str, tiny: bool):
         c.algorithm = "grpo"
         c.imports = ("benchmarks.long_tail_env",)
         c.env.name = "long_tail"
-        c.env.kwargs.max_turns = 8 if tiny else 20
+        # Median 2 turns (ceil of a Pareto draw of median 1.5), p99 20: 10 : 1.
+        c.env.kwargs.max_turns = 8 if tiny else 24
         c.env.kwargs.action_len = 8
+        c.env.kwargs.alpha = 1.51
+        c.env.params.median_turns = 1.5
     else:
         c = {"guess_number": grpo_guess_number, "countdown": grpo_countdown}[name].get_config()
         c.warm_start.sft_steps = 0
@@ -60,8 +64,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--slots", type=float, default=0.25,
-                        help="slots as a fraction of num_tasks * group_size")
+    parser.add_argument("--slots", default="0.25",
+                        help="comma-separated slot counts as fractions of num_tasks * "
+                             "group_size, one arm each")
     parser.add_argument("--service-batch", type=float, default=0.25,
                         help="rollout.slot_service_batch as a fraction of the slots")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -77,12 +82,13 @@ def main(argv=None):
     for workload in args.workloads.split(","):
         base = workload_config(workload, args.tiny)
         batch = base.rollout.num_tasks * base.rollout.group_size
-        num_slots = max(1, round(args.slots * batch))
+        slot_counts = [max(1, round(float(f) * batch)) for f in args.slots.split(",")]
         arms = {}
-        for arm in ("lockstep", "slots"):
+        for arm in ["lockstep"] + [f"slots ({n} rows)" for n in slot_counts]:
             c = workload_config(workload, args.tiny)
-            c.rollout.scheduler = arm
-            if arm == "slots":
+            if arm != "lockstep":
+                num_slots = slot_counts[len(arms) - 1]
+                c.rollout.scheduler = "slots"
                 c.rollout.num_slots = num_slots
                 c.rollout.slot_service_batch = max(1, round(args.service_batch * num_slots))
             trainer = TokenTrainer(c)
@@ -110,9 +116,11 @@ def main(argv=None):
                 times[arm].append((time.perf_counter() - start) / args.steps)
 
         # The workload's episodes and the slots' busy share, from one rollout each.
-        trainer = arms["slots"]["trainer"]
+        first_slots = f"slots ({slot_counts[0]} rows)"
+        trainer = arms[first_slots]["trainer"]
         c = trainer.config
-        state = arms["slots"]["state"]
+        num_slots = c.rollout.num_slots
+        state = arms[first_slots]["state"]
         policy = trainer.policy_params(state)
         key = jax.random.key(7)
         traj, stats = jax.jit(lambda p, k: slots_lib.slot_rollout(
@@ -127,14 +135,14 @@ def main(argv=None):
         for arm in arms:
             step_s = statistics.median(times[arm])
             trained = float(np.mean([float(t) for t in arms[arm]["tokens"]])) * batch
-            rows.append([workload, arm if arm == "lockstep" else f"slots ({num_slots} rows)",
+            rows.append([workload, arm,
                          common.fmt_ms(step_s), common.fmt_rate(trained / step_s),
                          f"{batch / step_s:.1f}", f"{lock_s / step_s:.2f}x",
                          f"{compile_s[arm]:.0f}"])
         notes.append(f"{workload}: batch {batch} episodes, agent tokens per episode median "
                      f"{np.median(tokens):.0f}, p99 : median "
                      f"{np.percentile(tokens, 99) / max(1.0, np.median(tokens)):.1f}; "
-                     f"slots busy {busy:.0%} of decode slot-steps, service batch "
+                     f"{first_slots} busy {busy:.0%} of decode slot-steps, service batch "
                      f"{c.rollout.slot_service_batch}")
     description = (
         "GRPO steps (rollout + update), d_model 64, 2 layers, float32; slots vs lockstep "

@@ -154,3 +154,24 @@ def test_config_refuses_slots_with_what_needs_lockstep():
     with pytest.raises(ConfigError, match=r"reuse_rollout_activations.*slot"):
         config_lib.validate(c)
     config_lib.validate(_config(scheduler="slots", num_slots=32, slot_service_batch=8))
+
+
+def test_slots_step_a_host_environment_from_inside_the_loop():
+    """A host environment (io_callback steps) served from the slot loop's conditional
+    branch plays the lockstep episodes."""
+    from tests.envs.test_host_env import Reverse  # pylint: disable=import-outside-toplevel
+
+    env = Reverse(max_turns=2)
+    config = TransformerConfig(
+        vocab_size=env.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
+        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(env))
+    model = Transformer(config)
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, config.max_len),
+                                                             jnp.int32))["params"])
+    lockstep = jax.jit(lambda p, k: rollout_lib.rollout(
+        env, k, num_tasks=2, group_size=2, model=model, params=p))(params, KEY)
+    slots = jax.jit(lambda p, k: slot_rollout(
+        env, k, num_tasks=2, group_size=2, model=model, params=p, num_slots=2))(params, KEY)
+    for field in ("tokens", "rewards", "num_turns", "length", "observation_mask"):
+        np.testing.assert_array_equal(getattr(slots, field), getattr(lockstep, field),
+                                      err_msg=field)
