@@ -5,6 +5,10 @@ with a KV cache (`arl.models.generate`), then the environment steps on the gener
 chunk and its reply is prefilled into the cache. The result is a `Trajectory`
 (`arl.rollout.trajectory`).
 
+Keys: every episode draws from its own (`arl.rollout.episode_keys`: its group's reset key,
+its episode key, turn and token numbers), so its play does not depend on the other rows;
+`arl.rollout.slots` schedules the same episodes on fewer rows.
+
 Groups: the `group_size` rows of a task share the reset key, so they see the same task
 (environments sample the task in `reset` from its key) while their step keys differ.
 Rows that start from the same observation also share its prefill: the model reads each

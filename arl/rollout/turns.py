@@ -174,9 +174,8 @@ class TurnPlayer:
     def _turn(self, carry: RolloutCarry, turn_index, key, record_states):
         env, model, params, sampling = self.env, self.model, self.params, self.sampling
         codec = env.codec
-        batch, width = carry.tokens.shape
+        batch = carry.tokens.shape[0]
         use_model = self.action_source == "model"
-        record_values = carry.values is not None
         row_keys = None
         if episode_keys_lib.is_batch(key):  # [B] episode keys: this turn's from the row's
             row_keys, step_keys = episode_keys_lib.turn_keys(key, turn_index)
