@@ -175,3 +175,29 @@ def test_slots_step_a_host_environment_from_inside_the_loop():
     for field in ("tokens", "rewards", "num_turns", "length", "observation_mask"):
         np.testing.assert_array_equal(getattr(slots, field), getattr(lockstep, field),
                                       err_msg=field)
+
+
+@pytest.mark.slow
+def test_a_train_step_with_slots_logs_the_lockstep_metrics_bit_for_bit():
+    """The trainer's rollout (`rollout.scheduler`) with one slot per episode: the same
+    episodes, so the same update and metrics, bit for bit, for two steps."""
+    from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
+
+    logged = {}
+    for scheduler in ("lockstep", "slots"):
+        c = _config(scheduler=scheduler, num_tasks=2, group_size=2)
+        c.env.name = "guess_number"
+        c.model.d_model, c.model.num_layers, c.model.mlp_dim = 16, 1, 32
+        c.model.num_heads = c.model.num_kv_heads = 2
+        trainer = TokenTrainer(c)
+        state = trainer.init_state()
+        history = []
+        for _ in range(2):
+            state, metrics = trainer.train_step(state)
+            history.append(jax.device_get(metrics))
+        logged[scheduler] = history
+    for lock, slot in zip(logged["lockstep"], logged["slots"]):
+        assert lock.keys() == slot.keys()
+        for name in lock:
+            np.testing.assert_array_equal(slot[name], lock[name], err_msg=name)
+    assert logged["slots"][0]["response_tokens_mean"] > 0
