@@ -176,6 +176,7 @@ def measure(directory, name, kwargs, *, num_tasks=6, seed=0, sources=("oracle",
 
 
 def main():
+    import os
     import sys
     import tempfile
 
@@ -183,13 +184,20 @@ def main():
 
     root = tempfile.mkdtemp()
     rows = []
-    for family in sys.argv[1:] or FAMILIES:
+    # python -m tests.seam_reference [families] [-- env labels' names]: a subset.
+    args = sys.argv[1:]
+    names = args[args.index("--") + 1:] if "--" in args else []
+    families = (args[:args.index("--")] if "--" in args else args) or FAMILIES
+    sources = tuple(os.environ.get("SEAM_SOURCES", "oracle,demonstrator").split(","))
+    for family in families:
         directory = build_standin(f"{root}/{family}", family)
         for name, kwargs in MULTI_TURN_ENVS:
             label = name + "".join(f" {k}={v}" for k, v in kwargs.items()
                                    if k in ("tool_format", "obs_len"))
+            if names and not any(n in label for n in names):
+                continue
             try:
-                equal, total = measure(directory, name, kwargs)
+                equal, total = measure(directory, name, kwargs, sources=sources)
                 cell = f"{equal}/{total}"
             except Exception as error:  # pylint: disable=broad-except
                 cell = f"error: {str(error).splitlines()[0][:80]}"
