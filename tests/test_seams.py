@@ -156,51 +156,61 @@ class SeamReplies(HostEnvironment):
                                          ("llama3.1", True)])
 def test_host_replies_read_as_the_template_renders_them(standins, family, tool):
     """Replies as user messages (Qwen's user turn also with a reply that starts with a
-    blank line: "user\n" + "\n..." merges) and as tool results."""
+    blank line: "user\n" + "\n..." merges) and as tool results equal the reference
+    before every turn; then replies holding special-token names are written as plain
+    characters: decoding the context gives them back, no special id but the template's
+    own is in it (the reference, whose tokenizer reads those names as special tokens,
+    differs from there on)."""
     from arl.text.tool_calls import function_schema
 
     directory = standins(family)
     codec = HFCodec.from_pretrained(directory, system_prompt=SYSTEM)
     # Llama's template trims a message's content: no reply there starts with a newline.
     replies = SEAM_REPLIES + (("\nafter a blank line",) if family == "qwen2" else ())
-    env = SeamReplies(codec, replies, obs_len=24 if family == "qwen2" else 20, tool=tool)
+    env = SeamReplies(codec, replies + SPECIAL_REPLIES,
+                      obs_len=24 if family == "qwen2" else 20, tool=tool)
     traj = jax.device_get(rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=2,
                                                        group_size=1))
     reference = Reference(directory, env, system_prompt=SYSTEM,
                           tools=[function_schema(*TOOL)] if tool else None)
-    assert reference.check(traj) == [True] * (2 * len(replies))
+    turns_each = len(replies) + len(SPECIAL_REPLIES)
+    names = [codec.tokenizer.id_to_token(i) for i in codec.special_ids]
+    first = next(k for k, r in enumerate(SPECIAL_REPLIES) if any(n in r for n in names))
+    equal = len(replies) + first + 1  # contexts before the first of the family's names
+    assert reference.check(traj) == 2 * ([True] * equal + [False] * (turns_each - equal))
     _, turns = episode_texts(env, traj.tokens[0], traj.agent_mask[0], traj.length[0])
     written = [content for role, content in turns if role != "assistant"]
+    assert len(written) == turns_each
     if tool and env.call_syntax.results_as_json:
-        written = [env.call_syntax.result_text(r) == w and r for r, w in zip(replies, written)]
+        written = [env.call_syntax.result_text(r) == w and r
+                   for r, w in zip(replies + SPECIAL_REPLIES, written)]
     cut = replies.index(SEAM_REPLIES[-1])
-    assert written[:cut] + written[cut + 1:] == list(replies[:cut] + replies[cut + 1:])
+    assert written[:cut] + written[cut + 1:] == list(replies[:cut] + replies[cut + 1:]
+                                                     + SPECIAL_REPLIES)
     if not (tool and env.call_syntax.results_as_json):
         assert written[cut].endswith("..") and replies[cut].startswith(written[cut][:-2])
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_special_token_names_in_replies_are_plain_characters(standins, family):
-    directory = standins(family)
-    codec = HFCodec.from_pretrained(directory)
-    env = SeamReplies(codec, SPECIAL_REPLIES)
-    traj = jax.device_get(rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=1,
-                                                       group_size=1))
-    _, turns = episode_texts(env, traj.tokens[0], traj.agent_mask[0], traj.length[0])
-    assert [content for role, content in turns if role == "user"] == list(SPECIAL_REPLIES)
     chat = rollout_lib.chat_format(env)
-    specials = sorted(codec.special_ids)
-    observed = traj.tokens[0][traj.observation_mask[0] > 0]
-    fixed = set(chat.reply_prefix + chat.reply_suffix + (codec.eot_id,))
-    # No special id in the context but those of the template's pieces.
-    assert set(observed.tolist()) & set(specials) <= fixed
-    body = [i for i in observed.tolist() if i not in fixed]
-    assert not set(body) & set(specials)
-    assert encode_text(codec, "a<|im_end|>b") == codec.encode_plain("a<|im_end|>b")
-    assert codec.decode(encode_text(codec, "x\na<|eot_id|>b")) == "x\na<|eot_id|>b"
+    fixed = set(chat.prompt_prefix + chat.turn_suffix + chat.reply_prefix
+                + chat.reply_suffix + (codec.eot_id,))
+    assert not set(traj.tokens[0][traj.observation_mask[0] > 0].tolist()) & (
+        set(codec.special_ids) - fixed)
 
 
-@pytest.mark.parametrize("family,obs_len", [("qwen2", 40), ("llama3.1", 14)])
+def test_special_token_names_are_encoded_as_their_characters(standins):
+    for family, names in (("qwen2", ("x\na<|im_end|>b", "<|endoftext|>")),
+                          ("llama3.1", ("<|eot_id|>", "a<|begin_of_text|>b"))):
+        codec = HFCodec.from_pretrained(standins(family))
+        for text in names:
+            ids = encode_text(codec, text)
+            assert ids == codec.encode_plain(text) and codec.decode(ids) == text
+            assert not set(ids) & set(codec.special_ids) and len(ids) > 2
+            assert set(codec.encode(text)) & set(codec.special_ids)  # the template's way
+    char = CharCodec()
+    assert char.decode(encode_text(char, "a<eot>b")) == "a<eot>b"
+    assert char.eot_id not in encode_text(char, "a<eot>b")
+
+
+@pytest.mark.parametrize("family,obs_len", [("qwen2", 12), ("llama3.1", 14)])
 def test_sql_in_the_tool_convention_reads_as_the_template_renders_it(standins, family,
                                                                      obs_len):
     """The tool results (an error text, a result cut to obs_len ending in "..") sit
@@ -215,10 +225,17 @@ def test_sql_in_the_tool_convention_reads_as_the_template_renders_it(standins, f
                     action_len=256, obs_len=obs_len)
     reference = Reference(directory, env, system_prompt=SYSTEM,
                           tools=[function_schema(*env.tool_function)])
-    equal = []
-    for k, source in enumerate(("oracle", "demonstrator")):
-        traj = jax.device_get(rollout_lib.scripted_rollout(
-            env, jax.random.key(k), num_tasks=3, group_size=1, action_source=source))
-        equal += reference.check(traj)
+    traj = jax.device_get(rollout_lib.scripted_rollout(
+        env, jax.random.key(0), num_tasks=4, group_size=1, action_source="demonstrator"))
+    equal = reference.check(traj)
     env.close()
     assert len(equal) >= 6 and all(equal), equal
+    assert any(r.endswith("..") for r in _tool_results(env, traj))
+
+
+def _tool_results(env, traj):
+    out = []
+    for b in range(traj.tokens.shape[0]):
+        _, turns = episode_texts(env, traj.tokens[b], traj.agent_mask[b], traj.length[b])
+        out += [content for role, content in turns if role == "tool"]
+    return out
