@@ -36,7 +36,7 @@ SEAM_REPLIES = ("(no rows)", "Done.", 'He said "stop."', "wrong: -162", "x = (3 
                 "line one.\nline two)", "f(x) " * 30)
 # Written into a Qwen reply as they are, to be read back as plain characters.
 SPECIAL_REPLIES = ("x\na<|im_end|>b", "<|eot_id|>", "<|endoftext|> and <|im_start|>",
-                   "<|begin_of_text|><|start_header_id|>")
+                   "<|begin_of_text|>")
 
 
 @pytest.fixture(scope="module")
@@ -91,14 +91,14 @@ def test_countdown_writes_a_negative_value_with_the_space_merged(standins):
     codec = HFCodec.from_pretrained(standins("qwen2"))
     env = Countdown(codec=codec)
     params = env.default_params()
-    state, _ = env.reset(jax.random.key(0), params)
+    state, _ = jax.jit(env.reset)(jax.random.key(0), params)
     numbers = [int(n) for n in state.numbers[:int(state.num_numbers)]]
     text = f"<answer>{numbers[0]}-{numbers[1]}*{numbers[2]}</answer>"
     value = numbers[0] - numbers[1] * numbers[2]
     ids = codec.encode(text) + [codec.eot_id]
     action = TokenChunk(jnp.asarray(ids + [codec.pad_id] * (env.action_len - len(ids))),
                         jnp.asarray(len(ids), jnp.int32))
-    _, step = env.step(jax.random.key(1), state, action, params)
+    _, step = jax.jit(env.step)(jax.random.key(1), state, action, params)
     assert value < 0 and value != int(state.target)
     got = np.asarray(step.observation.tokens[:int(step.observation.length)]).tolist()
     assert got == codec.encode(f"wrong: {value}")
@@ -151,9 +151,10 @@ class SeamReplies(HostEnvironment):
         return "next"
 
 
-@pytest.mark.parametrize("family,tool", [("qwen2", False), ("qwen2", True),
-                                         ("llama3", False), ("llama3.1", False),
-                                         ("llama3.1", True)])
+@pytest.mark.parametrize("family,tool", [
+    ("qwen2", False), ("qwen2", True), ("llama3.1", True),
+    pytest.param("llama3", False, marks=pytest.mark.slow),
+    pytest.param("llama3.1", False, marks=pytest.mark.slow)])
 def test_host_replies_read_as_the_template_renders_them(standins, family, tool):
     """Replies as user messages (Qwen's user turn also with a reply that starts with a
     blank line: "user\n" + "\n..." merges) and as tool results equal the reference
@@ -168,7 +169,7 @@ def test_host_replies_read_as_the_template_renders_them(standins, family, tool):
     # Llama's template trims a message's content: no reply there starts with a newline.
     replies = SEAM_REPLIES + (("\nafter a blank line",) if family == "qwen2" else ())
     env = SeamReplies(codec, replies + SPECIAL_REPLIES,
-                      obs_len=24 if family == "qwen2" else 20, tool=tool)
+                      obs_len=32, tool=tool)
     traj = jax.device_get(rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=2,
                                                        group_size=1))
     reference = Reference(directory, env, system_prompt=SYSTEM,
@@ -210,7 +211,8 @@ def test_special_token_names_are_encoded_as_their_characters(standins):
     assert char.eot_id not in encode_text(char, "a<eot>b")
 
 
-@pytest.mark.parametrize("family,obs_len", [("qwen2", 12), ("llama3.1", 14)])
+@pytest.mark.parametrize("family,obs_len", [
+    ("qwen2", 12), pytest.param("llama3.1", 14, marks=pytest.mark.slow)])
 def test_sql_in_the_tool_convention_reads_as_the_template_renders_it(standins, family,
                                                                      obs_len):
     """The tool results (an error text, a result cut to obs_len ending in "..") sit
