@@ -8,6 +8,9 @@ that read and write token ids inside `jit`.
   markers a token environment emits (`ChatFormat`).
 * `tool_calls`: the template's tool convention (the `tools` list, calls in the model's
   format, results as `tool` messages) as static pieces (`derive_tool_chat_format`).
+* `seams`: an env's text and the template's text next to it tokenized as one text (the
+  pieces cut at special tokens, `framed` / `encode_between`; numbers beside fixed texts
+  inside `jit`, `NumberInText`).
 * `chunks`: `TokenChunk` (a padded chunk of token ids, what token environments observe and
   act with) and building chunks inside `jit`.
 * `parsing`: reading an agent's token ids inside `jit` (find, compare, parse integers).
