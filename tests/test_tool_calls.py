@@ -223,9 +223,13 @@ def test_llama31_calls_and_json_string_results(standins):
         'invalid: the tool call needs "parameters": an object'
     assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
     assert step("SELECT 1") == "invalid: no tool call or answer"
+    # The host writes the result with the template's text around it ('\n\n"', '"').
+    head, tail = rollout_lib.chat_format(env).reply_around
+    assert tail == '"' and head.endswith('"')
+    written = lambda ids, length: env.codec.decode(ids[:length])[len(head):-len(tail)]
     ids, length = env.reply_ids('say "hi"\n')
-    assert env.codec.decode(ids[:length]) == 'say \\"hi\\"\\n'
+    assert written(ids, length) == 'say \\"hi\\"\\n'
     ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
-    text = env.codec.decode(ids[:length])
-    assert length <= 16 and text.endswith("..") and json.loads(f'"{text}"') == \
+    text = written(ids, length)
+    assert length <= env.obs_len and text.endswith("..") and json.loads(f'"{text}"') == \
         "\n" * ((len(text) - 2) // 2) + ".."
