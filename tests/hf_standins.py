@@ -3,8 +3,10 @@
 Each is what `transformers` writes with `save_pretrained`: config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json (with the chat template, or chat_template.jinja as
 newer transformers write it), generation_config.json. The tokenizers are small byte-level
-BPEs (digits and punctuation single tokens, as `arl.text.hf_codec.train_bpe_tokenizer`
-builds) with the family's real special tokens and chat template; the models are tiny and
+BPEs that split and merge as the real ones do (`arl.text.hf_codec.train_bpe_tokenizer`
+with split="real": Qwen2's / Llama 3's pre-tokenizer regex, digits one at a time or up
+to three, punctuation runs such as " -", ")\n", ".\n", '."' and blank lines "\n\n" one
+token) with the family's real special tokens and chat template; the models are tiny and
 their vocabularies padded past the tokenizer's, as Qwen's are. Nothing is downloaded.
 """
 
@@ -156,13 +158,15 @@ def _corpus() -> list[str]:
     lines += [t.prompt for t in read_task_file(word_problems.SHIPPED_JSONL)[:200]]
     lines += ["You are a helpful assistant.", "system user assistant", "wrong, try again",
               "no answer", "correct", "The answer is", "<think>", "</think>"]
+    # Text across the seams real vocabularies merge (`train_bpe_tokenizer`'s SEAM_MERGES).
+    lines += ["wrong: -162", "(no rows)\n", "It ends here.\n", 'He said "stop."', "a\n\nb"]
     return lines
 
 
 def _tokenizer(specials, vocab_size: int, digit_group: int = 1):
     from arl.text.hf_codec import train_bpe_tokenizer
     return train_bpe_tokenizer(_corpus(), vocab_size=vocab_size, special_tokens=specials,
-                               digit_group=digit_group)
+                               digit_group=digit_group, split="real")
 
 
 def _save_tokenizer(directory, tokenizer, *, template, bos, eos, pad):
@@ -193,6 +197,7 @@ def build_standin(directory, family: str = "qwen2", *, seed: int = 0,
         _save_tokenizer(directory, tokenizer,
                         template=QWEN25_TEMPLATE if family == "qwen2" else QWEN3_TEMPLATE,
                         bos=None, eos="<|im_end|>", pad="<|endoftext|>")
+        padded_vocab = max(padded_vocab, -(-tokenizer.get_vocab_size() // 64) * 64)
         common = dict(vocab_size=padded_vocab, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=32768, rms_norm_eps=1e-6,

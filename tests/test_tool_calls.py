@@ -74,14 +74,18 @@ def test_context_is_the_template_with_tools_before_every_turn(standins, family, 
                        "required": [parameter]}}}]
     traj = jax.device_get(rollout_lib.scripted_rollout(
         env, jax.random.key(3), num_tasks=3, group_size=1, action_source="oracle"))
-    chat, checked, results = env.chat, 0, []
+    # The pieces the rollout wraps in: the host writes the template's text next to the
+    # prompt and replies with them as one text (`arl.text.seams`, `reply_around`).
+    chat, checked, results = rollout_lib.chat_format(env), 0, []
+    inside = lambda text, around: text[len(around[0]):len(text) - len(around[1])]
     for b in range(3):
         tokens = traj.tokens[b].tolist()
         starts = [int(traj.turn_starts[b, t]) for t in range(int(traj.num_turns[b]))]
         assert len(starts) == 2  # a call, then the answer
         prompt = tokens[len(chat.prompt_prefix):starts[0] - len(chat.turn_suffix)]
         messages = [{"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": tokenizer.decode(prompt)}]
+                    {"role": "user", "content": inside(tokenizer.decode(prompt),
+                                                       chat.prompt_around)}]
         for t, start in enumerate(starts):
             expected = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
                                                      add_generation_prompt=True)
@@ -110,7 +114,7 @@ def test_context_is_the_template_with_tools_before_every_turn(standins, family, 
                     tokens[reply_end:reply_end + len(chat.reply_suffix)] != list(
                         chat.reply_suffix):
                 reply_end += 1
-            written = tokenizer.decode(tokens[reply:reply_end])
+            written = inside(tokenizer.decode(tokens[reply:reply_end]), chat.reply_around)
             messages.append({"role": "tool", "content": json.loads(f'"{written}"')
                              if as_json else written})
             assert len(tokens[reply:reply_end]) <= env.obs_len
@@ -219,9 +223,13 @@ def test_llama31_calls_and_json_string_results(standins):
         'invalid: the tool call needs "parameters": an object'
     assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
     assert step("SELECT 1") == "invalid: no tool call or answer"
+    # The host writes the result with the template's text around it ('\n\n"', '"').
+    head, tail = rollout_lib.chat_format(env).reply_around
+    assert tail == '"' and head.endswith('"')
+    written = lambda ids, length: env.codec.decode(ids[:length])[len(head):-len(tail)]
     ids, length = env.reply_ids('say "hi"\n')
-    assert env.codec.decode(ids[:length]) == 'say \\"hi\\"\\n'
+    assert written(ids, length) == 'say \\"hi\\"\\n'
     ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
-    text = env.codec.decode(ids[:length])
-    assert length <= 16 and text.endswith("..") and json.loads(f'"{text}"') == \
+    text = written(ids, length)
+    assert length <= env.obs_len and text.endswith("..") and json.loads(f'"{text}"') == \
         "\n" * ((len(text) - 2) // 2) + ".."

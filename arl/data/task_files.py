@@ -322,8 +322,10 @@ def prompt_ids(codec, task: TextTask) -> list[int]:
     """The prompt's token ids between the chat format's first piece and its generation
     prompt (the rollout adds those), or the codec's ids of the prompt text."""
     chat = getattr(codec, "chat", None)
+    # Special-token names in a task's text are plain characters (`HFCodec.encode_plain`).
+    encode = getattr(codec, "encode_plain", codec.encode)
     if task.messages is None or chat is None:
-        return codec.encode(task.prompt)
+        return encode(task.prompt)
     turns = [m["content"] for m in task.messages if m["role"] != "system"]
-    ids = chat.ids_of_conversation(codec.encode, turns)
+    ids = chat.ids_of_conversation(encode, turns)
     return ids[len(chat.prompt_prefix):len(ids) - len(chat.turn_suffix)]

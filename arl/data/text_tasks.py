@@ -91,7 +91,7 @@ def _encode(codec: Codec, text, where: str, field: str, errors: list[str]):
     try:
         if isinstance(text, task_files.TextTask):
             return task_files.prompt_ids(codec, text)
-        return codec.encode(text)
+        return getattr(codec, "encode_plain", codec.encode)(text)
     except ValueError as error:
         errors.append(f"{where}: {field}: {error}")
         return []

@@ -16,7 +16,13 @@ one program still does rollout + update:
 Token ids at the boundary: the host decodes the agent's ids with the env's codec and
 encodes its reply with it (`arl.text.codec.decode_action` / `encode_reply`: characters a
 codec lacks become "?", special tokens in a reply are written as plain text, and a reply
-longer than `obs_len` is cut and ends in "..").
+longer than `obs_len` is cut and ends in ".."). With a chat template the host writes the
+template's text next to the prompt and every reply, up to the nearest special tokens,
+together with it as one text (`arl.text.seams`: e.g. Qwen's tool turn
+"user\n<tool_response>\n" + reply + "\n</tool_response>"), so a BPE merges across those
+seams as it does in the template's render. `prompt_len` and `obs_len` are then the
+widths of the prompt and reply chunks with that text: what the subclass set (the
+budget of its own text) plus the template text's tokens.
 
 Batching. The env functions are single-instance (the rollout vmaps them over rows), but
 a host call per row would serialise the batch. Each host function is therefore a
@@ -83,6 +89,8 @@ from flax import struct
 from arl.envs.base import TokenChunk, TokenEnvironment, TokenEnvState
 from arl.envs.batched_callback import batched_host_function
 from arl.errors import one_line
+from arl.text import seams
+from arl.text.chat_template import env_chat_format
 from arl.text.codec import decode_action, encode_action, encode_reply
 
 _log = logging.getLogger(__name__)
@@ -208,6 +216,34 @@ class HostEnvironment(TokenEnvironment):
     """
 
     is_host_environment = True
+    # The host writes the template's text around its prompt and replies (`seams`).
+    writes_template_text = True
+
+    # Chunk widths: what the subclass set (its text's budget) plus, with a chat template,
+    # the tokens of the template's text the host writes around that text.
+    @property
+    def prompt_len(self) -> int:
+        return self._prompt_budget + self._around_width(prompt=True)
+
+    @prompt_len.setter
+    def prompt_len(self, value: int) -> None:
+        self._prompt_budget = value
+
+    @property
+    def obs_len(self) -> int:
+        return self._obs_budget + self._around_width(prompt=False)
+
+    @obs_len.setter
+    def obs_len(self, value: int) -> None:
+        self._obs_budget = value
+
+    def _around_width(self, prompt: bool) -> int:
+        if getattr(self, "codec", None) is None:
+            return 0
+        chat = env_chat_format(self)
+        if chat is None:
+            return 0
+        return seams.width(self.codec, *(chat.prompt_around if prompt else chat.reply_around))
     memory_fields: tuple[str, ...] = ()
     step_timeout_s: float | None = 60.0
     max_workers: int | None = None
@@ -230,10 +266,22 @@ class HostEnvironment(TokenEnvironment):
         raise NotImplementedError
 
     def reply_ids(self, text: str) -> tuple[np.ndarray, int]:
-        """(int32 [obs_len] ids, length) of the reply `text` (default `encode_reply`: cut
-        to obs_len tokens, ending in ".."); an env whose replies the template writes
+        """(int32 [obs_len] ids, length) of the reply `text` (default `text_ids`: cut to
+        obs_len tokens, ending in ".."); an env whose replies the template writes
         otherwise (a JSON string) overrides it."""
-        return encode_reply(self.codec, text, self.obs_len)
+        return self.text_ids(text, self.obs_len)
+
+    def text_ids(self, text: str, size: int, render=None, prompt: bool = False
+                 ) -> tuple[np.ndarray, int]:
+        """(int32 [size] ids, length) of the reply (or, `prompt`, the prompt) `text`:
+        with a chat template, the template's text around it and `render(text)` (how the
+        template writes it, e.g. a JSON string) tokenized as one text, cut as text to fit
+        (`seams.encode_between`); else `encode_reply`."""
+        chat = env_chat_format(self)
+        if chat is None:
+            return encode_reply(self.codec, text if render is None else render(text), size)
+        head, tail = chat.prompt_around if prompt else chat.reply_around
+        return seams.encode_between(self.codec, head, text, tail, size, render=render)
 
     def host_oracle(self, episode: HostEpisode) -> str:
         raise NotImplementedError
@@ -382,14 +430,14 @@ class HostEnvironment(TokenEnvironment):
             try:
                 params = self._row_params(treedef, leaves, b)
                 task = self.task(_seed_int(seeds[b]), params)
-                tokens[b], lengths[b] = encode_reply(self.codec, self.prompt(task, params),
-                                                     self.prompt_len)
+                tokens[b], lengths[b] = self.text_ids(self.prompt(task, params),
+                                                      self.prompt_len, prompt=True)
                 memory[b] = self._memory_row({}, self.initial_memory(task, params))
             except Exception as exc:  # pylint: disable=broad-except
                 _log_failure("%s: reset failed for row %d (task seed %d): %s", self.name, b,
                              _seed_int(seeds[b]), exc)
-                tokens[b], lengths[b] = encode_reply(self.codec, HOST_ERROR_REPLY,
-                                                     self.prompt_len)
+                tokens[b], lengths[b] = self.text_ids(HOST_ERROR_REPLY, self.prompt_len,
+                                                      prompt=True)
                 errors += 1
         self._record(batch, batch, time.monotonic() - start, errors)
         return tokens, lengths, memory

@@ -61,7 +61,6 @@ from flax import struct
 
 from arl.envs.base import NON_NEGATIVE
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
-from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
 from arl.tools.results import ExecutionResult, Status
 from arl.tools.sql import answers_match
@@ -265,15 +264,7 @@ class ToolEnvironment(HostEnvironment):
         syntax = self.call_syntax
         if syntax is None or not syntax.results_as_json:
             return super().reply_ids(text)
-        fits = lambda t: len(encode_text(self.codec, syntax.result_text(t))) <= self.obs_len
-        if not fits(text):
-            short, long = 0, len(text)  # fits(text[:short] + mark); not fits(text[:long] ...)
-            while long - short > 1:
-                middle = (short + long) // 2
-                short, long = (middle, long) if fits(text[:middle] + TRUNCATION_MARK) else (
-                    short, middle)
-            text = text[:short] + TRUNCATION_MARK
-        return super().reply_ids(syntax.result_text(text))
+        return self.text_ids(text, self.obs_len, render=syntax.result_text)
 
     def _tool_input(self, action: str) -> str | None:
         """The tool's input the turn `action` calls it with, or None (no call); in the

@@ -155,13 +155,22 @@ def episode_texts(env, tokens, agent_mask, length) -> tuple[str, list[tuple[str,
                 ids = ids[1:]  # <bos>
             else:
                 ids = ids[len(chat.prompt_prefix):len(ids) - len(chat.turn_suffix)]
-            prompt = decode(ids)
+            prompt = decode(ids) if chat is None else _inside(decode(ids), chat.prompt_around)
         else:
             if chat is not None:
                 head = len(chat.reply_prefix) + (0 if agent_ended else 1)
                 ids = ids[head:len(ids) - len(chat.reply_suffix)]
-            turns.append(("user" if chat is None else chat.reply_role, decode(ids)))
+            text = decode(ids) if chat is None else _inside(decode(ids), chat.reply_around)
+            turns.append(("user" if chat is None else chat.reply_role, text))
     return prompt, turns
+
+
+def _inside(text: str, around: tuple[str, str]) -> str:
+    """`text` without the template's text the env wrote around it (`arl.text.seams`)."""
+    head, tail = around
+    if text.startswith(head) and text.endswith(tail) and len(text) >= len(head) + len(tail):
+        return text[len(head):len(text) - len(tail)]
+    return text
 
 
 def episodes(env, tokens, agent_mask, length, task_rows=None) -> Episodes:

@@ -11,6 +11,9 @@ that read and write token ids inside `jit`.
   several calls in one turn where the template renders them (`ToolCallSyntax`).
 * `tool_schemas`: tools as users declare them (OpenAI function schemas, from a Python
   function's signature and docstring) and the check of a call's arguments.
+* `seams`: an env's text and the template's text next to it tokenized as one text (the
+  pieces cut at special tokens, `framed` / `encode_between`; numbers beside fixed texts
+  inside `jit`, `NumberInText`).
 * `chunks`: `TokenChunk` (a padded chunk of token ids, what token environments observe and
   act with) and building chunks inside `jit`.
 * `parsing`: reading an agent's token ids inside `jit` (find, compare, parse integers).

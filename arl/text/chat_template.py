@@ -152,6 +152,11 @@ class ChatFormat:
     # None: `turn_suffix`; a tool result's own end (Qwen: "\n</tool_response><|im_end|>\n...").
     reply_suffix: tuple[int, ...] | None = None
     reply_role: str = "user"  # the role the template renders a later observation as
+    # The template's text next to the env's prompt / replies (before, after) that the env
+    # writes together with its own text as one text (`arl.text.seams.framed`); the
+    # pieces then end and start at special tokens. ("", ""): the pieces hold all of it.
+    prompt_around: tuple[str, str] = ("", "")
+    reply_around: tuple[str, str] = ("", "")
 
     def __post_init__(self):
         if self.reply_suffix is None:
@@ -179,8 +184,9 @@ class ChatFormat:
         ids = list(self.prompt_prefix)
         for k, content in enumerate(turns):
             if k % 2 == 0:
-                ids += (list(self.reply_prefix) if k else []) + encode(content) + list(
-                    self.reply_suffix if k else self.turn_suffix)
+                head, tail = self.reply_around if k else self.prompt_around
+                ids += (list(self.reply_prefix) if k else []) + encode(
+                    head + content + tail) + list(self.reply_suffix if k else self.turn_suffix)
             else:
                 ids += encode(content) + [self.eot_id]
         return ids
@@ -220,8 +226,14 @@ class ChatFormat:
 
 def env_chat_format(env) -> ChatFormat | None:
     """The pieces `env`'s turns are wrapped in: the env's own (`env.chat`, e.g. a tool
-    env speaking the template's tool convention), else its codec's, else None."""
-    return getattr(env, "chat", None) or getattr(env.codec, "chat", None)
+    env speaking the template's tool convention), else its codec's, else None; cut at
+    the special tokens nearest to the env's text for an env that writes the template's
+    text around its own (`writes_template_text`: host envs, `arl.text.seams`)."""
+    chat = getattr(env, "chat", None) or getattr(env.codec, "chat", None)
+    if chat is not None and getattr(env, "writes_template_text", False):
+        from arl.text import seams  # pylint: disable=g-import-not-at-top
+        chat = seams.framed(chat, env.codec)
+    return chat
 
 
 def _find(text: str, needle: str, start: int, what: str) -> int:

@@ -168,34 +168,40 @@ def decode_action(codec: Codec, tokens, length) -> str:
     return codec.decode(tokens[:length], stop_at_pad=False)
 
 
-def _special_ids(codec: Codec) -> frozenset[int]:
+def special_ids(codec: Codec) -> frozenset[int]:
+    """The ids of the codec's special tokens (pad, bos, end of turn, a checkpoint's
+    added special tokens): the ids a chat template's pieces are cut at."""
     ids = {codec.pad_id, codec.bos_id, codec.eot_id}
     ids |= set(getattr(codec, "special_ids", ()) or ())
     return frozenset(int(i) for i in ids if i is not None)
 
 
 def encode_text(codec: Codec, text: str) -> list[int]:
-    """`text` as plain characters: special-token names are NOT turned into special ids
-    (a program may print "<eot>"), characters the codec lacks become "?"."""
+    """`text` as plain characters: special-token names in it are written as the ordinary
+    pieces of their characters, never as special ids and never dropped (a program may
+    print "<eot>" or "<|im_end|>"); characters the codec lacks become "?"."""
     if isinstance(codec, CharCodec):
         ids, unknown = [], codec.token_id(UNKNOWN_CHAR)
         table = codec._ids  # pylint: disable=protected-access
         for char in text:
             ids.append(table.get(char, unknown))
         return ids
+    plain = getattr(codec, "encode_plain", None)
+    if plain is not None:
+        return list(plain(text))
     try:
         ids = codec.encode(text)
     except (ValueError, KeyError):
-        ids = []
-        for char in text:
-            try:
-                ids.extend(codec.encode(char))
-            except (ValueError, KeyError):
-                ids.extend(codec.encode(UNKNOWN_CHAR))
-    specials = _special_ids(codec)
-    if any(i in specials for i in ids):
-        ids = [i for i in ids if i not in specials]
-    return list(ids)
+        ids = None
+    if ids is not None and not any(i in special_ids(codec) for i in ids):
+        return list(ids)
+    ids = []  # character by character: a special token's name is no single character
+    for char in text:
+        try:
+            ids.extend(codec.encode(char))
+        except (ValueError, KeyError):
+            ids.extend(codec.encode(UNKNOWN_CHAR))
+    return ids
 
 
 def encode_reply(codec: Codec, text: str, size: int) -> tuple[np.ndarray, int]:

@@ -195,6 +195,18 @@ class HFCodec(Codec):
         the text (e.g. "<eot>") become their ids."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids of `text` with special-token names in it written as plain characters (the
+        ordinary pieces of their characters, as `transformers` with
+        `split_special_tokens=True`): what an env's or tool's text is encoded with."""
+        plain = self.__dict__.get("_plain_tokenizer")
+        if plain is None:  # a copy: the shared tokenizer keeps matching special tokens
+            from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+            plain = Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True
+            self._plain_tokenizer = plain
+        return list(plain.encode(text, add_special_tokens=False).ids)
+
     def decode(self, ids, stop_at_pad: bool = True, show_special: bool = True) -> str:
         """Text of `ids`; stops at the first pad if `stop_at_pad`, else skips pads.
         Ids outside the vocabulary decode as ``<?>``."""
@@ -331,16 +343,34 @@ def _chat_template(directory: str, settings: dict[str, Any]) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
+# The pre-tokenizer split rule of real byte-level vocabularies (tokenizer.json's Split
+# regex, Llama 3's; Qwen2's has `\p{N}` for `\p{N}{1,3}`): letters with one leading
+# non-letter, runs of digits, runs of punctuation with one leading space and the
+# newlines after them (" -", ")\n", '."'), runs of newlines ("\n\n").
+REAL_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = ("isolated", "real")
+# Merges real vocabularies have across the seams between an env's text and the template
+# (`arl.text.seams`): a sign after a space, a closing parenthesis or full stop before a
+# newline, a full stop before a closing quote, a blank line.
+SEAM_MERGES = (" -", ")\n", ".\n", '."', "\n\n")
+
+
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
-                        special_tokens: Sequence[str] = SPECIAL_TOKENS, digit_group: int = 1):
+                        special_tokens: Sequence[str] = SPECIAL_TOKENS, digit_group: int = 1,
+                        split: str = "isolated"):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `corpus` that `HFCodec` accepts.
 
-    Pre-tokenization: every punctuation character is its own piece, digits are split
-    into runs of `digit_group` from the left, then byte-level (GPT-2) splitting of the
-    rest, so merges only ever join letters/spaces. `digit_group` 1 keeps digits single
-    tokens (Qwen); 3 adds one token for every text of two and three digits, as Llama 3's
-    vocabulary has (its pre-tokenizer `\\p{N}{1,3}`), after the `vocab_size` learned
-    ones. `special_tokens` come first (pad is id 0). All 256 bytes are in the initial
+    Pre-tokenization (`split`): "isolated" makes every punctuation character its own
+    piece, then byte-level (GPT-2) splitting of the rest, so merges only ever join
+    letters/spaces; "real" splits as Qwen2's and Llama 3's tokenizer.json do
+    (`REAL_SPLIT`: punctuation runs with a leading space and trailing newlines stay one
+    piece, as do runs of newlines) and adds the merges of `SEAM_MERGES` where training
+    did not learn them, so text merges where real vocabularies merge it. Digits are
+    split into runs of `digit_group` from the left: 1 keeps digits single tokens (Qwen);
+    3 adds one token for every text of two and three digits, as Llama 3's vocabulary
+    has (its pre-tokenizer `\\p{N}{1,3}`), after the `vocab_size` learned ones.
+    `special_tokens` come first (pad is id 0). All 256 bytes are in the initial
     alphabet, so any text encodes.
     """
     import json  # pylint: disable=g-import-not-at-top,reimported
@@ -349,35 +379,59 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 256,
 
     if digit_group not in (1, 3):
         raise ValueError(f"digit_group must be 1 or 3, got {digit_group!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+    rule = REAL_SPLIT if digit_group == 3 else REAL_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+    def pre_tokenizer():
+        if split != "isolated":
+            return pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(rule), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Punctuation(behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=True) if digit_group == 1 else
+            pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Punctuation(behavior="isolated"),
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    ]) if split == "isolated" else pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
-    if digit_group == 1:
+    if digit_group == 1 and split == "isolated":
         return tokenizer
-    # Learned merges never join digits (each is its own piece during training); append
-    # the merges that build every 2- and 3-digit text, and split digit runs in threes.
     state = json.loads(tokenizer.to_str())
     vocab, merges = state["model"]["vocab"], state["model"]["merges"]
-    for text in [f"{v:02d}" for v in range(100)]:
-        merges.append([text[0], text[1]])
-        vocab[text] = len(vocab)
-    for text in [f"{v:03d}" for v in range(1000)]:  # "ab"+"c" or "a"+"bc", as ranked
-        merges += [[text[:2], text[2]], [text[0], text[1:]]]
-        vocab[text] = len(vocab)
+    known = {tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges}
+
+    def add(left, right):
+        if (left, right) not in known:
+            merges.append([left, right])
+            known.add((left, right))
+        vocab.setdefault(left + right, len(vocab))
+
+    if split != "isolated":  # in byte-level characters: " " is "\u0120", "\n" "\u010a"
+        byte = lambda text: text.replace(" ", "\u0120").replace("\n", "\u010a")
+        for text in SEAM_MERGES:
+            add(byte(text[0]), byte(text[1:]))
+    if digit_group == 3:
+        # Learned merges need not build every digit run: add the merges that build every
+        # 2- and 3-digit text ("ab"+"c" or "a"+"bc", as ranked).
+        for text in [f"{v:02d}" for v in range(100)]:
+            add(text[0], text[1])
+        for text in [f"{v:03d}" for v in range(1000)]:
+            add(text[:2], text[2])
+            add(text[0], text[1:])
+    state["model"]["merges"] = [list(m) for m in merges]
     state["pre_tokenizer"] = None
     tokenizer = Tokenizer.from_str(json.dumps(state))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Punctuation(behavior="isolated"),
-        pre_tokenizers.Split(Regex(r"\d{1,3}"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizer()
     return tokenizer

@@ -67,7 +67,7 @@ from flax import struct
 
 from arl.envs.tasks import arithmetic
 
-from arl.text import chunks, parsing, turn_text
+from arl.text import chunks, parsing, seams, turn_text
 from arl.envs.tasks.arithmetic import ADD, DIV, OPERATORS
 from arl.envs.base import (NON_NEGATIVE, ParamRange, TokenChunk, TokenEnvironment, TokenEnvState,
                            tree_select)
@@ -160,8 +160,9 @@ class Countdown(TokenEnvironment):
         self.expression_len = max_numbers * self.number_digits + 3 * (max_numbers - 1)
         self.prompt_len = (self._prefix_len + max_numbers * (self._space_len + self.number_digits)
                            + self._mid_len + self.target_digits)
-        self._wrong_len = len(enc(WRONG_PREFIX))
-        self.obs_len = max(max(len(enc(r)) for r in REPLIES), self._wrong_len + 11)
+        # "wrong: -162": the sign is tokenized with the space before it (" -" merges).
+        self._wrong = seams.NumberInText(self.codec, WRONG_PREFIX, "", 10)
+        self.obs_len = max(max(len(enc(r)) for r in REPLIES), self._wrong.size)
         self.action_len = len(self._open_ids) + self.expression_len + len(self._close_ids) + 1
 
     def default_params(self, num_numbers: int = 3, number_range: tuple[int, int] | None = None,
@@ -381,9 +382,7 @@ class Countdown(TokenEnvironment):
             best_closeness=jnp.maximum(state.best_closeness, closeness))
         text = chunks.select_text(self.codec, jnp.minimum(reply, len(REPLIES) - 1), REPLIES,
                                   self.obs_len)
-        wrong = chunks.concat_chunks(self._constant(WRONG_PREFIX),
-                                     chunks.int_chunk(self.codec, ev.numerator, 10),
-                                     self.obs_len, self.codec.pad_id)
+        wrong = chunks.pad_chunk(self._wrong(ev.numerator), self.obs_len, self.codec.pad_id)
         observation = jax.tree.map(lambda a, b: jnp.where(reply == WRONG_VALUE, a, b), wrong, text)
         return new_state, observation, best - state.best_score, reply == INVALID
 
