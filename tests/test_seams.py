@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 from arl import rollout as rollout_lib  # noqa: E402
 from arl.envs.base import TokenChunk  # noqa: E402
 from arl.envs.host import HostEnvironment, HostTurn  # noqa: E402
-from arl.envs.reward_functions import episode_texts  # noqa: E402
+from arl.rewards.functions import episode_texts  # noqa: E402
 from arl.text import seams  # noqa: E402
 from arl.text.codec import CharCodec, encode_text  # noqa: E402
 from arl.text.hf_codec import SEAM_MERGES, HFCodec  # noqa: E402

@@ -237,6 +237,12 @@ class HostEnvironment(TokenEnvironment):
     def obs_len(self, value: int) -> None:
         self._obs_budget = value
 
+    @property
+    def reply_budget(self) -> int:
+        """Tokens of the env's own reply text a chunk holds (`obs_len` as set), the
+        template's text around it not counted."""
+        return self._obs_budget
+
     def _around_width(self, prompt: bool) -> int:
         if getattr(self, "codec", None) is None:
             return 0

@@ -286,13 +286,14 @@ class ToolCallingEnvironment(HostEnvironment):
     def fit_reply(self, results: Sequence[str]) -> str:
         """The reply text of one turn's `results`, as the template writes them between
         its pieces (escaped where it writes JSON strings, joined by its separator), each
-        result cut to one common length (ending "..") so the whole fits `obs_len`."""
+        result cut to one common length (ending "..") so the whole fits the reply budget
+        (`obs_len` as set)."""
         syntax = self.call_syntax
         results = [str(r) for r in results]
         if len(results) > 1 and not syntax.several_calls:
             results = [results[0]]
         fits = lambda texts: len(encode_text(self.codec, syntax.result_texts(texts))) \
-            <= self.obs_len
+            <= self.reply_budget
         if fits(results):
             return syntax.result_texts(results)
         cut = lambda limit: [r if len(r) <= limit else r[:limit] + TRUNCATION_MARK
