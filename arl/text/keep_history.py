@@ -33,7 +33,7 @@ import re
 from typing import Callable, Sequence
 
 # A Jinja statement tag `{%- ... -%}` (group 1: the statement).
-_STATEMENT = re.compile(r"\{%-?\s*(.*?)\s*[-+]?%\}", re.S)
+_STATEMENT = re.compile(r"\{%[-+]?\s*(.*?)\s*[-+]?%\}", re.S)
 _SPLIT_START = re.compile(r"set\s+reasoning_content\s*=\s*(''|\"\")$")
 _POSITION_TEST = re.compile(r"if\s+loop\.index0\s*>\s*ns\.last_query_index$")
 _GENERATION_PROMPT = re.compile(r"if\s+add_generation_prompt$")
