@@ -12,6 +12,7 @@ import functools
 import json
 import os
 
+import hypothesis
 import jax
 import ml_collections
 import numpy as np
@@ -115,6 +116,46 @@ def test_keep_history_render_is_the_growing_context(standins, name, kwargs):
     closed = chat_template.conversation(SYSTEM, turns[:2])
     assert _ids(tokenizer, closed, chat_template=chat.history_template, **kwargs) == \
         _ids(tokenizer, closed, **kwargs)
+
+
+_WORDS = ("42", "Add them", "12 + 30 = 42.", "lower", "maybe 7", "x", "<tool_call>")
+_SEPARATORS = ("", "\n", "\n\n", " ")
+
+
+@hypothesis.strategies.composite
+def _assistant_turns(draw):
+    """What a thinking model may write: an answer, behind a think block or not, with any
+    spacing inside (never leading whitespace: the policy's first token follows the
+    generation prompt, a seam of its own)."""
+    answer = draw(hypothesis.strategies.sampled_from(_WORDS))
+    if not draw(hypothesis.strategies.booleans()):
+        return answer
+    separator = lambda: draw(hypothesis.strategies.sampled_from(_SEPARATORS))
+    reasoning = draw(hypothesis.strategies.sampled_from(("",) + _WORDS))
+    return ("<think>" + separator() + reasoning + separator() + "</think>" + separator()
+            + answer)
+
+
+@pytest.mark.parametrize("kwargs", [{}, OFF])
+def test_any_thinking_conversation_renders_as_generated(standins, kwargs):
+    from transformers import AutoTokenizer
+
+    directory = standins("qwen3")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    codec = HFCodec.from_pretrained(directory, system_prompt=SYSTEM, template_kwargs=kwargs)
+
+    @hypothesis.settings(max_examples=25, deadline=None, derandomize=True)
+    @hypothesis.given(hypothesis.strategies.lists(_assistant_turns(), min_size=1, max_size=4))
+    def check(answers):
+        turns = ["What is 12 + 30?"]
+        for answer in answers:
+            turns += [answer, "wrong, try again"]
+        messages = chat_template.conversation(SYSTEM, turns)
+        assert _ids(tokenizer, messages, add_generation_prompt=True,
+                    chat_template=codec.chat.history_template, **kwargs) == \
+            codec.chat.ids_of_conversation(codec.encode, turns)
+
+    check()
 
 
 @pytest.mark.parametrize("kwargs", [{}, OFF])

@@ -98,10 +98,9 @@ def _train(config_argument, workdir, template_kwargs, *flags):
         capture_output=True, text=True, timeout=1200, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-        steps = [json.loads(line).get("step") for line in f]
-    assert 1 in steps
+        metrics = next(m for m in map(json.loads, f) if m.get("step") == 1)
     with open(os.path.join(workdir, "samples", "step_000001.txt"), encoding="utf-8") as f:
-        return f.read()
+        return f.read(), metrics
 
 
 def _ids(tokenizer, messages, **kwargs):
@@ -110,9 +109,9 @@ def _ids(tokenizer, messages, **kwargs):
 
 
 def contexts_are_the_reference_render(directory, system, template_kwargs, env_name,
-                                      env_kwargs, rows=3):
+                                      env_kwargs, rows=3, action_source="oracle"):
     """The env as a run builds it (checkpoint codec, system prompt, template arguments),
-    played by its oracle: the tokens before every turn are apply_chat_template of the
+    played by its oracle (or `action_source`): the tokens before every turn are apply_chat_template of the
     conversation so far under the reference template of history mode "as generated"
     (the keep-history variant where the checkpoint's template rewrites earlier turns),
     with the tools and structured calls of a tool env. Returns the turns checked."""
@@ -137,7 +136,7 @@ def contexts_are_the_reference_render(directory, system, template_kwargs, env_na
                            "required": [parameter]}}}]
     as_json = tool_env and env.call_syntax.results_as_json
     traj = jax.device_get(rollout_lib.scripted_rollout(
-        env, jax.random.key(2), num_tasks=rows, group_size=1, action_source="oracle"))
+        env, jax.random.key(2), num_tasks=rows, group_size=1, action_source=action_source))
     checked = 0
     for b in range(rows):
         tokens = traj.tokens[b].tolist()
@@ -173,12 +172,15 @@ def test_grpo_hf_checkpoint_as_shipped_runs_two_attempts_on_qwen3(standins, task
     """The recipe as shipped (max_turns=2, the model's own template) on Qwen3, thinking
     on: it trains, and its second attempts read the keep-history render."""
     directory = standins("qwen3")
-    sample = _train(f"configs/grpo_hf_checkpoint.py:{directory}", tmp_path / "run", {},
-                    f"--config.env.kwargs.path={tasks}", "--config.env.kwargs.action_len=24")
-    assert sample.count("<|im_start|>user\nWhat is") == 4
+    sample, metrics = _train(f"configs/grpo_hf_checkpoint.py:{directory}", tmp_path / "run",
+                             {}, f"--config.env.kwargs.path={tasks}",
+                             "--config.env.kwargs.action_len=24")
+    assert sample.startswith("== samples/sampled ==\n[env]   <|im_start|>user\nWhat is")
+    assert metrics["turns_mean"] > 1  # second attempts were played
     checked = contexts_are_the_reference_render(
-        directory, None, {}, "dataset_task", dict(path=tasks, max_turns=2))
-    assert checked == 3  # the oracle answers at once: three first turns
+        directory, None, {}, "dataset_task", dict(path=tasks, max_turns=2), rows=6,
+        action_source="demonstrator")  # right half the time: second attempts
+    assert 6 < checked <= 12
 
 
 @pytest.mark.slow
@@ -195,8 +197,8 @@ def test_grpo_hf_checkpoint_as_shipped_on_each_family(standins, tasks, tmp_path,
 def test_grpo_sql_hf_as_shipped_on_qwen3(standins, tmp_path, family):
     """Qwen2.5 and Llama 3.1: tests/test_tool_calls.py."""
     name, template_kwargs = FAMILIES[family]
-    sample = _train(f"configs/grpo_sql_hf.py:{standins(name)}", tmp_path / "run",
-                    template_kwargs, "--config.env.kwargs.action_len=96")
+    sample, _ = _train(f"configs/grpo_sql_hf.py:{standins(name)}", tmp_path / "run",
+                       template_kwargs, "--config.env.kwargs.action_len=96")
     assert '<tools>\n{"type": "function", "function": {"name": "run_sql"' in sample
 
 

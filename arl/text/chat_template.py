@@ -264,14 +264,18 @@ def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
     (bos_token, eos_token, ...). template_kwargs: the template's own arguments
     (`enable_thinking`, `tools`, ...). Raises ChatTemplateError naming what does not
     hold for the first turn; what fails only past it is kept as `multi_turn_error`."""
-    def text_of(turns, add_generation_prompt=True):
-        try:
-            return render(template, conversation(system_prompt, turns),
-                          add_generation_prompt=add_generation_prompt,
-                          special_tokens=special_tokens, template_kwargs=template_kwargs)
-        except Exception as error:  # jinja2's TemplateError and the template's own raises
-            raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
-                                    f"conversation failed: {error}") from error
+    def renderer(source: str, which: str = ""):
+        def text_of(turns, add_generation_prompt=True):
+            try:
+                return render(source, conversation(system_prompt, turns),
+                              add_generation_prompt=add_generation_prompt,
+                              special_tokens=special_tokens, template_kwargs=template_kwargs)
+            except Exception as error:  # jinja2's TemplateError and the template's own raises
+                raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
+                                        f"conversation{which} failed: {error}") from error
+        return text_of
+
+    text_of = renderer(template)
 
     u1, a1, u2 = _PLACEHOLDERS[:3]
     one = text_of([u1])
@@ -307,16 +311,7 @@ def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
         if variant is None:
             multi_turn_error += "; arl derives no keep-history variant of this template"
         else:
-            def variant_text_of(turns, add_generation_prompt=True):
-                try:
-                    return render(variant, conversation(system_prompt, turns),
-                                  add_generation_prompt=add_generation_prompt,
-                                  special_tokens=special_tokens, template_kwargs=template_kwargs)
-                except Exception as error:  # jinja2's TemplateError and the template's raises
-                    raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
-                                            "conversation with its keep-history variant "
-                                            f"failed: {error}") from error
-
+            variant_text_of = renderer(variant, " with its keep-history variant")
             trouble = keep_history.check_keep_history(
                 text_of, variant_text_of, _THINKING_CONTENTS[1::2] + _CHECK_CONTENTS[1::2],
                 eot_text)
