@@ -18,8 +18,10 @@ The tasks: `{"prompt": ..., "answer": ...}` lines (`env.kwargs.path`, built into
 dataset on first use with the checkpoint's tokenizer; 10% held out as the "eval" split),
 checked by `env.kwargs.verifier` ("numeric": the last number, GSM8K's "#### n";
 "exact"; "normalized"), `max_turns = 2` attempts, `action_len = 256` tokens per answer.
-A template that renders earlier turns otherwise than the policy wrote them (Qwen3 drops
-their <think> blocks) is refused for more than one turn: `--config.env.kwargs.max_turns=1`.
+The context is the conversation as generated (`rollout.history`): for a template that
+renders earlier turns otherwise than the policy wrote them (Qwen3 drops their <think>
+blocks), it is what the template's keep-history variant renders (docs/checkpoints.md,
+"History modes").
 The template's own arguments go in `model.chat_template_kwargs`, e.g.
 `--config.model.chat_template_kwargs="{'enable_thinking': False}"`. docs/checkpoints.md
 says what each family supports.

@@ -51,8 +51,8 @@ def _reply(reward, turn, max_turns):
 
 @pytest.mark.parametrize("family,system,kwargs,max_turns", [
     ("qwen2", None, {}, 3), ("qwen2", SYSTEM, {}, 3),
-    # Qwen3 rewrites earlier turns (test_templates_that_rewrite_history...): one turn,
-    # thinking on and off.
+    # Qwen3 rewrites earlier turns: one turn here, thinking on and off (more turns read its
+    # keep-history variant: tests/test_history_modes.py).
     ("qwen3", SYSTEM, {}, 1), ("qwen3", SYSTEM, {"enable_thinking": False}, 1),
     ("llama3", SYSTEM, {}, 3), ("llama3.1", SYSTEM, {}, 3)])
 def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, system, kwargs,
@@ -97,38 +97,6 @@ def test_policy_reads_apply_chat_template_every_turn(standins, jsonl, family, sy
                 float(traj.turn_rewards[b, t]), t, max_turns)})
             turns_seen.add(t)
     assert turns_seen == set(range(max_turns))  # every turn was checked
-
-
-@pytest.mark.parametrize("kwargs,what", [
-    ({}, "rewrites earlier assistant turns: '<think>"),
-    ({"enable_thinking": False},
-     r"opening as '<|im_end|>\n<|im_start|>assistant\n', not as the generation prompt")])
-def test_templates_that_rewrite_history_are_refused_for_multi_turn_envs(standins, jsonl,
-                                                                        kwargs, what):
-    """Qwen3's template renders earlier assistant turns differently from what the policy
-    wrote (their <think> blocks dropped; with enable_thinking=False, the empty think block
-    of the generation prompt): one-turn episodes are fine, more turns are refused in one
-    line, by the config and by the rollout."""
-    import ml_collections
-
-    from arl.envs import from_config
-    from arl.errors import ConfigError
-
-    directory = standins("qwen3")
-    codec = HFCodec.from_pretrained(directory, template_kwargs=kwargs)
-    assert what in codec.chat.multi_turn_error
-    DatasetTask(jsonl, codec=codec, max_turns=1)
-    env = DatasetTask(jsonl, codec=codec, max_turns=2)
-    with pytest.raises(chat_template.ChatTemplateError,
-                       match="env 'dataset_task' has max_turns=2, but the chat template") as e:
-        rollout_lib.scripted_rollout(env, jax.random.key(0), num_tasks=2, group_size=1,
-                                     action_source="demonstrator")
-    assert "\n" not in str(e.value)  # one line
-    config = ml_collections.ConfigDict(dict(model=dict(
-        hf_checkpoint=directory, system_prompt="", chat_template_kwargs=kwargs)))
-    env_config = dict(name="dataset_task", kwargs=dict(path=jsonl, max_turns=2))
-    with pytest.raises(ConfigError, match="max_turns=2, but the chat template"):
-        from_config.make_env(env_config, from_config.checkpoint_codec(config))
 
 
 def test_stop_ids_are_the_templates_eot_and_every_eos_of_generation_config(standins):

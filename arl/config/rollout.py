@@ -8,6 +8,9 @@ import ml_collections
 from arl import algorithm_table
 from arl.config.checks import check_choice, check_range, fail
 
+# The history modes implemented: "as_generated" (re-rendering every turn, "per_turn", is not).
+HISTORY_MODES = ("as_generated",)
+
 
 def defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -34,6 +37,11 @@ def defaults() -> ml_collections.ConfigDict:
     c.scheduler = "lockstep"
     c.num_slots = 0
     c.slot_service_batch = 1
+    # How a multi-turn conversation becomes the policy's context (docs/checkpoints.md,
+    # "History modes"): "as_generated" = one growing token sequence of what the policy
+    # wrote and the env's replies, checked at construction to equal apply_chat_template
+    # of the checkpoint's template or of its keep-history variant (Qwen3's).
+    c.history = "as_generated"
     return c
 
 
@@ -53,6 +61,7 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
     check_range(config, "rollout.horizon_every", 1, integer=True)
     _validate_scheduler(config)
+    check_choice(config, "rollout.history", HISTORY_MODES)
     if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
         fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
     mesh = tuple(config.mesh)

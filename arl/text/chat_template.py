@@ -50,6 +50,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 
+from arl.text import keep_history
 from arl.text.chunks import TokenChunk
 
 # Placeholder contents: plain words, so no template rewrites them and no tokenizer
@@ -62,6 +63,11 @@ _CHECK_CONTENTS = ("What is 12 + 30?", "<think>\nAdd them: 12 + 30 = 42.\n</thin
                    "wrong, try again", "The answer is 1234.", "guess 0-999",
                    '<tool_call>\n{"name": "python", "arguments": {"code": "6*7"}}\n'
                    '</tool_call>', "lower")
+# Assistant turns as thinking models write them (a canonical think block, one without its
+# newlines, an empty one, none), on which a keep-history variant is checked.
+_THINKING_CONTENTS = ("What is 12 + 30?", "<think>\nAdd them: 12 + 30 = 42.\n</think>\n\n42",
+                      "wrong, try again", "<think>Maybe 41.</think>41", "lower",
+                      "<think>\n\n</think>\n\n40", "guess 0-999", "500", "higher")
 _FIRST_TURNS = ("What is 12 + 30?", "guess 0-1000", "numbers 3 7 25 target 1234",
                 "Reply with one word: yes or no.")
 
@@ -140,7 +146,9 @@ class ChatFormat:
     with more than one turn is then refused (`check_turns`); `reply_suffix`: what
     closes a later observation (default `turn_suffix`); `reply_role`: the role the
     template renders a later observation as ("user", or "tool" for a tool env in the
-    template's tool convention, `arl.text.tool_calls`)."""
+    template's tool convention, `arl.text.tool_calls`); `history_template`: None when the
+    checkpoint's own template renders the context as generated, else the keep-history
+    variant of it (Jinja text) whose `apply_chat_template` the context equals."""
 
     prompt_prefix: tuple[int, ...]
     turn_suffix: tuple[int, ...]
@@ -157,6 +165,9 @@ class ChatFormat:
     # pieces then end and start at special tokens. ("", ""): the pieces hold all of it.
     prompt_around: tuple[str, str] = ("", "")
     reply_around: tuple[str, str] = ("", "")
+    # None: the checkpoint's own template renders the growing context; else the
+    # keep-history variant of it that does (`arl.text.keep_history`, e.g. Qwen3's).
+    history_template: str | None = None
 
     def __post_init__(self):
         if self.reply_suffix is None:
@@ -166,8 +177,10 @@ class ChatFormat:
         """Raises ChatTemplateError when `max_turns` > 1 and the template cannot be cut
         into pieces past the first turn."""
         if max_turns > 1 and self.multi_turn_error is not None:
-            raise ChatTemplateError(f"{what} has max_turns={max_turns}, but {self.multi_turn_error}"
-                                    "; only one-turn episodes read what the template renders")
+            raise ChatTemplateError(
+                f"{what} has max_turns={max_turns}, but {self.multi_turn_error}; with "
+                "rollout.history='as_generated' (the only history mode implemented) only "
+                "one-turn episodes read what the template renders: set max_turns=1")
 
     def first_length(self, prompt_len: int) -> int:
         """Static length of the wrapped first observation."""
@@ -263,14 +276,18 @@ def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
     (bos_token, eos_token, ...). template_kwargs: the template's own arguments
     (`enable_thinking`, `tools`, ...). Raises ChatTemplateError naming what does not
     hold for the first turn; what fails only past it is kept as `multi_turn_error`."""
-    def text_of(turns, add_generation_prompt=True):
-        try:
-            return render(template, conversation(system_prompt, turns),
-                          add_generation_prompt=add_generation_prompt,
-                          special_tokens=special_tokens, template_kwargs=template_kwargs)
-        except Exception as error:  # jinja2's TemplateError and the template's own raises
-            raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
-                                    f"conversation failed: {error}") from error
+    def renderer(source: str, which: str = ""):
+        def text_of(turns, add_generation_prompt=True):
+            try:
+                return render(source, conversation(system_prompt, turns),
+                              add_generation_prompt=add_generation_prompt,
+                              special_tokens=special_tokens, template_kwargs=template_kwargs)
+            except Exception as error:  # jinja2's TemplateError and the template's own raises
+                raise ChatTemplateError(f"chat template: rendering a {len(turns)}-turn "
+                                        f"conversation{which} failed: {error}") from error
+        return text_of
+
+    text_of = renderer(template)
 
     u1, a1, u2 = _PLACEHOLDERS[:3]
     one = text_of([u1])
@@ -300,16 +317,35 @@ def derive_chat_format(template: str, *, encode: Callable[[str], list[int]],
                 "split into static token pieces")
     reply_prefix, multi_turn_error = _later_turns(text_of, encode, one, at_u1, turn_suffix,
                                                   eot_text, prefix, suffix, eot_id)
+    history_template = None
+    if multi_turn_error is not None:
+        variant = keep_history.keep_history_variant(template)
+        if variant is None:
+            multi_turn_error += "; arl derives no keep-history variant of this template"
+        else:
+            variant_text_of = renderer(variant, " with its keep-history variant")
+            trouble = keep_history.check_keep_history(
+                text_of, variant_text_of, _THINKING_CONTENTS[1::2] + _CHECK_CONTENTS[1::2],
+                eot_text)
+            if trouble is None:
+                variant_prefix, trouble = _later_turns(
+                    variant_text_of, encode, one, at_u1, turn_suffix, eot_text, prefix, suffix,
+                    eot_id, contents=(_CHECK_CONTENTS, _THINKING_CONTENTS))
+            if trouble is None:
+                reply_prefix, multi_turn_error, history_template = variant_prefix, None, variant
+            else:
+                multi_turn_error += f"; its keep-history variant does not hold: {trouble}"
     return ChatFormat(prompt_prefix=prefix, turn_suffix=suffix, reply_prefix=reply_prefix,
                       eot_id=int(eot_id), pad_id=int(pad_id), system_prompt=system_prompt,
-                      multi_turn_error=multi_turn_error)
+                      multi_turn_error=multi_turn_error, history_template=history_template)
 
 
 def _later_turns(text_of, encode, one, at_u1, turn_suffix, eot_text, prefix, suffix,
-                 eot_id) -> tuple[tuple[int, ...], str | None]:
+                 eot_id, contents=(_CHECK_CONTENTS,)) -> tuple[tuple[int, ...], str | None]:
     """(reply_prefix, None) when every later turn is `eot + reply_prefix + reply +
-    turn_suffix` around the assistant's turns as written, checked on 3, 5 and 7 turns of
-    real contents; else ((), what the template does instead)."""
+    turn_suffix` around the assistant's turns as written, checked on the first 3, 5, 7
+    ... turns of each of `contents` (conversations of real contents); else ((), what the
+    template does instead)."""
     u1, a1, u2 = _PLACEHOLDERS[:3]
     two = text_of([u1, a1, u2])
     if not two.startswith(one[:at_u1 + len(u1)]):
@@ -333,8 +369,8 @@ def _later_turns(text_of, encode, one, at_u1, turn_suffix, eot_text, prefix, suf
     chat = ChatFormat(prompt_prefix=prefix, turn_suffix=suffix,
                       reply_prefix=tuple(encode(between[len(eot_text):])), eot_id=int(eot_id),
                       pad_id=-1)
-    for count in (3, 5, 7):
-        turns = list(_CHECK_CONTENTS[:count])
+    for turns in (list(c[:count]) for c in contents for count in range(3, len(c) + 1, 2)):
+        count = len(turns)
         rendered = text_of(turns)
         expected = encode(rendered)
         got = chat.ids_of_conversation(encode, turns)

@@ -207,10 +207,13 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
                               special_tokens=special_tokens, pad_id=pad_id,
                               system_prompt=system_prompt, template_kwargs=kwargs)
     head = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    # A template that rewrites earlier turns (Qwen3) is followed through its keep-history
+    # variant, the one the growing context equals (`arl.text.keep_history`).
+    reference = base.history_template or template
 
     def text_of(messages, add_generation_prompt=True):
         try:
-            return render(template, head + list(messages),
+            return render(reference, head + list(messages),
                           add_generation_prompt=add_generation_prompt,
                           special_tokens=special_tokens, template_kwargs=kwargs)
         except Exception as error:  # jinja2's TemplateError and the template's own raises
