@@ -369,30 +369,66 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+# Decisions: metrics that count episodes or tokens on one side of a boundary (a sampled
+# token, an argmax, a clip), which a rounding difference flips whole or not at all: the
+# statistics of a batch of episodes (`arl.trainers.credit_assignment.rollout_metrics`,
+# logged for the training rollout, the greedy `eval/` and the sampled `eval_sampled/`
+# evaluation, and per environment of a mixture, `reward_mean/<env>`), and fractions of
+# tokens or rows (clip fractions, `kept_fraction`, `degenerate_group_fraction`).
+EPISODE_METRICS = ("reward_mean", "reward_std", "success_rate", "turns_mean",
+                   "response_tokens_mean", "context_tokens_mean", "format_error_rate")
+EVALUATION_PREFIXES = ("eval/", "eval_sampled/")
+UNBOUNDED = {"rtol": float("inf"), "atol": float("inf")}
+
+
+def is_decision_metric(key: str) -> bool:
+    for prefix in EVALUATION_PREFIXES:
+        key = key.removeprefix(prefix)
+    return key.split("/")[0] in EPISODE_METRICS or "fraction" in key
+
+
 def rooms(as_is: list[dict], perturbed: list[dict]) -> list[dict[str, dict[str, float]]]:
-    """Per record of `as_is`, {metric: {"rtol", "atol"}}: ROOM_FACTOR x the largest
-    relative and absolute difference of the numeric metric between the two runs at this
-    record or an earlier one (rounding differences grow over a run; the largest so far
-    steadies the one-sample estimate), the relative room at least MIN_RTOL."""
-    out, largest = [], {}
+    """Per record of `as_is`, {metric: {"rtol", "atol"}} for its numeric metrics.
+
+    While the two runs make the same decisions: ROOM_FACTOR x the largest relative and
+    absolute difference of the metric between them at this record or an earlier one
+    (rounding differences grow over a run; the largest so far steadies the one-sample
+    estimate), the relative room at least MIN_RTOL, so what did not move (decisions
+    included) compares exactly. From the first record where the perturbation moved a
+    decision metric, or where a clip bound some tokens (clipped and unclipped tokens
+    then lie on both sides of a boundary that rounding moves them across): UNBOUNDED for
+    every metric. The runs then follow other sample paths (or may), where one pair's
+    difference bounds nothing: a decision that happened not to flip in this pair flips
+    on another processor (seen: the greedy evaluation of `ppo_guess_number_bfloat16`
+    after its first step's episodes moved; `ppo_clipping`'s clip fractions and, from
+    them, all its update's metrics, on a Zen 3, not under the perturbation)."""
+    out, largest, diverged, typical = [], {}, False, 0.0
     for a, p in zip(as_is, perturbed):
-        for key in set(a) & set(p):
-            if not (_is_number(a[key]) and _is_number(p[key])):
-                continue
-            relative = _relative_difference(a[key], p[key])
-            absolute = abs(a[key] - p[key]) if relative != 0.0 else 0.0
-            if relative != relative or relative == float("inf"):  # NaN against a number
-                relative = absolute = float("inf")
+        numeric = [k for k in set(a) & set(p) if _is_number(a[k]) and _is_number(p[k])]
+        moved = {k: _relative_difference(a[k], p[k]) for k in numeric}
+        diverged = diverged or any(
+            moved[k] or ("clip_fraction" in k and a[k] != 0)
+            for k in numeric if is_decision_metric(k))
+        if diverged:
+            out.append({key: dict(UNBOUNDED) for key in numeric})
+            continue
+        for key in numeric:
+            absolute = abs(a[key] - p[key]) if 0.0 < moved[key] < float("inf") else moved[key]
             r, at = largest.get(key, (0.0, 0.0))
-            largest[key] = (max(r, relative), max(at, absolute))
-        out.append({key: {"rtol": max(ROOM_FACTOR * r, MIN_RTOL), "atol": ROOM_FACTOR * at}
-                    for key, (r, at) in largest.items() if key in a})
+            largest[key] = (max(r, moved[key]), max(at, absolute))
+        continuous = sorted(largest[k][0] for k in numeric
+                            if k != "step" and not is_decision_metric(k) and a[k] != 0)
+        typical = max(typical, continuous[len(continuous) // 2] if continuous else 0.0)
+        out.append({key: {"rtol": max(ROOM_FACTOR * largest[key][0], MIN_RTOL,
+                                      0.0 if is_decision_metric(key) or key == "step"
+                                      else ROOM_FACTOR * typical),
+                          "atol": ROOM_FACTOR * largest[key][1]} for key in numeric})
     return out
 
 
 def says_nothing(want, room: dict[str, float]) -> bool:
     """Whether a room bounds nothing about `want`: it spans the value itself."""
-    return room["rtol"] >= 1.0 or room["atol"] >= abs(want)
+    return room["rtol"] >= 1.0 or 0.0 < abs(want) <= room["atol"]
 
 
 def close(want, got, room: dict[str, float] | None) -> bool:
