@@ -126,47 +126,50 @@ def test_golden_run(name, tmp_path):
 
 def test_rooms_are_the_measured_spread_so_far_times_a_factor():
     """Per record, ROOM_FACTOR x the largest relative and absolute difference of each
-    metric between the two runs up to that record; a metric the perturbation never moved
-    gets MIN_RTOL and no absolute room."""
-    as_is = [{"step": 1, "kl": 1.0e-4, "loss": 0.25, "kept": 12, "env": "a"},
-             {"step": 2, "kl": 4e-9, "loss": 0.5, "kept": 12, "env": "a"}]
-    perturbed = [{"step": 1, "kl": 1.02e-4, "loss": 0.25, "kept": 12, "env": "a"},
-                 {"step": 2, "kl": 4e-9, "loss": 0.5 + 2 ** -24, "kept": 12, "env": "a"}]
+    metric between the two runs up to that record, a continuous metric's relative room at
+    least ROOM_FACTOR x the median of those; what never moved, with the median at 0, gets
+    MIN_RTOL and no absolute room; a decision never gets the median's room."""
+    as_is = [{"step": 1, "kl": 1.0e-4, "loss": 0.25, "kept": 12, "reward_mean": 0.5,
+              "env": "a"},
+             {"step": 2, "kl": 4e-9, "loss": 0.5, "kept": 12, "reward_mean": 0.5, "env": "a"}]
+    perturbed = [{"step": 1, "kl": 1.02e-4, "loss": 0.25, "kept": 12, "reward_mean": 0.5,
+                  "env": "a"},
+                 {"step": 2, "kl": 4e-9, "loss": 0.5 + 2 ** -24, "kept": 12,
+                  "reward_mean": 0.5, "env": "a"}]
     factor, floor = golden_run.ROOM_FACTOR, golden_run.MIN_RTOL
     first, second = golden_run.rooms(as_is, perturbed)
-    assert set(first) == set(second) == {"step", "kl", "loss", "kept"}
+    assert set(first) == set(second) == {"step", "kl", "loss", "kept", "reward_mean"}
     assert first["kl"]["rtol"] == pytest.approx(factor * 0.02 / 1.02)
     assert first["kl"]["atol"] == pytest.approx(factor * 2e-6)
-    assert first["loss"] == first["kept"] == first["step"] == {"rtol": floor, "atol": 0.0}
+    assert first["loss"] == first["kept"] == first["step"] == first["reward_mean"] == {
+        "rtol": floor, "atol": 0.0}  # the median of (0, 0, 0.0196) is 0
     assert second["kl"] == first["kl"]  # the largest so far: step 2's kl did not move
     assert second["loss"]["atol"] == pytest.approx(factor * 2 ** -24)
-    assert second["kept"] == {"rtol": floor, "atol": 0.0}
+    median = 2 ** -24 / 0.5  # of kept 0, loss 1.2e-7, kl 0.0196
+    assert second["kept"] == {"rtol": pytest.approx(factor * median), "atol": 0.0}
+    assert second["loss"]["rtol"] == pytest.approx(factor * median)
+    assert second["reward_mean"] == second["step"] == {"rtol": floor, "atol": 0.0}
 
 
 def test_rooms_end_where_the_runs_take_other_sample_paths():
     """From the first record where the perturbation moved a decision (an episode
-    statistic, a clip fraction) or moved the continuous metrics by a median relative
-    difference over TAME_SPREAD, every room is UNBOUNDED."""
-    def record(step, reward=0.5, clip=0.25, loss=0.3, entropy=0.9, kl=1e-9):
+    statistic, a clip fraction) or where a clip binds, every room is UNBOUNDED."""
+    def record(step, reward=0.5, clip=0.0, loss=0.3, kl=1e-9):
         return {"step": step, "eval_sampled/reward_mean": reward,
-                "policy/clip_fraction_high": clip, "loss/total": loss, "entropy": entropy,
+                "policy/clip_fraction_high": clip, "loss/total": loss,
                 "policy/approx_kl_k3": kl}
 
     same = [record(1), record(2), record(3)]
     unbounded = golden_run.UNBOUNDED
-    for moved_at_2 in (record(2, reward=0.5625), record(2, clip=0.3),
-                       record(2, loss=0.3 * (1 + 1e-4), entropy=0.9 * (1 + 1e-4))):
-        first, second, third = golden_run.rooms(same, [record(1, kl=2e-9), moved_at_2,
-                                                       record(3)])
-        assert first["eval_sampled/reward_mean"] == {"rtol": golden_run.MIN_RTOL,
-                                                     "atol": 0.0}
+    for at_2 in ((record(2, reward=0.5625), record(2)), (record(2, clip=0.01), record(2)),
+                 (record(2, clip=0.01), record(2, clip=0.01))):
+        first, second, third = golden_run.rooms(
+            [record(1), at_2[0], record(3)], [record(1, kl=2e-9), at_2[1], record(3)])
+        assert first["eval_sampled/reward_mean"] == first["policy/clip_fraction_high"] == {
+            "rtol": golden_run.MIN_RTOL, "atol": 0.0}
         assert first["policy/approx_kl_k3"]["rtol"] == golden_run.ROOM_FACTOR * 0.5
         assert all(room == unbounded for room in (*second.values(), *third.values()))
-    # A near-cancelling metric's large relative move alone is not a median one.
-    tame = golden_run.rooms(same, [record(1, kl=2e-9), record(2, loss=0.3 * (1 + 1e-6)),
-                                   record(3)])
-    assert all(room["rtol"] < 1 for r in tame for k, room in r.items()
-               if k != "policy/approx_kl_k3")
+    assert not any(room == unbounded for r in golden_run.rooms(same, same) for room in r.values())
     assert golden_run.is_decision_metric("eval/success_rate")
     assert golden_run.is_decision_metric("reward_mean/bandit")
     assert golden_run.is_decision_metric("value/clip_fraction")
