@@ -83,8 +83,12 @@ HOST_FILE = "host.json"
 STEPS = 3
 # Off the recording processors: a metric's room is ROOM_FACTOR x its measured spread
 # under `perturbed_rounding` (other processors' kernels moved the compared metrics by at
-# most MEASURED_NEED x that, docs/testing.md), at least MIN_RTOL (a few float32 ulps).
+# most 6 x that, docs/testing.md), at least MIN_RTOL (a few float32 ulps).
 ROOM_FACTOR, MIN_RTOL = 20.0, 1e-6
+# The metrics are float32 statistics of O(1) terms: below a few ulps of 1 in absolute
+# value a continuous metric is a near-cancellation that rounding moves whole (a k3 KL
+# estimate of 3e-14 on one processor, 6e-14 on another), so its room is at least this.
+MIN_ATOL = 1e-6
 # Set (to anything but "0"): compare as on a processor with no recording, here too.
 UNRECORDED_ENV = "ARL_GOLDEN_UNRECORDED"
 
@@ -374,10 +378,12 @@ def _is_number(x) -> bool:
 # token, an argmax, a clip), which a rounding difference flips whole or not at all: the
 # statistics of a batch of episodes (`arl.trainers.credit_assignment.rollout_metrics`,
 # logged for the training rollout, the greedy `eval/` and the sampled `eval_sampled/`
-# evaluation, and per environment of a mixture, `reward_mean/<env>`), and fractions of
-# tokens or rows (clip fractions, `kept_fraction`, `degenerate_group_fraction`).
+# evaluation, and per environment of a mixture, `reward_mean/<env>`; the vector trainer's
+# `episode_return`, `episodes_finished`), and fractions of tokens or rows (clip
+# fractions, `kept_fraction`, `degenerate_group_fraction`).
 EPISODE_METRICS = ("reward_mean", "reward_std", "success_rate", "turns_mean",
-                   "response_tokens_mean", "context_tokens_mean", "format_error_rate")
+                   "response_tokens_mean", "context_tokens_mean", "format_error_rate",
+                   "episode_return", "episodes_finished")
 EVALUATION_PREFIXES = ("eval/", "eval_sampled/")
 UNBOUNDED = {"rtol": float("inf"), "atol": float("inf")}
 
@@ -403,7 +409,8 @@ def rooms(as_is: list[dict], perturbed: list[dict]) -> list[dict[str, dict[str, 
     absolute difference of the metric between them at this record or an earlier one
     (rounding differences grow over a run; the largest so far steadies the one-sample
     estimate), the relative room at least MIN_RTOL, so what did not move (decisions
-    included) compares exactly; a continuous metric's relative room is also at least
+    included) compares exactly; a continuous metric's absolute room is at least
+    MIN_ATOL (a value under it says nothing), and its relative room at least
     ROOM_FACTOR x the median of the continuous metrics' largest relative differences
     so far (one metric's difference in one pair of runs can be small by chance:
     `ppo_guess_number`'s first `loss/policy` moved 60 x less under the perturbation than
@@ -433,7 +440,9 @@ def rooms(as_is: list[dict], perturbed: list[dict]) -> list[dict[str, dict[str, 
         typical = max(typical, spreads[len(spreads) // 2] if spreads else 0.0)
         out.append({key: {"rtol": max(ROOM_FACTOR * largest[key][0], MIN_RTOL,
                                       ROOM_FACTOR * typical if key in continuous else 0.0),
-                          "atol": ROOM_FACTOR * largest[key][1]} for key in numeric})
+                          "atol": max(ROOM_FACTOR * largest[key][1],
+                                      MIN_ATOL if key in continuous else 0.0)}
+                    for key in numeric})
     return out
 
 
