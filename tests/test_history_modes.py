@@ -28,7 +28,8 @@ from arl.errors import ConfigError  # noqa: E402
 from arl.text import chat_template, keep_history  # noqa: E402
 from arl.text.hf_codec import HFCodec  # noqa: E402
 from tests import hf_standins  # noqa: E402
-from tests.qwen3_tool_template import QWEN3_TOOL_TEMPLATE, with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE as QWEN3_TOOL_TEMPLATE  # noqa: E402
+from tests.tool_templates import copy_with_template  # noqa: E402
 
 SYSTEM = "Answer with a number."
 OFF = {"enable_thinking": False}
@@ -46,7 +47,7 @@ def standins(tmp_path_factory):
     @functools.lru_cache(maxsize=None)
     def build(name):
         if name == "qwen3-tools":
-            return with_template(build("qwen3"), str(root / "qwen3_tools"), QWEN3_TOOL_TEMPLATE)
+            return copy_with_template(build("qwen3"), str(root / "qwen3_tools"), QWEN3_TOOL_TEMPLATE)
         return hf_standins.build_standin(str(root / name.replace(".", "_")), name)
     return build
 
@@ -253,7 +254,7 @@ def test_qwen3_tool_env_context_is_the_keep_history_render_every_turn(standins, 
 
 def test_a_template_without_a_keep_history_variant_is_refused_in_one_line(standins, jsonl,
                                                                           tmp_path):
-    directory = with_template(standins("qwen3"), str(tmp_path / "qwen3_other"),
+    directory = copy_with_template(standins("qwen3"), str(tmp_path / "qwen3_other"),
                               _without_variant(hf_standins.QWEN3_TEMPLATE))
     codec = HFCodec.from_pretrained(directory)
     assert "arl derives no keep-history variant" in codec.chat.multi_turn_error

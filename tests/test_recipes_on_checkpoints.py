@@ -27,7 +27,8 @@ pytest.importorskip("transformers")
 from arl import rollout as rollout_lib  # noqa: E402
 from arl.envs import from_config  # noqa: E402
 from tests import hf_standins  # noqa: E402
-from tests.qwen3_tool_template import QWEN3_TOOL_TEMPLATE, with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE as QWEN3_TOOL_TEMPLATE  # noqa: E402
+from tests.tool_templates import copy_with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFF = {"enable_thinking": False}
@@ -55,7 +56,7 @@ def standins(tmp_path_factory):
     @functools.lru_cache(maxsize=None)
     def build(name):
         if name == "qwen3-tools":
-            return with_template(build("qwen3"), str(root / "qwen3_tools"), QWEN3_TOOL_TEMPLATE)
+            return copy_with_template(build("qwen3"), str(root / "qwen3_tools"), QWEN3_TOOL_TEMPLATE)
         return hf_standins.build_standin(str(root / name.replace(".", "_")), name)
     return build
 

@@ -3,10 +3,13 @@
 `QWEN3_TOOLS_TEMPLATE` is Qwen3's chat template as released (the tools list in the
 system turn, `<tool_call>` blocks, tool results as `<tool_response>` in a user turn,
 earlier thinking kept after the last user query); `with_template` writes it into a
-stand-in checkpoint directory.
+stand-in checkpoint directory, `copy_with_template` into a copy of one.
 """
 
 from __future__ import annotations
+
+import os
+import shutil
 
 QWEN3_TOOLS_TEMPLATE = (
     "{%- if tools %}\n"
@@ -116,4 +119,14 @@ def with_template(directory: str, template: str) -> str:
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.chat_template = template
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def copy_with_template(source: str, directory: str, template: str) -> str:
+    """A copy of the stand-in checkpoint `source` at `directory` whose chat template is
+    `template` (written where transformers writes it, chat_template.jinja)."""
+    if not os.path.isdir(directory):
+        shutil.copytree(source, directory)
+    with open(os.path.join(directory, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(template)
     return directory
