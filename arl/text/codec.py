@@ -168,6 +168,19 @@ def decode_action(codec: Codec, tokens, length) -> str:
     return codec.decode(tokens[:length], stop_at_pad=False)
 
 
+def codec_cache(codec: Codec, attribute: str) -> dict:
+    """A dict kept on `codec` under `attribute` for tables derived from it (built once per
+    codec); a fresh dict each call where the codec takes no attributes."""
+    cache = getattr(codec, attribute, None)
+    if cache is None:
+        cache = {}
+        try:
+            setattr(codec, attribute, cache)
+        except AttributeError:
+            pass
+    return cache
+
+
 def special_ids(codec: Codec) -> frozenset[int]:
     """The ids of the codec's special tokens (pad, bos, end of turn, a checkpoint's
     added special tokens): the ids a chat template's pieces are cut at."""

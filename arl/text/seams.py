@@ -43,7 +43,7 @@ import numpy as np
 
 from arl.text import chunks
 from arl.text.chunks import TokenChunk
-from arl.text.codec import TRUNCATION_MARK, Codec, encode_text, special_ids
+from arl.text.codec import TRUNCATION_MARK, Codec, codec_cache, encode_text, special_ids
 
 
 def _split(ids: tuple[int, ...], specials: frozenset[int], at_end: bool
@@ -64,13 +64,7 @@ def framed(chat, codec: Codec):
     end and start at special tokens, and the env writes those texts with its own."""
     if chat.prompt_around != ("", "") or chat.reply_around != ("", ""):
         return chat  # already framed
-    cache = getattr(codec, "_framed_chats", None)
-    if cache is None:
-        cache = {}
-        try:
-            codec._framed_chats = cache  # pylint: disable=protected-access
-        except AttributeError:
-            pass
+    cache = codec_cache(codec, "_framed_chats")
     if chat in cache:
         return cache[chat]
     specials = special_ids(codec)

@@ -20,7 +20,7 @@ import numpy as np
 
 from arl.text import parsing, verifiers
 from arl.text.chunks import TokenChunk
-from arl.text.codec import Codec
+from arl.text.codec import Codec, codec_cache
 
 # Digit value of every ASCII code point (-1: not a digit); `parsing.parse_int` reads
 # code points past the table as non-digits.
@@ -67,13 +67,7 @@ class TurnReader:
     """
 
     def __init__(self, codec: Codec, max_token_chars: int = 16):
-        cache = getattr(codec, "_char_tables", None)
-        if cache is None:
-            cache = {}
-            try:
-                codec._char_tables = cache  # pylint: disable=protected-access
-            except AttributeError:
-                pass
+        cache = codec_cache(codec, "_char_tables")
         if max_token_chars not in cache:
             cache[max_token_chars] = verifiers.char_table(codec, max_token_chars)
         self.codec = codec
