@@ -1,71 +1,21 @@
 """Host environments: token environments whose task and turns are ordinary Python.
 
 A `HostEnvironment` is a `TokenEnvironment` like any other (same `reset` / `step`
-contract, same trajectory layout, same trainers, process rewards, branching,
-evaluation and checkpoints), except that generating a task and answering a turn run as
-Python on the host: a code interpreter, a SQL database, anything that is not JAX. The
-compiled rollout reaches the host through `jax.experimental.io_callback` (ordered), so
-one program still does rollout + update:
+contract, trajectory layout, trainers, process rewards, branching, evaluation and
+checkpoints), except that generating a task and answering a turn run as Python on the
+host: a code interpreter, a SQL database, anything that is not JAX. The compiled rollout
+reaches the host through one ordered `io_callback` per batch and turn
+(`arl.envs.batched_callback`), and the host plays the live rows in parallel on a worker
+pool with a per-row time limit (`step_timeout_s`).
 
-    reset  (one callback per batch): task seed -> prompt token ids, initial memory
-    step   (one callback per turn):  the agent's turn as token ids + length
-                                     -> reply ids + length, reward, terminated, success,
-                                        format_error, process reward, new memory
-    oracle / demonstrator (one callback per turn): the scripted policies' turns
+State is data: a row's JAX state is `HostEnvState` (the usual fields, a task seed and a
+small int32 `memory` vector), and nothing about an episode lives on the host between
+calls, so rows may be gathered, copied and branched freely. A subclass implements, on the
+host, `make_task`, `prompt`, `host_step` (never raising for anything the agent writes),
+`host_oracle`, optionally `host_demonstrator`, and the traced `reward_bounds`.
 
-Token ids at the boundary: the host decodes the agent's ids with the env's codec and
-encodes its reply with it (`arl.text.codec.decode_action` / `encode_reply`: characters a
-codec lacks become "?", special tokens in a reply are written as plain text, and a reply
-longer than `obs_len` is cut and ends in ".."). With a chat template the host writes the
-template's text next to the prompt and every reply, up to the nearest special tokens,
-together with it as one text (`arl.text.seams`: e.g. Qwen's tool turn
-"user\n<tool_response>\n" + reply + "\n</tool_response>"), so a BPE merges across those
-seams as it does in the template's render. `prompt_len` and `obs_len` are then the
-widths of the prompt and reply chunks with that text: what the subclass set (the
-budget of its own text) plus the template text's tokens.
-
-Batching. The env functions are single-instance (the rollout vmaps them over rows), but
-a host call per row would serialise the batch. Each host function is therefore a
-`jax.custom_batching.custom_vmap` whose batching rule makes ONE callback for the whole
-batch (nested vmaps are flattened into it; `arl.envs.batched_callback`), and the host
-runs the live rows' turns in parallel on a worker pool (`arl.tools.ToolPool`) with a
-per-row time limit (`step_timeout_s`): a turn takes about as long as its slowest row,
-never the sum.
-
-State is data. The JAX-side state of a row is `HostEnvState`: the usual `TokenEnvState`
-fields, the task seed (64 random bits of the reset key: the rows of a GRPO group share
-their reset key and so their task; a resumed run replays the same tasks) and a small
-int32 `memory` vector (`memory_fields`, e.g. the number of tool calls) that the host
-reads and returns with every turn. Nothing about an episode lives on the host between
-calls (the task is re-derived from its seed, through a cache), so:
-
-* rows may be selected, gathered and copied freely: Monte Carlo branching
-  (`arl.rollout.branching`) forks a host env state like any other pytree;
-* a discarded transition (a row past the horizon, a finished episode) leaves nothing
-  behind on the host;
-* any process can step any row (no handle table to keep consistent across hosts).
-
-A subclass implements, on the host (plain Python, per row):
-
-    make_task(seed, params) -> task          # deterministic in seed (cached)
-    prompt(task, params) -> str              # the reset observation
-    host_step(episode, action) -> HostTurn   # one live turn; `episode` has the task,
-                                             # params, turn, memory and a step seed
-    host_oracle(episode) -> str              # a turn of a policy that solves the task
-    host_demonstrator(episode, rng) -> str   # optional: a weaker teacher
-    reward_bounds(params)                    # as every token env (traced)
-
-`host_step` must not raise for anything the agent writes (return a format error or an
-error reply instead); if it does raise, or runs past `step_timeout_s`, the row gets the
-reply "host error" / "timeout", reward 0, and its episode ends (`info["host_error"]`
-is set, the failure is logged and counted in `host_stats`): the trainer keeps running.
-
-Cost and placement (docs/host_environments.md has measurements): each turn is one
-device -> host -> device round trip of [B, action_len] and [B, obs_len] int32 arrays plus
-the host's work; the device waits for it (the next turn's decoding needs the reply). On
-a mesh the callback runs once, on the process that owns the first device of the
-computation, with the whole batch gathered there (JAX runs callbacks of an
-automatically sharded program with a maximal sharding); replies are scattered back.
+docs/host_environments.md has the contract, how a turn crosses the boundary (codecs,
+template text at the seams, batching), what it costs and where it runs on a mesh.
 """
 
 from __future__ import annotations
