@@ -40,13 +40,16 @@ invalid: a format error with reward `-invalid_call_penalty`. The valid calls of 
 with an invalid one still run. A tool that raises answers "error: <type>: <message>"
 (the tool failed; the call was valid). `max_invalid_calls` invalid turns in a row end
 the episode (0: no cap); `tool_stats` counts calls, invalid calls and the episodes
-the cap ended.
+the cap ended on the host, and `episode_stats` reports them per episode from the state,
+so a run's metrics.jsonl logs `tools/calls_mean`, `tools/invalid_calls_mean` (per
+episode) and `tools/invalid_call_cap_episodes` (the fraction the cap ended).
 
 Replies are fitted on the host: each result is written as the template writes it
 (JSON-escaped for Llama 3.1), the results of a turn joined by the template's own
 separator, and results cut (ending "..") to one common length so the whole reply fits
 `obs_len` tokens and every separator survives. Memory fields `tool_calls` (valid calls
-run) and `invalid_streak` are the env's own, after the subclass's `memory_fields`.
+run), `invalid_streak` and `invalid_calls` are the env's own, after the subclass's
+`memory_fields`.
 """
 
 from __future__ import annotations
@@ -56,13 +59,20 @@ import logging
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+import jax.numpy as jnp
+
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
 from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format
 from arl.text.tool_schemas import call_error, check_tool_schema, schema_of_function
 
 _log = logging.getLogger(__name__)
-OWN_MEMORY = ("tool_calls", "invalid_streak")
+OWN_MEMORY = ("tool_calls", "invalid_streak", "invalid_calls")
+# The per-episode statistics `episode_stats` reports (their means reach metrics.jsonl,
+# `arl.trainers.credit_assignment.rollout_metrics`; `eval/...` for evaluation episodes).
+CALLS_METRIC = "tools/calls_mean"  # valid calls run per episode
+INVALID_CALLS_METRIC = "tools/invalid_calls_mean"  # invalid calls per episode
+CAPPED_METRIC = "tools/invalid_call_cap_episodes"  # fraction ended by the invalid-call cap
 _TOOL_ATTRIBUTE = "_arl_tool_name"
 
 
@@ -206,6 +216,19 @@ class ToolCallingEnvironment(HostEnvironment):
         with self._tool_stats_lock:
             return dataclasses.replace(self._tool_stats)
 
+    def episode_stats(self, state) -> dict:
+        """Per-episode statistics of one row's final state (traced): valid calls run,
+        invalid calls, and whether the invalid-call cap ended the episode (its streak
+        reached the cap, which always ends the episode); `rollout_metrics` logs their
+        means as `tools/calls_mean`, `tools/invalid_calls_mean` and
+        `tools/invalid_call_cap_episodes`."""
+        field = lambda name: state.memory[self.memory_fields.index(name)]
+        capped = (field("invalid_streak") >= self.max_invalid_calls) \
+            if self.max_invalid_calls > 0 else jnp.zeros((), bool)
+        return {CALLS_METRIC: field("tool_calls").astype(jnp.float32),
+                INVALID_CALLS_METRIC: field("invalid_calls").astype(jnp.float32),
+                CAPPED_METRIC: capped.astype(jnp.float32)}
+
     # -- one turn
     def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
         streak = int(episode.memory.get("invalid_streak", 0))
@@ -267,7 +290,8 @@ class ToolCallingEnvironment(HostEnvironment):
         for outcome in outcomes:
             memory.update(outcome.memory or {})
         memory.update(tool_calls=int(episode.memory.get("tool_calls", 0)) + ran,
-                      invalid_streak=streak)
+                      invalid_streak=streak,
+                      invalid_calls=int(episode.memory.get("invalid_calls", 0)) + invalid)
         with self._tool_stats_lock:
             self._tool_stats.call_turns += 1
             self._tool_stats.calls += ran
