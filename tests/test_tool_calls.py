@@ -135,27 +135,42 @@ def test_context_is_the_template_with_tools_before_every_turn(standins, family, 
 
 
 @pytest.mark.parametrize("action,reply", [
-    ("SELECT 1", "invalid: no tool call or answer"),
+    ("SELECT 1", "error: no tool call or answer"),
     ("<tool_call>\n{\"name\": \"run_sql\", \"arguments\": {\"query\": \"SELECT 1\"\n"
-     "</tool_call>", "invalid: bad JSON in the tool call"),
+     "</tool_call>", "error: bad JSON in the tool call"),
     ('<tool_call>{"name": "rm", "arguments": {"query": "x"}}</tool_call>',
-     "invalid: unknown tool 'rm' (the tool is 'run_sql')"),
+     "error: unknown tool 'rm' (the tools are 'run_sql')"),
     ('<tool_call>{"name": "run_sql", "arguments": {"sql": "x"}}</tool_call>',
-     'invalid: run_sql takes one string argument "query"'),
+     "error: run_sql: missing argument 'query'"),
+    ('<tool_call>{"name": "run_sql", "arguments": {"query": 7}}</tool_call>',
+     "error: run_sql: query must be a string, got the number 7"),
     ('<tool_call>{"name": "run_sql", "arguments": [1]}</tool_call>',
-     'invalid: the tool call needs "arguments": an object'),
+     'error: the tool call needs "arguments": an object'),
     ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>',
      "6*7\n42"),
+    # two calls in one turn (Qwen renders them): one reply of both results, one turn cost
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 2"}}\n</tool_call>',
+     "6*7\n42\n</tool_response>\n<tool_response>\n2\n2"),
+    # the valid call of a turn with an invalid one still runs; the turn is a format error
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "run_sq", "arguments": {"query": "SELECT 2"}}\n</tool_call>',
+     "6*7\n42\n</tool_response>\n<tool_response>\nerror: unknown tool 'run_sq' (the tools "
+     "are 'run_sql')"),
     ("<answer>nope</answer>", "wrong"),
 ])
 def test_calls_are_parsed_from_the_model_format(qwen, action, reply):
-    env = _env(qwen)
+    """Template tool calls are declared tools' (`arl.envs.tool_calling`): checked against
+    the schema, errors answered as the tool's result; the rewards are the env's own
+    (success_reward, turn_cost and format_penalty of its params, one turn cost a turn)."""
+    env = _env(qwen, obs_len=96)
     task = env.make_task(5, None)
-    turn = env.host_step(HostEpisode(task=task, params=env.default_params(), turn=0,
-                                     memory={}, seed=5), action)
+    params = env.default_params().replace(turn_cost=jax.numpy.float32(0.25))
+    turn = env.host_step(HostEpisode(task=task, params=params, turn=0, memory={}, seed=5),
+                         action)
     assert turn.reply == reply
-    assert turn.format_error == reply.startswith("invalid")
-    assert turn.reward == pytest.approx(-0.1 if turn.format_error else 0.0)
+    assert turn.format_error == ("error" in reply)
+    assert turn.reward == pytest.approx(-0.25 - (0.1 if turn.format_error else 0.0))
 
 
 def test_bad_tool_format_and_codecs_are_refused_in_one_line():
@@ -212,24 +227,25 @@ def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
 
 
 def test_llama31_calls_and_json_string_results(standins):
-    """Llama 3.1: a call is the bare JSON object with "parameters"; results are written
-    JSON-escaped between the pieces' quotes, cut before escaping."""
-    env = _env(standins("llama3.1"), obs_len=16)
-    episode = HostEpisode(task=env.make_task(5, None), params=env.default_params(), turn=0,
-                          memory={}, seed=5)
-    step = lambda action: env.host_step(episode, action).reply
-    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\n42"
+    """Llama 3.1: a call is the bare JSON object with "parameters"; replies are written
+    JSON-escaped between the pieces' quotes (`fit_reply`), cut before escaping."""
+    wide = _env(standins("llama3.1"), obs_len=48)
+    episode = HostEpisode(task=wide.make_task(5, None), params=wide.default_params(),
+                          turn=0, memory={}, seed=5)
+    step = lambda action: wide.host_step(episode, action).reply
+    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\\n42"
     assert step('{"name": "run_sql", "arguments": {"query": "SELECT 1"}}') == \
-        'invalid: the tool call needs "parameters": an object'
-    assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
-    assert step("SELECT 1") == "invalid: no tool call or answer"
+        'error: the tool call needs \\"parameters\\": an object'  # JSON-escaped
+    assert step('{"name": "run_sql", "parameters": {') == "error: bad JSON in the tool call"
+    assert step("SELECT 1") == "error: no tool call or answer"
+    env = _env(standins("llama3.1"), obs_len=16)
     # The host writes the result with the template's text around it ('\n\n"', '"').
     head, tail = rollout_lib.chat_format(env).reply_around
     assert tail == '"' and head.endswith('"')
     written = lambda ids, length: env.codec.decode(ids[:length])[len(head):-len(tail)]
-    ids, length = env.reply_ids('say "hi"\n')
+    ids, length = env.reply_ids(env.fit_reply(['say "hi"\n']))
     assert written(ids, length) == 'say \\"hi\\"\\n'
-    ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
+    ids, length = env.reply_ids(env.fit_reply(["\n" * 40]))  # escapes never split by the cut
     text = written(ids, length)
     assert length <= env.obs_len and text.endswith("..") and json.loads(f'"{text}"') == \
         "\n" * ((len(text) - 2) // 2) + ".."

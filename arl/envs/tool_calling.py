@@ -150,11 +150,13 @@ class ToolCallingEnvironment(HostEnvironment):
         self.max_workers, self.step_timeout_s = max_workers, step_timeout_s
         self.memory_fields = (*type(self).memory_fields, *OWN_MEMORY)
         self.tool_schemas, self._methods = self._declared_tools()
+        # (None, None): a subclass's own call format (ToolEnvironment's tags), which
+        # plays its turns itself.
         self.chat, self.call_syntax = self._template_convention(codec)
+        several = self.call_syntax is not None and self.call_syntax.several_calls
         if max_calls_per_turn is None:
-            max_calls_per_turn = self.max_calls_per_turn = (
-                4 if self.call_syntax.several_calls else 1)
-        if max_calls_per_turn > 1 and not self.call_syntax.several_calls:
+            max_calls_per_turn = self.max_calls_per_turn = 4 if several else 1
+        if max_calls_per_turn > 1 and not several:
             raise ValueError(f"max_calls_per_turn={max_calls_per_turn}, but this chat "
                              "template renders one tool call per turn; set it to 1")
         self._tool_stats, self._tool_stats_lock = ToolStats(), threading.Lock()
@@ -204,6 +206,15 @@ class ToolCallingEnvironment(HostEnvironment):
         del episode, text
         return HostTurn(reply="error: no tool call", reward=-self.invalid_call_penalty,
                         format_error=True)
+
+    def turn_reward(self, episode: HostEpisode, outcomes: Sequence[HostTurn],
+                    invalid: bool) -> float:
+        """The reward of a turn of calls: the tools' `HostTurn` rewards summed, less
+        `invalid_call_penalty` when a call was invalid (`outcomes`: the valid calls'
+        HostTurns; a tool that returned text counts 0)."""
+        del episode
+        return sum(float(o.reward) for o in outcomes) - (
+            self.invalid_call_penalty if invalid else 0.0)
 
     def calls_text(self, *calls: tuple[str, Mapping[str, Any]], content: str = "") -> str:
         """A turn of `content` then `calls` ((name, arguments) pairs) as the template
@@ -300,8 +311,7 @@ class ToolCallingEnvironment(HostEnvironment):
             self._tool_stats.capped_episodes += int(capped)
         return HostTurn(
             reply=self.fit_reply(results),
-            reward=sum(float(o.reward) for o in outcomes)
-            - (self.invalid_call_penalty if invalid else 0.0),
+            reward=self.turn_reward(episode, outcomes, bool(invalid)),
             terminated=capped or any(o.terminated for o in outcomes),
             success=any(o.success for o in outcomes), format_error=bool(invalid),
             process_reward=sum(float(o.process_reward) for o in outcomes), memory=memory)
