@@ -2,9 +2,11 @@
 the policy's context before every turn equals `apply_chat_template(messages, tools=...)`
 with the calls as structured `tool_calls` and the replies as `tool` messages (Qwen2.5
 stand-in, built with transformers); calls are parsed from the model's format, ill-formed
-ones get an error text as the tool's result; templates whose tool turns cannot be cut
-into static pieces, and bad option values, are refused in one line; the shipped config
-trains through the CLI."""
+ones get an error text as the tool's result (declared tools, `arl.envs.tool_calling`:
+schema checks, several calls per turn); templates whose tool turns cannot be cut into
+static pieces, and bad option values, are refused in one line; the shipped config trains
+through the CLI, and sql and code_interpreter train two steps on each family's stand-in
+(Qwen2.5, Qwen3 thinking on and off, Llama 3.1; slow)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from arl.envs.host import HostEpisode  # noqa: E402
 from arl.rewards.functions import episode_texts  # noqa: E402
 from arl.text.chat_template import ChatTemplateError  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = "Answer with the tool."
@@ -34,9 +37,14 @@ SYSTEM = "Answer with the tool."
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
+    """Stand-in checkpoint directories by family; Qwen3's with its tool template."""
     root = tmp_path_factory.mktemp("families")
-    return functools.lru_cache(maxsize=None)(
-        lambda family: build_standin(str(root / family.replace(".", "_")), family))
+
+    def build(family):
+        directory = build_standin(str(root / family.replace(".", "_")), family)
+        return with_template(directory, QWEN3_TOOLS_TEMPLATE) if family == "qwen3" \
+            else directory
+    return functools.lru_cache(maxsize=None)(build)
 
 
 @pytest.fixture(scope="module")
@@ -181,21 +189,11 @@ def test_bad_tool_format_and_codecs_are_refused_in_one_line():
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
 
 
-@pytest.mark.parametrize("family", ["qwen2", pytest.param("llama3.1",
-                                                           marks=pytest.mark.slow)])
-def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "experiments.train",
-         f"--config=configs/grpo_sql_hf.py:{standins(family)}",
-         f"--workdir={tmp_path / 'run'}", "--config.train_steps=1",
-         "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
-         "--config.model.dtype=float32", "--config.model.param_dtype=float32",
-         "--config.model.remat=False", "--config.model.logprob_chunk=0",
-         "--config.env.kwargs.action_len=96", "--config.log_every=1",
-         "--config.sample_every=1"],
-        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
-        check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
+@pytest.mark.parametrize("family,template_kwargs", [
+    ("qwen2", {}), pytest.param("llama3.1", {}, marks=pytest.mark.slow)])
+def test_shipped_config_trains_through_the_cli(standins, family, template_kwargs, tmp_path):
+    run = _train(f"configs/grpo_sql_hf.py:{standins(family)}", tmp_path / "run",
+                 template_kwargs, "--config.env.kwargs.action_len=96")
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
     # the tools in the system (Llama 3.1: first user) turn; every reply a tool message
     if family == "qwen2":
@@ -204,6 +202,56 @@ def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
     else:
         assert '"name": "run_sql",' in sample
         assert '<|start_header_id|>ipython<|end_header_id|>\n\n"' in sample
+    assert [r["step"] for r in run] == [1, 2]
+    for record in run:  # the declared tools' counts of the policy's episodes
+        assert 0.0 <= record["tools/invalid_call_cap_episodes"] <= 1.0
+        assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["sql", "code_interpreter"])
+@pytest.mark.parametrize("family,template_kwargs", [
+    ("qwen2", {}), ("qwen3", {}), ("qwen3", {"enable_thinking": False}), ("llama3.1", {})])
+def test_tool_envs_train_two_steps_on_each_family(standins, family, template_kwargs,
+                                                  env_name, tmp_path):
+    """sql and code_interpreter with template tool calls, two steps through the CLI with
+    the SFT term on the oracle's calls: every logged record counts the policy's calls,
+    invalid calls and capped episodes (training and evaluation), and the oracle's
+    episodes in the compiled step solve their tasks."""
+    records = _train(f"tests/template_tools_config.py:{standins(family)},{env_name}",
+                     tmp_path / "run", template_kwargs)
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["demo_success_rate"] for r in records] == [1.0, 1.0]
+    for record in records:
+        for name in ("tools/calls_mean", "tools/invalid_calls_mean",
+                     "tools/invalid_call_cap_episodes"):
+            assert record[name] >= 0.0, (name, record)
+        assert record["tools/invalid_call_cap_episodes"] <= 1.0
+    assert "eval/tools/calls_mean" in records[1]
+    tool = "run_sql" if env_name == "sql" else "run_python"
+    sample = (tmp_path / "run" / "samples" / "step_000002.txt").read_text()
+    assert f'"name": "{tool}"' in sample
+
+
+def _train(config_argument, workdir, template_kwargs, *flags):
+    """The metric records of a CLI run of `config_argument` (float32, tiny rollouts for
+    the shipped config; the config's own sizes otherwise)."""
+    flags = list(flags)
+    if config_argument.startswith("configs/"):
+        flags += ["--config.train_steps=2", "--config.rollout.num_tasks=2",
+                  "--config.rollout.group_size=2", "--config.model.dtype=float32",
+                  "--config.model.param_dtype=float32", "--config.model.remat=False",
+                  "--config.model.logprob_chunk=0", "--config.log_every=1",
+                  "--config.sample_every=1"]
+    if template_kwargs:
+        flags.append(f"--config.model.chat_template_kwargs={template_kwargs!r}")
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.train", f"--config={config_argument}",
+         f"--workdir={workdir}", *flags],
+        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=900,
+        check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_template_that_reserialises_calls_differently_is_refused(qwen):

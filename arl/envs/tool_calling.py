@@ -36,7 +36,8 @@ unknown tool, missing, unknown or mistyped argument, a value outside its enum); 
 does not hold, and a turn that cannot be parsed (bad JSON, a call not closed, more
 calls than `max_calls_per_turn`, several calls where the template renders one), is
 answered as the tool's result "error: ..." (never an exception), and the turn is
-invalid: a format error with reward `-invalid_call_penalty`. The valid calls of a turn
+invalid: a format error whose reward `turn_reward` gives (default: the tools' rewards
+less `invalid_call_penalty`). The valid calls of a turn
 with an invalid one still run. A tool that raises answers "error: <type>: <message>"
 (the tool failed; the call was valid). `max_invalid_calls` invalid turns in a row end
 the episode (0: no cap); `tool_stats` counts calls, invalid calls and the episodes
@@ -115,7 +116,9 @@ class ToolCallingEnvironment(HostEnvironment):
 
     Subclass hooks: `make_task`, `prompt`, `host_answer(episode, text) -> HostTurn` (a
     turn without a call), `host_oracle(episode) -> str` (write calls with
-    `calls_text`), `default_params`, `reward_bounds`, and the tools.
+    `calls_text`), `default_params`, `reward_bounds`, `turn_reward`, and the tools. A
+    subclass with a call format of its own (`arl.envs.tool_use`'s tags) returns (None,
+    None) from `_template_convention` and plays such turns itself.
     """
 
     tools: tuple = ()  # function schemas (their calls go to `call`)
