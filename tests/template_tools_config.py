@@ -8,7 +8,7 @@ trains it through the CLI on each family's stand-in.
 from configs import grpo_sql_hf
 
 ENV_KWARGS = {
-    "sql": dict(tool_format="template", max_turns=2, obs_len=64, action_len=96,
+    "sql": dict(tool_format="template", max_turns=2, obs_len=64, action_len=256,
                 max_invalid_calls=2),
     "code_interpreter": dict(tool_format="template", max_turns=2, obs_len=24,
                              action_len=96, max_invalid_calls=2, allow_weak_sandbox=True),

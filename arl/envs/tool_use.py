@@ -1,7 +1,8 @@
 """Tool-use tasks on the host: call a tool, read its output, answer.
 
 `ToolEnvironment` is the shared part of the host tool environments (`code_interpreter`,
-`sql`): a `HostEnvironment` whose agent turns are exactly one of
+`sql`): a `ToolCallingEnvironment` with one tool, whose agent turns with its own tags
+(`tool_format="tags"`, the default) are exactly one of
 
     "<TAG>input</TAG>"      runs the tool on `input` (e.g. TAG = py: a Python cell);
                             the tool's output (or error) is the next observation;
