@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from arl import rollout as rollout_lib  # noqa: E402
+from arl.trainers import credit_assignment  # noqa: E402
 from arl.config import ConfigError  # noqa: E402
 from arl.envs import from_config  # noqa: E402
 from arl.envs.host import HostEpisode, HostTurn  # noqa: E402
@@ -67,13 +68,18 @@ def _template_ids(tokenizer, messages, tools, **template_kwargs):
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def contexts_against_template(env, directory, *, num_tasks=3, seed=3, **template_kwargs):
+def contexts_against_template(env, directory, *, num_tasks=3, seed=3, variant=True,
+                              **template_kwargs):
     """(turns whose context equals the template's render, turns, calls per call turn,
-    the tool results) over the oracle's episodes."""
+    the tool results) over the oracle's episodes; the render is under the keep-history
+    variant where the env follows one (`env.chat.history_template`: Qwen3) unless
+    `variant` is False."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     syntax, chat = env.call_syntax, env.chat
+    if variant and chat.history_template is not None:
+        template_kwargs = dict(template_kwargs, chat_template=chat.history_template)
     traj = jax.device_get(rollout_lib.scripted_rollout(
         env, jax.random.key(seed), num_tasks=num_tasks, group_size=1, action_source="oracle"))
     equal = total = 0
@@ -140,6 +146,9 @@ def test_two_calls_in_one_turn_read_as_the_template_renders_them(standins):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,template_kwargs,calls_per_turn", [
     ("qwen3", {}, [2, 2, 2]),  # thinking on (the oracle writes no think block)
+    # thinking off: the generation prompt's empty think block stays in earlier turns,
+    # as the keep-history variant renders them (the template itself drops it)
+    ("qwen3", {"enable_thinking": False}, [2, 2, 2]),
     ("llama3.1", {}, [1, 1, 1, 1, 1, 1])])  # one call per turn: stock, price, answer
 def test_contexts_equal_the_template_qwen3_and_llama31(standins, family, template_kwargs,
                                                       calls_per_turn):
@@ -149,20 +158,16 @@ def test_contexts_equal_the_template_qwen3_and_llama31(standins, family, templat
     equal, total, per_turn, _ = contexts_against_template(env, directory, **template_kwargs)
     assert (equal, total) == (total, 6 if family == "qwen3" else 9)
     assert per_turn == calls_per_turn
-
-
-@pytest.mark.slow
-def test_qwen3_without_thinking_is_refused_for_tool_envs(standins):
-    """Its generation prompt's empty think block is dropped from earlier turns."""
-    with pytest.raises(ConfigError, match=r"the generation prompt ends '<think>\\n\\n"
-                                          r"</think>\\n\\n', but an earlier assistant turn"):
-        from_config.make_env(dict(name="warehouse", kwargs={}),
-                             _codec(standins("qwen3"), enable_thinking=False))
+    if template_kwargs:  # the template's own render drops the think block: only the first
+        equal, _, _, _ = contexts_against_template(env, directory, variant=False,
+                                                   **template_kwargs)
+        assert equal == 3
 
 
 def _episode(env, memory=None, seed=5):
     return HostEpisode(task=env.make_task(seed, None), params=env.default_params(), turn=0,
                        memory={"looked_up": 0, "tool_calls": 0, "invalid_streak": 0,
+                               "invalid_calls": 0,
                                **(memory or {})}, seed=seed)
 
 
@@ -209,7 +214,8 @@ def test_invalid_calls_are_answered_as_tool_errors_and_capped(standins):
     # a tool that raises: the call was valid, the tool failed
     turn = step(env.calls_text(_call("stock", item="anvil", warehouse=1)))
     assert turn.reply == "error: KeyError: \"no 'anvil' in warehouse 1\""
-    assert not turn.format_error and turn.memory == {"tool_calls": 1, "invalid_streak": 0}
+    assert not turn.format_error and turn.memory == {"tool_calls": 1, "invalid_streak": 0,
+                                                     "invalid_calls": 0}
     # whole floats are integers (as JSON has them) and reach the tool as ints
     turn = step(env.calls_text(_call("price", item="widget", quantity=2.0, currency="USD")))
     assert turn.reply == "6" and not turn.format_error  # 2 * 2.50 EUR * 1.25 = 6.25 USD
@@ -222,21 +228,47 @@ def test_invalid_calls_are_answered_as_tool_errors_and_capped(standins):
     assert (stats.call_turns, stats.invalid_turns, stats.capped_episodes) == (15, 12, 1)
 
 
-def test_invalid_call_cap_ends_episodes_in_the_rollout(standins):
-    """A policy that only writes unknown calls: every episode ends at the cap's turn, each
-    turn a format error, and the capped episodes are counted."""
-    class Looping(tool_user_envs.Warehouse):
-        def host_oracle(self, episode):
-            return self.calls_text(("restock", {"item": "widget"}))
+def test_invalid_call_cap_ends_episodes_and_is_counted(standins):
+    """In the rollout: a looping row (a valid and an unknown call every turn) ends at the
+    cap's turn, a row that recovers does not; per episode the state reports valid calls,
+    invalid calls (each call of a turn counts) and the cap, and `rollout_metrics` logs
+    their means (what metrics.jsonl gets)."""
+    class Mixed(tool_user_envs.Warehouse):
+        def host_oracle(self, episode):  # by the task seed: a looping or a recovering row
+            task, turn = episode.task, episode.turn
+            good = ("stock", {"item": task["item"], "warehouse": task["warehouse"]})
+            if episode.seed % 2 or turn == 1:
+                return self.calls_text(good, ("nope", {}))
+            return self.calls_text(good) if turn == 0 else "<answer>0;0</answer>"
 
-    env = Looping(codec=_codec(standins("qwen2")), max_turns=4, max_invalid_calls=2)
+    env = Mixed(codec=_codec(standins("qwen2")), max_turns=4, max_invalid_calls=2)
     traj = jax.device_get(rollout_lib.scripted_rollout(
-        env, jax.random.key(0), num_tasks=3, group_size=1, action_source="oracle"))
-    np.testing.assert_array_equal(traj.num_turns, [2, 2, 2])
-    np.testing.assert_array_equal(traj.format_errors, [2, 2, 2])
+        env, jax.random.key(1), num_tasks=6, group_size=1, action_source="oracle"))
+    looping = traj.num_turns == 2  # capped at its second invalid turn
+    assert 0 < looping.sum() < 6
+    # recovering rows: valid, (valid + invalid), a wrong answer: 3 turns, not capped
+    np.testing.assert_array_equal(traj.num_turns, np.where(looping, 2, 3))
+    np.testing.assert_array_equal(traj.format_errors, np.where(looping, 2, 1))
     assert traj.terminated.all() and not traj.success.any()
-    np.testing.assert_allclose(traj.episode_return, [-0.2] * 3, rtol=1e-6)
-    assert env.tool_stats.capped_episodes == 3 and env.tool_stats.invalid_calls == 6
+    np.testing.assert_allclose(traj.episode_return, np.where(looping, -0.2, -0.1), rtol=1e-6)
+    stats = traj.episode_stats
+    np.testing.assert_array_equal(stats["tools/calls_mean"], 2.0)
+    np.testing.assert_array_equal(stats["tools/invalid_calls_mean"],
+                                  np.where(looping, 2.0, 1.0))
+    np.testing.assert_array_equal(stats["tools/invalid_call_cap_episodes"], looping * 1.0)
+    assert env.tool_stats.capped_episodes == looping.sum()
+    assert env.tool_stats.invalid_calls == 2 * looping.sum() + (~looping).sum()
+    metrics = jax.device_get(credit_assignment.rollout_metrics(traj, ("warehouse",)))
+    assert metrics["tools/invalid_call_cap_episodes"] == pytest.approx(looping.mean())
+    assert metrics["tools/invalid_calls_mean"] == pytest.approx(1.0 + looping.mean())
+    assert metrics["tools/calls_mean"] == 2.0
+    # without a cap (0) no episode is counted as capped, whatever its streak
+    uncapped = Mixed(codec=env.codec, max_turns=4, max_invalid_calls=0)
+    memory = np.zeros((len(uncapped.memory_fields),), np.int32)
+    memory[uncapped.memory_fields.index("invalid_streak")] = 7
+    fake = type("State", (), {"memory": jax.numpy.asarray(memory)})()
+    assert uncapped.episode_stats(fake)["tools/invalid_call_cap_episodes"] == 0.0
+    assert env.episode_stats(fake)["tools/invalid_call_cap_episodes"] == 1.0
 
 
 def test_results_are_cut_to_fit_obs_len_with_every_separator_kept(standins):
@@ -381,7 +413,8 @@ def test_a_tool_may_return_a_host_turn(standins):
     assert turn.reply.split(env.call_syntax.result_separator) == [
         "looked up: 0", str(tool_user_envs._units(5, task["item"], task["warehouse"])),
         "looked up: 1"]
-    assert turn.memory == {"looked_up": 1, "tool_calls": 3, "invalid_streak": 0}
+    assert turn.memory == {"looked_up": 1, "tool_calls": 3, "invalid_streak": 0,
+                           "invalid_calls": 0}
     assert turn.reward == pytest.approx(0.5) and not turn.format_error
     with pytest.raises(ValueError, match=r"^max_calls_per_turn must be an int >= 1, got 0$"):
         Seeing(codec=env.codec, max_calls_per_turn=0)
@@ -403,6 +436,11 @@ def test_user_tool_env_trains_through_the_cli(standins, tmp_path):
     # the SFT term's oracle episodes (both calls in one turn, then the answer) ran in the
     # compiled step and solved every task
     assert [m["demo_success_rate"] for m in metrics] == [1.0, 1.0]
+    for m in metrics:  # the policy's episodes' tool statistics, training and evaluation
+        for name in ("tools/calls_mean", "tools/invalid_calls_mean",
+                     "tools/invalid_call_cap_episodes"):
+            assert 0.0 <= m[name] and 0.0 <= m[f"eval/{name}"], (name, m)
+        assert m["tools/invalid_call_cap_episodes"] <= 1.0
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
     assert '"name": "stock"' in sample and '"name": "price"' in sample
     assert "<|im_start|>user\n<tool_response>\n" in sample

@@ -2,9 +2,11 @@
 the policy's context before every turn equals `apply_chat_template(messages, tools=...)`
 with the calls as structured `tool_calls` and the replies as `tool` messages (Qwen2.5
 stand-in, built with transformers); calls are parsed from the model's format, ill-formed
-ones get an error text as the tool's result; templates whose tool turns cannot be cut
-into static pieces, and bad option values, are refused in one line; the shipped config
-trains through the CLI."""
+ones get an error text as the tool's result (declared tools, `arl.envs.tool_calling`:
+schema checks, several calls per turn); templates whose tool turns cannot be cut into
+static pieces, and bad option values, are refused in one line; the shipped config trains
+through the CLI, and sql and code_interpreter train two steps on each family's stand-in
+(Qwen2.5, Qwen3 thinking on and off, Llama 3.1; slow)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from arl.envs.host import HostEpisode  # noqa: E402
 from arl.rewards.functions import episode_texts  # noqa: E402
 from arl.text.chat_template import ChatTemplateError  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = "Answer with the tool."
@@ -34,9 +37,14 @@ SYSTEM = "Answer with the tool."
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
+    """Stand-in checkpoint directories by family; Qwen3's with its tool template."""
     root = tmp_path_factory.mktemp("families")
-    return functools.lru_cache(maxsize=None)(
-        lambda family: build_standin(str(root / family.replace(".", "_")), family))
+
+    def build(family):
+        directory = build_standin(str(root / family.replace(".", "_")), family)
+        return with_template(directory, QWEN3_TOOLS_TEMPLATE) if family == "qwen3" \
+            else directory
+    return functools.lru_cache(maxsize=None)(build)
 
 
 @pytest.fixture(scope="module")
@@ -135,27 +143,42 @@ def test_context_is_the_template_with_tools_before_every_turn(standins, family, 
 
 
 @pytest.mark.parametrize("action,reply", [
-    ("SELECT 1", "invalid: no tool call or answer"),
+    ("SELECT 1", "error: no tool call or answer"),
     ("<tool_call>\n{\"name\": \"run_sql\", \"arguments\": {\"query\": \"SELECT 1\"\n"
-     "</tool_call>", "invalid: bad JSON in the tool call"),
+     "</tool_call>", "error: bad JSON in the tool call"),
     ('<tool_call>{"name": "rm", "arguments": {"query": "x"}}</tool_call>',
-     "invalid: unknown tool 'rm' (the tool is 'run_sql')"),
+     "error: unknown tool 'rm' (the tools are 'run_sql')"),
     ('<tool_call>{"name": "run_sql", "arguments": {"sql": "x"}}</tool_call>',
-     'invalid: run_sql takes one string argument "query"'),
+     "error: run_sql: missing argument 'query'"),
+    ('<tool_call>{"name": "run_sql", "arguments": {"query": 7}}</tool_call>',
+     "error: run_sql: query must be a string, got the number 7"),
     ('<tool_call>{"name": "run_sql", "arguments": [1]}</tool_call>',
-     'invalid: the tool call needs "arguments": an object'),
+     'error: the tool call needs "arguments": an object'),
     ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>',
      "6*7\n42"),
+    # two calls in one turn (Qwen renders them): one reply of both results, one turn cost
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 2"}}\n</tool_call>',
+     "6*7\n42\n</tool_response>\n<tool_response>\n2\n2"),
+    # the valid call of a turn with an invalid one still runs; the turn is a format error
+    ('<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT 6*7"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "run_sq", "arguments": {"query": "SELECT 2"}}\n</tool_call>',
+     "6*7\n42\n</tool_response>\n<tool_response>\nerror: unknown tool 'run_sq' (the tools "
+     "are 'run_sql')"),
     ("<answer>nope</answer>", "wrong"),
 ])
 def test_calls_are_parsed_from_the_model_format(qwen, action, reply):
-    env = _env(qwen)
+    """Template tool calls are declared tools' (`arl.envs.tool_calling`): checked against
+    the schema, errors answered as the tool's result; the rewards are the env's own
+    (success_reward, turn_cost and format_penalty of its params, one turn cost a turn)."""
+    env = _env(qwen, obs_len=96)
     task = env.make_task(5, None)
-    turn = env.host_step(HostEpisode(task=task, params=env.default_params(), turn=0,
-                                     memory={}, seed=5), action)
+    params = env.default_params().replace(turn_cost=jax.numpy.float32(0.25))
+    turn = env.host_step(HostEpisode(task=task, params=params, turn=0, memory={}, seed=5),
+                         action)
     assert turn.reply == reply
-    assert turn.format_error == reply.startswith("invalid")
-    assert turn.reward == pytest.approx(-0.1 if turn.format_error else 0.0)
+    assert turn.format_error == ("error" in reply)
+    assert turn.reward == pytest.approx(-0.25 - (0.1 if turn.format_error else 0.0))
 
 
 def test_bad_tool_format_and_codecs_are_refused_in_one_line():
@@ -166,21 +189,11 @@ def test_bad_tool_format_and_codecs_are_refused_in_one_line():
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
 
 
-@pytest.mark.parametrize("family", ["qwen2", pytest.param("llama3.1",
-                                                           marks=pytest.mark.slow)])
-def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "experiments.train",
-         f"--config=configs/grpo_sql_hf.py:{standins(family)}",
-         f"--workdir={tmp_path / 'run'}", "--config.train_steps=1",
-         "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
-         "--config.model.dtype=float32", "--config.model.param_dtype=float32",
-         "--config.model.remat=False", "--config.model.logprob_chunk=0",
-         "--config.env.kwargs.action_len=96", "--config.log_every=1",
-         "--config.sample_every=1"],
-        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=600,
-        check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
+@pytest.mark.parametrize("family,template_kwargs", [
+    ("qwen2", {}), pytest.param("llama3.1", {}, marks=pytest.mark.slow)])
+def test_shipped_config_trains_through_the_cli(standins, family, template_kwargs, tmp_path):
+    run = _train(f"configs/grpo_sql_hf.py:{standins(family)}", tmp_path / "run",
+                 template_kwargs, "--config.env.kwargs.action_len=96")
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
     # the tools in the system (Llama 3.1: first user) turn; every reply a tool message
     if family == "qwen2":
@@ -189,6 +202,56 @@ def test_shipped_config_trains_through_the_cli(standins, family, tmp_path):
     else:
         assert '"name": "run_sql",' in sample
         assert '<|start_header_id|>ipython<|end_header_id|>\n\n"' in sample
+    assert [r["step"] for r in run] == [1, 2]
+    for record in run:  # the declared tools' counts of the policy's episodes
+        assert 0.0 <= record["tools/invalid_call_cap_episodes"] <= 1.0
+        assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["sql", "code_interpreter"])
+@pytest.mark.parametrize("family,template_kwargs", [
+    ("qwen2", {}), ("qwen3", {}), ("qwen3", {"enable_thinking": False}), ("llama3.1", {})])
+def test_tool_envs_train_two_steps_on_each_family(standins, family, template_kwargs,
+                                                  env_name, tmp_path):
+    """sql and code_interpreter with template tool calls, two steps through the CLI with
+    the SFT term on the oracle's calls: every logged record counts the policy's calls,
+    invalid calls and capped episodes (training and evaluation), and the oracle's
+    episodes in the compiled step solve their tasks."""
+    records = _train(f"tests/template_tools_config.py:{standins(family)},{env_name}",
+                     tmp_path / "run", template_kwargs)
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["demo_success_rate"] for r in records] == [1.0, 1.0]
+    for record in records:
+        for name in ("tools/calls_mean", "tools/invalid_calls_mean",
+                     "tools/invalid_call_cap_episodes"):
+            assert record[name] >= 0.0, (name, record)
+        assert record["tools/invalid_call_cap_episodes"] <= 1.0
+    assert "eval/tools/calls_mean" in records[1]
+    tool = "run_sql" if env_name == "sql" else "run_python"
+    sample = (tmp_path / "run" / "samples" / "step_000002.txt").read_text()
+    assert f'"name": "{tool}"' in sample
+
+
+def _train(config_argument, workdir, template_kwargs, *flags):
+    """The metric records of a CLI run of `config_argument` (float32, tiny rollouts for
+    the shipped config; the config's own sizes otherwise)."""
+    flags = list(flags)
+    if config_argument.startswith("configs/"):
+        flags += ["--config.train_steps=2", "--config.rollout.num_tasks=2",
+                  "--config.rollout.group_size=2", "--config.model.dtype=float32",
+                  "--config.model.param_dtype=float32", "--config.model.remat=False",
+                  "--config.model.logprob_chunk=0", "--config.log_every=1",
+                  "--config.sample_every=1"]
+    if template_kwargs:
+        flags.append(f"--config.model.chat_template_kwargs={template_kwargs!r}")
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.train", f"--config={config_argument}",
+         f"--workdir={workdir}", *flags],
+        cwd=_ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=900,
+        check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
@@ -212,24 +275,25 @@ def test_a_template_that_reserialises_calls_differently_is_refused(qwen):
 
 
 def test_llama31_calls_and_json_string_results(standins):
-    """Llama 3.1: a call is the bare JSON object with "parameters"; results are written
-    JSON-escaped between the pieces' quotes, cut before escaping."""
-    env = _env(standins("llama3.1"), obs_len=16)
-    episode = HostEpisode(task=env.make_task(5, None), params=env.default_params(), turn=0,
-                          memory={}, seed=5)
-    step = lambda action: env.host_step(episode, action).reply
-    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\n42"
+    """Llama 3.1: a call is the bare JSON object with "parameters"; replies are written
+    JSON-escaped between the pieces' quotes (`fit_reply`), cut before escaping."""
+    wide = _env(standins("llama3.1"), obs_len=48)
+    episode = HostEpisode(task=wide.make_task(5, None), params=wide.default_params(),
+                          turn=0, memory={}, seed=5)
+    step = lambda action: wide.host_step(episode, action).reply
+    assert step('{"name": "run_sql", "parameters": {"query": "SELECT 6*7"}}') == "6*7\\n42"
     assert step('{"name": "run_sql", "arguments": {"query": "SELECT 1"}}') == \
-        'invalid: the tool call needs "parameters": an object'
-    assert step('{"name": "run_sql", "parameters": {') == "invalid: bad JSON in the tool call"
-    assert step("SELECT 1") == "invalid: no tool call or answer"
+        'error: the tool call needs \\"parameters\\": an object'  # JSON-escaped
+    assert step('{"name": "run_sql", "parameters": {') == "error: bad JSON in the tool call"
+    assert step("SELECT 1") == "error: no tool call or answer"
+    env = _env(standins("llama3.1"), obs_len=16)
     # The host writes the result with the template's text around it ('\n\n"', '"').
     head, tail = rollout_lib.chat_format(env).reply_around
     assert tail == '"' and head.endswith('"')
     written = lambda ids, length: env.codec.decode(ids[:length])[len(head):-len(tail)]
-    ids, length = env.reply_ids('say "hi"\n')
+    ids, length = env.reply_ids(env.fit_reply(['say "hi"\n']))
     assert written(ids, length) == 'say \\"hi\\"\\n'
-    ids, length = env.reply_ids("\n" * 40)  # escapes never split by the cut
+    ids, length = env.reply_ids(env.fit_reply(["\n" * 40]))  # escapes never split by the cut
     text = written(ids, length)
     assert length <= env.obs_len and text.endswith("..") and json.loads(f'"{text}"') == \
         "\n" * ((len(text) - 2) // 2) + ".."

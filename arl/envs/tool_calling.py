@@ -36,17 +36,21 @@ unknown tool, missing, unknown or mistyped argument, a value outside its enum); 
 does not hold, and a turn that cannot be parsed (bad JSON, a call not closed, more
 calls than `max_calls_per_turn`, several calls where the template renders one), is
 answered as the tool's result "error: ..." (never an exception), and the turn is
-invalid: a format error with reward `-invalid_call_penalty`. The valid calls of a turn
+invalid: a format error whose reward `turn_reward` gives (default: the tools' rewards
+less `invalid_call_penalty`). The valid calls of a turn
 with an invalid one still run. A tool that raises answers "error: <type>: <message>"
 (the tool failed; the call was valid). `max_invalid_calls` invalid turns in a row end
 the episode (0: no cap); `tool_stats` counts calls, invalid calls and the episodes
-the cap ended.
+the cap ended on the host, and `episode_stats` reports them per episode from the state,
+so a run's metrics.jsonl logs `tools/calls_mean`, `tools/invalid_calls_mean` (per
+episode) and `tools/invalid_call_cap_episodes` (the fraction the cap ended).
 
 Replies are fitted on the host: each result is written as the template writes it
 (JSON-escaped for Llama 3.1), the results of a turn joined by the template's own
 separator, and results cut (ending "..") to one common length so the whole reply fits
 `obs_len` tokens and every separator survives. Memory fields `tool_calls` (valid calls
-run) and `invalid_streak` are the env's own, after the subclass's `memory_fields`.
+run), `invalid_streak` and `invalid_calls` are the env's own, after the subclass's
+`memory_fields`.
 """
 
 from __future__ import annotations
@@ -56,13 +60,20 @@ import logging
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+import jax.numpy as jnp
+
 from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
 from arl.text.codec import TRUNCATION_MARK, encode_text
 from arl.text.tool_calls import NO_CALL, derive_tool_chat_format
 from arl.text.tool_schemas import call_error, check_tool_schema, schema_of_function
 
 _log = logging.getLogger(__name__)
-OWN_MEMORY = ("tool_calls", "invalid_streak")
+OWN_MEMORY = ("tool_calls", "invalid_streak", "invalid_calls")
+# The per-episode statistics `episode_stats` reports (their means reach metrics.jsonl,
+# `arl.trainers.credit_assignment.rollout_metrics`; `eval/...` for evaluation episodes).
+CALLS_METRIC = "tools/calls_mean"  # valid calls run per episode
+INVALID_CALLS_METRIC = "tools/invalid_calls_mean"  # invalid calls per episode
+CAPPED_METRIC = "tools/invalid_call_cap_episodes"  # fraction ended by the invalid-call cap
 _TOOL_ATTRIBUTE = "_arl_tool_name"
 
 
@@ -105,7 +116,9 @@ class ToolCallingEnvironment(HostEnvironment):
 
     Subclass hooks: `make_task`, `prompt`, `host_answer(episode, text) -> HostTurn` (a
     turn without a call), `host_oracle(episode) -> str` (write calls with
-    `calls_text`), `default_params`, `reward_bounds`, and the tools.
+    `calls_text`), `default_params`, `reward_bounds`, `turn_reward`, and the tools. A
+    subclass with a call format of its own (`arl.envs.tool_use`'s tags) returns (None,
+    None) from `_template_convention` and plays such turns itself.
     """
 
     tools: tuple = ()  # function schemas (their calls go to `call`)
@@ -140,11 +153,13 @@ class ToolCallingEnvironment(HostEnvironment):
         self.max_workers, self.step_timeout_s = max_workers, step_timeout_s
         self.memory_fields = (*type(self).memory_fields, *OWN_MEMORY)
         self.tool_schemas, self._methods = self._declared_tools()
+        # (None, None): a subclass's own call format (ToolEnvironment's tags), which
+        # plays its turns itself.
         self.chat, self.call_syntax = self._template_convention(codec)
+        several = self.call_syntax is not None and self.call_syntax.several_calls
         if max_calls_per_turn is None:
-            max_calls_per_turn = self.max_calls_per_turn = (
-                4 if self.call_syntax.several_calls else 1)
-        if max_calls_per_turn > 1 and not self.call_syntax.several_calls:
+            max_calls_per_turn = self.max_calls_per_turn = 4 if several else 1
+        if max_calls_per_turn > 1 and not several:
             raise ValueError(f"max_calls_per_turn={max_calls_per_turn}, but this chat "
                              "template renders one tool call per turn; set it to 1")
         self._tool_stats, self._tool_stats_lock = ToolStats(), threading.Lock()
@@ -195,6 +210,15 @@ class ToolCallingEnvironment(HostEnvironment):
         return HostTurn(reply="error: no tool call", reward=-self.invalid_call_penalty,
                         format_error=True)
 
+    def turn_reward(self, episode: HostEpisode, outcomes: Sequence[HostTurn],
+                    invalid: bool) -> float:
+        """The reward of a turn of calls: the tools' `HostTurn` rewards summed, less
+        `invalid_call_penalty` when a call was invalid (`outcomes`: the valid calls'
+        HostTurns; a tool that returned text counts 0)."""
+        del episode
+        return sum(float(o.reward) for o in outcomes) - (
+            self.invalid_call_penalty if invalid else 0.0)
+
     def calls_text(self, *calls: tuple[str, Mapping[str, Any]], content: str = "") -> str:
         """A turn of `content` then `calls` ((name, arguments) pairs) as the template
         writes it: what a scripted policy returns."""
@@ -205,6 +229,19 @@ class ToolCallingEnvironment(HostEnvironment):
         """A copy of the counts of calls, invalid calls and capped episodes."""
         with self._tool_stats_lock:
             return dataclasses.replace(self._tool_stats)
+
+    def episode_stats(self, state) -> dict:
+        """Per-episode statistics of one row's final state (traced): valid calls run,
+        invalid calls, and whether the invalid-call cap ended the episode (its streak
+        reached the cap, which always ends the episode); `rollout_metrics` logs their
+        means as `tools/calls_mean`, `tools/invalid_calls_mean` and
+        `tools/invalid_call_cap_episodes`."""
+        field = lambda name: state.memory[self.memory_fields.index(name)]
+        capped = (field("invalid_streak") >= self.max_invalid_calls) \
+            if self.max_invalid_calls > 0 else jnp.zeros((), bool)
+        return {CALLS_METRIC: field("tool_calls").astype(jnp.float32),
+                INVALID_CALLS_METRIC: field("invalid_calls").astype(jnp.float32),
+                CAPPED_METRIC: capped.astype(jnp.float32)}
 
     # -- one turn
     def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
@@ -267,7 +304,8 @@ class ToolCallingEnvironment(HostEnvironment):
         for outcome in outcomes:
             memory.update(outcome.memory or {})
         memory.update(tool_calls=int(episode.memory.get("tool_calls", 0)) + ran,
-                      invalid_streak=streak)
+                      invalid_streak=streak,
+                      invalid_calls=int(episode.memory.get("invalid_calls", 0)) + invalid)
         with self._tool_stats_lock:
             self._tool_stats.call_turns += 1
             self._tool_stats.calls += ran
@@ -276,8 +314,7 @@ class ToolCallingEnvironment(HostEnvironment):
             self._tool_stats.capped_episodes += int(capped)
         return HostTurn(
             reply=self.fit_reply(results),
-            reward=sum(float(o.reward) for o in outcomes)
-            - (self.invalid_call_penalty if invalid else 0.0),
+            reward=self.turn_reward(episode, outcomes, bool(invalid)),
             terminated=capped or any(o.terminated for o in outcomes),
             success=any(o.success for o in outcomes), format_error=bool(invalid),
             process_reward=sum(float(o.process_reward) for o in outcomes), memory=memory)

@@ -1,7 +1,8 @@
 """Tool-use tasks on the host: call a tool, read its output, answer.
 
 `ToolEnvironment` is the shared part of the host tool environments (`code_interpreter`,
-`sql`): a `HostEnvironment` whose agent turns are exactly one of
+`sql`): a `ToolCallingEnvironment` with one tool, whose agent turns with its own tags
+(`tool_format="tags"`, the default) are exactly one of
 
     "<TAG>input</TAG>"      runs the tool on `input` (e.g. TAG = py: a Python cell);
                             the tool's output (or error) is the next observation;
@@ -10,31 +11,37 @@
 anything else is a format error with the reply "invalid".
 
 With `tool_format="template"` (a checkpoint's codec, `model.hf_checkpoint`) the env
-speaks the chat template's own tool convention instead of the tag (`arl.text.tool_calls`):
-the tool (`tool_function`, e.g. `run_python(code)`) is in the `tools` list rendered into
-the system turn, a call is written in the model's format (Qwen:
-`<tool_call>{"name": "run_python", "arguments": {"code": ...}}</tool_call>`; Llama 3.1:
-`{"name": "run_python", "parameters": {...}}`) and parsed from it on the host, the
-answer is still "<answer>text</answer>", and EVERY reply is a `tool` message: the
-tool's output, "correct" / "wrong", or an error text ("invalid: no tool call or
-answer", "invalid: bad JSON in the tool call", "invalid: unknown tool 'x' ...", ...).
-The env then carries its own `chat` (`ChatFormat`), which the rollout wraps turns in.
+is a `ToolCallingEnvironment` (`arl.envs.tool_calling`): its tool is declared (the
+schema of `tool_function`, e.g. `run_sql(query: str)`) and in the template's `tools`
+list, the policy calls it in the model's own format (Qwen:
+`<tool_call>{"name": "run_sql", "arguments": {"query": ...}}</tool_call>`, several calls
+in one turn where the template renders them; Llama 3.1: one bare JSON call with
+"parameters") and every call is checked against the schema, the answer is still
+"<answer>text</answer>", and EVERY reply is a `tool` message: the results of the turn's
+calls, "correct" / "wrong", or an error text ("error: no tool call or answer",
+"error: bad JSON in the tool call", "error: unknown tool 'x' ...", "error: run_sql:
+missing argument 'query'", ...). A turn holding an invalid call is a format error (its
+valid calls still run); `max_invalid_calls` such turns in a row end the episode (0, the
+default: never), and the run's metrics count calls, invalid calls and capped episodes
+(`tools/...`). The env then carries its own `chat` (`ChatFormat`), which the rollout
+wraps turns in.
 
 With `final_output=True` the
 first tool call ends the episode instead, and its output is the answer (a one-turn task).
 This is the calculator's protocol (`arl.envs.tasks.calculator`) with a real tool behind the tag.
 
 Reward per turn: success_reward * [correct] - turn_cost - format_penalty * [malformed],
-in [-(turn_cost + format_penalty), success_reward - turn_cost]. A wrong answer ends the
-episode with -turn_cost.
+in [-(turn_cost + format_penalty), success_reward - turn_cost] (a turn of several calls
+pays one turn cost). A wrong answer ends the episode with -turn_cost.
 
 Process reward (`info["process_reward"]`, not part of the reward): 1 on the turn the
 task's answer first appears, either as a tool output that states it or as a correct
 answer given without one; 0 otherwise (as the calculator's).
 
-Memory (`memory_fields`, int32 per episode): `tool_calls`; `answer_seen`; `last_value`
-and `has_value`, the last tool output as an integer when it is one (what the
-demonstrator reads back before answering).
+Memory (`memory_fields`, int32 per episode): `answer_seen`; `last_value` and
+`has_value`, the last tool output as an integer when it is one (what the demonstrator
+reads back before answering); then `ToolCallingEnvironment`'s `tool_calls`,
+`invalid_streak` and `invalid_calls`.
 
 Scripted policies: the oracle calls the tool with the task's reference input, then
 answers the task's answer. The demonstrator is weaker (docs/learning.md): on its first
@@ -53,25 +60,22 @@ import dataclasses
 import random
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from arl.envs.base import NON_NEGATIVE
-from arl.envs.host import HostEnvironment, HostEpisode, HostTurn
-from arl.text.tool_calls import NO_CALL, derive_tool_chat_format, function_schema
+from arl.envs.host import HostEpisode, HostTurn
+from arl.envs.tool_calling import ToolCallingEnvironment
+from arl.text.tool_calls import function_schema
 from arl.tools.results import ExecutionResult, Status
 from arl.tools.sql import answers_match
 
 CORRECT, WRONG, INVALID = "correct", "wrong", "invalid"
 TOOL_FORMATS = ("tags", "template")
 _INT32 = (-(2 ** 31), 2 ** 31 - 1)
-
-
-class _BadCall(Exception):
-    """A tool call in the template's convention that cannot run (its reply text)."""
 
 
 @struct.dataclass
@@ -105,9 +109,10 @@ def parse_int(text: str) -> int | None:
     return value if _INT32[0] <= value <= _INT32[1] else None
 
 
-class ToolEnvironment(HostEnvironment):
-    """A host environment with one tool behind `<tool_tag>...</tool_tag>` (module
-    docstring). Constructor arguments shared by the subclasses:
+class ToolEnvironment(ToolCallingEnvironment):
+    """A host environment with one tool behind `<tool_tag>...</tool_tag>`, or declared
+    and called in the template's convention (module docstring). Constructor arguments
+    shared by the subclasses:
 
     codec, max_turns, prompt_len, obs_len, action_len: as every token env.
     final_output: the first tool call ends the episode and its output is the answer.
@@ -120,22 +125,22 @@ class ToolEnvironment(HostEnvironment):
       bounds its own time; this catches a tool that does not).
     tool_format: "tags" (`<TAG>input</TAG>`) or "template" (the checkpoint's own tool
       convention, module docstring).
+    max_invalid_calls, max_calls_per_turn: "template" only, as `ToolCallingEnvironment`'s
+      (defaults: no cap; several calls per turn where the template renders them).
+    The cost of a malformed turn is the params' `format_penalty`.
     """
 
     tool_tag = "tool"
     # (name, description, parameter, parameter description) of the tool in the
     # template's `tools` list.
     tool_function = ("run_tool", "Runs the tool on its input.", "input", "The input.")
-    memory_fields = ("tool_calls", "answer_seen", "last_value", "has_value")
+    memory_fields = ("answer_seen", "last_value", "has_value")
 
     def __init__(self, *, codec, max_turns: int, prompt_len: int, obs_len: int,
                  action_len: int, final_output: bool = False, skip_tool: float = 0.3,
                  cache_size: int = 4096, max_workers: int | None = None,
-                 step_timeout_s: float | None = 60.0, tool_format: str = "tags"):
-        for name, value in (("max_turns", max_turns), ("prompt_len", prompt_len),
-                            ("obs_len", obs_len), ("action_len", action_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                 step_timeout_s: float | None = 60.0, tool_format: str = "tags",
+                 max_invalid_calls: int = 0, max_calls_per_turn: int | None = None):
         if not 0.0 <= skip_tool <= 1.0:
             raise ValueError(f"skip_tool must be in [0, 1], got {skip_tool!r}")
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
@@ -147,37 +152,35 @@ class ToolEnvironment(HostEnvironment):
             raise ValueError(f"max_workers must be None or an int >= 1, got {max_workers!r}")
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
-        self.codec = codec
+        if tool_format == "tags" and (max_invalid_calls != 0 or max_calls_per_turn not in (
+                None, 1)):
+            raise ValueError("max_invalid_calls and max_calls_per_turn count tool calls in "
+                             "the template's convention: set tool_format='template', or "
+                             "leave them out")
         self.tool_format = tool_format
-        self.max_turns = int(max_turns)
-        self.prompt_len, self.obs_len, self.action_len = prompt_len, obs_len, action_len
         self.final_output = bool(final_output)
         self.skip_tool = float(skip_tool)
         self.cache_size = cache_size
-        self.max_workers = max_workers
-        self.step_timeout_s = step_timeout_s
         self._open, self._close = f"<{self.tool_tag}>", f"</{self.tool_tag}>"
         self._results: OrderedDict = OrderedDict()
         self._results_lock = threading.Lock()
-        self.call_syntax = None
-        if tool_format == "template":
-            self.chat, self.call_syntax = self._template_convention(codec)
-        self._host_init()
+        self.tools = (function_schema(*self.tool_function),)
+        super().__init__(codec=codec, max_turns=max_turns, prompt_len=prompt_len,
+                         obs_len=obs_len, action_len=action_len,
+                         max_invalid_calls=max_invalid_calls,
+                         max_calls_per_turn=max_calls_per_turn, invalid_call_penalty=0.0,
+                         max_workers=max_workers, step_timeout_s=step_timeout_s)
 
     def _template_convention(self, codec):
-        """(ChatFormat, ToolCallSyntax) of the codec's chat template with this env's tool."""
-        template = getattr(codec, "chat_template", None)
-        if template is None:
+        """(ChatFormat, ToolCallSyntax) of the codec's chat template with this env's
+        tool; (None, None) with tags (the env's own call format)."""
+        if self.tool_format == "tags":
+            return None, None
+        if getattr(codec, "chat_template", None) is None:
             raise ValueError("tool_format='template' needs a checkpoint's codec with a chat "
                              "template (config.model.hf_checkpoint); use tool_format='tags' "
                              "with arl's own codecs")
-        name, description, parameter, parameter_description = self.tool_function
-        return derive_tool_chat_format(
-            template, encode=codec.encode,
-            special_texts=[codec.tokenizer.id_to_token(i) for i in sorted(codec.special_ids)],
-            special_tokens=codec.template_tokens, pad_id=codec.pad_id,
-            tools=[function_schema(name, description, parameter, parameter_description)],
-            system_prompt=codec.chat.system_prompt, template_kwargs=codec.template_kwargs)
+        return super()._template_convention(codec)
 
     # -- params
     def default_params(self) -> ToolParams:
@@ -196,8 +199,13 @@ class ToolEnvironment(HostEnvironment):
 
     def _info(self, state, format_error):
         info = super()._info(state, format_error)
-        info["tool_calls"] = state.memory[0]
+        info["tool_calls"] = state.memory[self.memory_fields.index("tool_calls")]
         return info
+
+    def episode_stats(self, state) -> dict:
+        """The declared tools' per-episode statistics (`tools/...`) in the template's
+        convention; none with tags (their runs log what they always did)."""
+        return {} if self.call_syntax is None else super().episode_stats(state)
 
     # -- subclass hooks
     def run_tool(self, task: ToolTask, source: str) -> ExecutionResult:
@@ -257,70 +265,63 @@ class ToolEnvironment(HostEnvironment):
             return action[len(open_tag):len(action) - len(close_tag)]
         return None
 
-    def reply_ids(self, text: str):
-        """A template that writes tool results as JSON strings (Llama 3.1) gets the
-        escaped text, cut before escaping (so no escape is split) to the longest prefix
-        that fits obs_len with the ".." mark."""
-        syntax = self.call_syntax
-        if syntax is None or not syntax.results_as_json:
-            return super().reply_ids(text)
-        return self.text_ids(text, self.obs_len, render=syntax.result_text)
+    def _tool_turn(self, episode: HostEpisode, source: str) -> HostTurn:
+        """The tool run on `source`: its reply, process reward and memory changes;
+        with `final_output` the episode ends, successful when the output is the answer
+        (the turn's reward is `turn_reward`'s)."""
+        task, memory = episode.task, episode.memory
+        seen_before = bool(memory.get("answer_seen", 0))
+        result = self.call_tool(task, source)
+        shows = self.shows_answer(task, result)
+        value = self.tool_value(result)
+        changes = {"answer_seen": int(seen_before or shows),
+                   "last_value": 0 if value is None else value,
+                   "has_value": int(value is not None)}
+        return HostTurn(reply=result.observation.rstrip("\n") or "(no output)",
+                        terminated=self.final_output, success=self.final_output and shows,
+                        process_reward=float(shows and not seen_before), memory=changes)
 
-    def _tool_input(self, action: str) -> str | None:
-        """The tool's input the turn `action` calls it with, or None (no call); in the
-        template's convention an ill-formed call raises `_BadCall` with the reply."""
-        if self.call_syntax is None:
-            return self._body(action, self._open, self._close)
-        if self._body(action, "<answer>", "</answer>") is not None:
-            return None
-        call = self.call_syntax.parse(action)
-        if call == NO_CALL:
-            return None
-        if isinstance(call, str):
-            raise _BadCall(f"{INVALID}: {call}")
-        name, arguments = call
-        function, _, parameter, _ = self.tool_function
-        if name != function:
-            raise _BadCall(f"{INVALID}: unknown tool {name!r} (the tool is {function!r})")
-        if set(arguments) != {parameter} or not isinstance(arguments[parameter], str):
-            raise _BadCall(f'{INVALID}: {function} takes one string argument "{parameter}"')
-        return arguments[parameter]
+    def turn_reward(self, episode: HostEpisode, outcomes: Sequence[HostTurn],
+                    invalid: bool) -> float:
+        """success_reward * [a call's output is the answer, with `final_output`] -
+        turn_cost - format_penalty * [an invalid call]: one turn cost per turn."""
+        params = episode.params
+        return (float(params.success_reward) * any(o.success for o in outcomes)
+                - float(params.turn_cost) - float(params.format_penalty) * invalid)
 
-    def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
+    def call(self, episode: HostEpisode, name: str, arguments: dict[str, Any]) -> HostTurn:
+        """The declared tool (`tool_function`), on its checked string argument."""
+        del name
+        return self._tool_turn(episode, arguments[self.tool_function[2]])
+
+    def host_answer(self, episode: HostEpisode, text: str) -> HostTurn:
+        """A turn without a tool call: "<answer>text</answer>" ends the episode ("correct"
+        / "wrong"); anything else is a format error."""
         task, params, memory = episode.task, episode.params, episode.memory
         success_reward = float(params.success_reward)
         turn_cost, format_penalty = float(params.turn_cost), float(params.format_penalty)
-        seen_before = bool(memory.get("answer_seen", 0))
-        try:
-            source = self._tool_input(action)
-        except _BadCall as error:
-            return HostTurn(reply=str(error), reward=-turn_cost - format_penalty,
+        answer = self._body(text, "<answer>", "</answer>")
+        if answer is None:
+            reply = INVALID if self.call_syntax is None else "error: no tool call or answer"
+            return HostTurn(reply=reply, reward=-turn_cost - format_penalty,
                             format_error=True)
-        if source is not None:
-            result = self.call_tool(task, source)
-            shows = self.shows_answer(task, result)
-            value = self.tool_value(result)
-            changes = {"tool_calls": memory.get("tool_calls", 0) + 1,
-                       "answer_seen": int(seen_before or shows),
-                       "last_value": 0 if value is None else value,
-                       "has_value": int(value is not None)}
-            process = float(shows and not seen_before)
-            reply = result.observation.rstrip("\n") or "(no output)"
-            if self.final_output:
-                return HostTurn(reply=reply, reward=success_reward * shows - turn_cost,
-                                terminated=True, success=shows, process_reward=process,
-                                memory=changes)
-            return HostTurn(reply=reply, reward=-turn_cost, process_reward=process,
-                            memory=changes)
-        answer = self._body(action, "<answer>", "</answer>")
-        if answer is not None:
-            correct = self.is_correct(task, answer)
-            return HostTurn(reply=CORRECT if correct else WRONG,
-                            reward=success_reward * correct - turn_cost, terminated=True,
-                            success=correct, process_reward=float(correct and not seen_before),
-                            memory={"answer_seen": int(seen_before or correct)})
-        reply = INVALID if self.call_syntax is None else f"{INVALID}: no tool call or answer"
-        return HostTurn(reply=reply, reward=-turn_cost - format_penalty, format_error=True)
+        seen_before = bool(memory.get("answer_seen", 0))
+        correct = self.is_correct(task, answer)
+        return HostTurn(reply=CORRECT if correct else WRONG,
+                        reward=success_reward * correct - turn_cost, terminated=True,
+                        success=correct, process_reward=float(correct and not seen_before),
+                        memory={"answer_seen": int(seen_before or correct)})
+
+    def host_step(self, episode: HostEpisode, action: str) -> HostTurn:
+        if self.call_syntax is not None:  # the template's convention: declared tools
+            return super().host_step(episode, action)
+        source = self._body(action, self._open, self._close)
+        if source is None:
+            return self.host_answer(episode, action)
+        turn = self._tool_turn(episode, source)
+        memory = dict(turn.memory, tool_calls=episode.memory.get("tool_calls", 0) + 1)
+        return dataclasses.replace(turn, reward=self.turn_reward(episode, [turn], False),
+                                   memory=memory)
 
     # -- scripted policies
     def _tool_text(self, source: str) -> str:

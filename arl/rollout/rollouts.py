@@ -188,6 +188,8 @@ def rollout(
         turn_states=per_turn.state,
         projections=carry.cache.projections if record_projections else None,
         task_rows=task_rows,
+        episode_stats=(jax.vmap(env.episode_stats)(carry.env_state)
+                       if hasattr(env, "episode_stats") else None),
     )
 
 

@@ -70,6 +70,10 @@ class Trajectory:
     # int32 [B]: the row of the env's dataset each episode plays (envs with a `task_row`
     # hook, e.g. dataset_task), for Python reward functions' columns; None otherwise.
     task_rows: jax.Array | None = None
+    # {metric name: float32 [B]}: per-episode statistics an env reports from its final
+    # state (envs with an `episode_stats` hook, e.g. declared tools' invalid calls);
+    # `rollout_metrics` logs their means. None otherwise.
+    episode_stats: Any = None
 
 
 def chat_format(env):

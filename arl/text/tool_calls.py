@@ -8,10 +8,10 @@ the model's markup, the result handed back as a `tool` message:
                        \\n</tool_call><|im_end|>\\n<|im_start|>user\\n<tool_response>\\n42
                        \\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
 
-A host tool env in this convention (`ToolEnvironment(tool_format="template")`) answers
-EVERY agent turn with a `tool` message (the tool's output, or an error text such as
-"invalid: no tool call"), so every later observation is wrapped in one static pair of
-pieces: `derive_tool_chat_format` renders [system, user, assistant(call), tool(result)]
+A host tool env in this convention (`arl.envs.tool_calling.ToolCallingEnvironment`, and
+`sql` / `code_interpreter` with `tool_format="template"`) answers EVERY agent turn with a
+`tool` message (the tools' output, or an error text such as "error: no tool call or
+answer"), so every later observation is wrapped in one static pair of pieces: `derive_tool_chat_format` renders [system, user, assistant(call), tool(result)]
 with the `tools` and cuts the text around the result into `reply_prefix` (after the
 assistant's end-of-turn token) and `reply_suffix` (the tool turn's end and the
 generation prompt). The call syntax (`ToolCallSyntax`: the markup around the JSON, the
@@ -235,8 +235,9 @@ def derive_tool_chat_format(template: str, *, encode: Callable[[str], list[int]]
         raise ChatTemplateError(
             f"chat template: the generation prompt ends {opened[common:]!r}, but an earlier "
             f"assistant turn with a tool call re-renders as {called[common:common + 40]!r}...: "
-            "the template rewrites earlier turns (Qwen3 with enable_thinking=False drops "
-            "their empty think block), so the context would not be what it renders")
+            "the template rewrites earlier turns (e.g. drops the empty think block its "
+            "generation prompt ends with) and arl derives no keep-history variant of it, "
+            "so the context would not be what it renders")
     if eot_text is None or eot_text not in called[len(opened):]:
         raise ChatTemplateError(f"chat template: a structured tool call renders as {called!r}, "
                                 f"not as an assistant turn after the generation prompt "

@@ -157,8 +157,10 @@ class CreditAssignment:
 
 
 def rollout_metrics(traj: Trajectory, env_names: tuple[str, ...]) -> dict[str, jax.Array]:
-    """Reward, success, length and format-error statistics of a batch of episodes, and
-    per environment for a mixture (`reward_mean/<name>`, `success_rate/<name>`)."""
+    """Reward, success, length and format-error statistics of a batch of episodes, the
+    means of the env's own per-episode statistics (`Trajectory.episode_stats`, e.g.
+    `tools/invalid_call_cap_episodes`), and per environment for a mixture
+    (`reward_mean/<name>`, `success_rate/<name>`)."""
     ret = traj.episode_return
     success = traj.success.astype(jnp.float32)
     agent_tokens = traj.agent_mask.sum(axis=1)
@@ -172,6 +174,8 @@ def rollout_metrics(traj: Trajectory, env_names: tuple[str, ...]) -> dict[str, j
         "format_error_rate": jnp.sum(traj.format_errors)
         / jnp.maximum(jnp.sum(traj.num_turns), 1),
     }
+    for name, values in (traj.episode_stats or {}).items():  # the env's own (`episode_stats`)
+        metrics[name] = jnp.mean(values.astype(jnp.float32))
     num_envs = len(env_names)
     if num_envs > 1:
         counts = jax.ops.segment_sum(jnp.ones_like(ret), traj.env_ids, num_envs)

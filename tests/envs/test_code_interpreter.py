@@ -103,9 +103,12 @@ def test_turns_by_hand(codec_name):
     np.testing.assert_array_equal(ts.info["format_error"], [False] * 4 + [True, False, False])
     np.testing.assert_array_equal(ts.info["process_reward"], [1, 0, 1, 0, 0, 0, 0])
     np.testing.assert_array_equal(ts.info["tool_calls"], [1, 1, 0, 0, 0, 1, 1])
-    # memory: tool_calls, answer_seen, last_value, has_value
-    np.testing.assert_array_equal(state.memory[0], [1, 1, int(tasks[0].answer), 1])
-    np.testing.assert_array_equal(state.memory[5], [1, 0, 0, 0])
+    # memory: answer_seen, last_value, has_value, then the declared tools' tool_calls,
+    # invalid_streak, invalid_calls (tags: never invalid)
+    assert env.memory_fields == ("answer_seen", "last_value", "has_value", "tool_calls",
+                                 "invalid_streak", "invalid_calls")
+    np.testing.assert_array_equal(state.memory[0], [1, int(tasks[0].answer), 1, 1, 0, 0])
+    np.testing.assert_array_equal(state.memory[5], [0, 0, 0, 1, 0, 0])
     # Answering what the tool printed: correct after the right program only.
     texts = [f"<answer>{tasks[0].answer}</answer>",
              f"<answer>{eval(tasks[1].buggy)}</answer>"] + ["x"] * 5  # pylint: disable=eval-used

@@ -126,7 +126,11 @@ class CodeInterpreter(ToolEnvironment):
         (minimal root, seccomp, network and PID namespaces) are unavailable; otherwise
         such a machine is refused with one line at construction.
       tool_format: "tags" (`<py>...</py>`) or "template": the checkpoint's own tool
-        convention with the tool `run_python(code)` (`arl.envs.tool_use`).
+        convention with the declared tool `run_python(code: str)`, several calls per turn
+        where the template renders them (`arl.envs.tool_use`).
+      max_invalid_calls, max_calls_per_turn: "template" only: invalid turns in a row
+        that end the episode (0: never) and calls one turn may hold
+        (`arl.envs.tool_calling`).
     """
 
     name = "code_interpreter"
@@ -141,7 +145,8 @@ class CodeInterpreter(ToolEnvironment):
                  final_output: bool = False, cache_size: int = 16384,
                  max_workers: int | None = None, step_timeout_s: float | None = 30.0,
                  executor: PythonExecutor | None = None, executor_url: str = "",
-                 allow_weak_sandbox: bool = False, tool_format: str = "tags"):
+                 allow_weak_sandbox: bool = False, tool_format: str = "tags",
+                 max_invalid_calls: int = 0, max_calls_per_turn: int | None = None):
         families = tuple(families)
         unknown = [f for f in families if f not in FAMILIES]
         if not families or unknown:
@@ -153,7 +158,8 @@ class CodeInterpreter(ToolEnvironment):
                          obs_len=obs_len, action_len=action_len, final_output=final_output,
                          skip_tool=skip_tool, cache_size=cache_size,
                          max_workers=max_workers, step_timeout_s=step_timeout_s,
-                         tool_format=tool_format)
+                         tool_format=tool_format, max_invalid_calls=max_invalid_calls,
+                         max_calls_per_turn=max_calls_per_turn)
         self.families = families
         self.buggy_program = float(buggy_program)
         self.limits = SandboxLimits(wall_time_s=wall_time_s, cpu_time_s=cpu_time_s,

@@ -74,7 +74,11 @@ class SqlQuery(ToolEnvironment):
       num_employees, num_orders: database size (`random_company_database`).
       time_s, max_rows: `arl.tools.SqlLimits` of each query.
       tool_format: "tags" (`<sql>...</sql>`) or "template": the checkpoint's own tool
-        convention with the tool `run_sql(query)` (`arl.envs.tool_use`).
+        convention with the declared tool `run_sql(query: str)`, several calls per turn
+        where the template renders them (`arl.envs.tool_use`).
+      max_invalid_calls, max_calls_per_turn: "template" only: invalid turns in a row
+        that end the episode (0: never) and calls one turn may hold
+        (`arl.envs.tool_calling`).
     """
 
     name = "sql"
@@ -87,12 +91,14 @@ class SqlQuery(ToolEnvironment):
                  time_s: float = 1.0, max_rows: int = 20, skip_tool: float = 0.3,
                  final_output: bool = False, cache_size: int = 8192,
                  max_workers: int | None = None, step_timeout_s: float | None = 30.0,
-                 tool_format: str = "tags"):
+                 tool_format: str = "tags", max_invalid_calls: int = 0,
+                 max_calls_per_turn: int | None = None):
         super().__init__(codec=codec or CharCodec(), max_turns=max_turns, prompt_len=96,
                          obs_len=obs_len, action_len=action_len, final_output=final_output,
                          skip_tool=skip_tool, cache_size=cache_size,
                          max_workers=max_workers, step_timeout_s=step_timeout_s,
-                         tool_format=tool_format)
+                         tool_format=tool_format, max_invalid_calls=max_invalid_calls,
+                         max_calls_per_turn=max_calls_per_turn)
         self.database_kwargs = dict(num_employees=num_employees, num_orders=num_orders)
         self.limits = SqlLimits(time_s=time_s, max_rows=max_rows,
                                 max_observation_chars=max(4 * obs_len, 80))
