@@ -193,7 +193,8 @@ def test_bad_tool_format_and_codecs_are_refused_in_one_line():
     ("qwen2", {}), pytest.param("llama3.1", {}, marks=pytest.mark.slow)])
 def test_shipped_config_trains_through_the_cli(standins, family, template_kwargs, tmp_path):
     run = _train(f"configs/grpo_sql_hf.py:{standins(family)}", tmp_path / "run",
-                 template_kwargs, "--config.env.kwargs.action_len=96")
+                 template_kwargs, "--config.env.kwargs.action_len=96",
+                 "--config.train_steps=1")  # one compiled step is the check; the suite is tight
     sample = (tmp_path / "run" / "samples" / "step_000001.txt").read_text()
     # the tools in the system (Llama 3.1: first user) turn; every reply a tool message
     if family == "qwen2":
@@ -202,7 +203,7 @@ def test_shipped_config_trains_through_the_cli(standins, family, template_kwargs
     else:
         assert '"name": "run_sql",' in sample
         assert '<|start_header_id|>ipython<|end_header_id|>\n\n"' in sample
-    assert [r["step"] for r in run] == [1, 2]
+    assert [r["step"] for r in run] == [1]
     for record in run:  # the declared tools' counts of the policy's episodes
         assert 0.0 <= record["tools/invalid_call_cap_episodes"] <= 1.0
         assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0
@@ -236,13 +237,14 @@ def test_tool_envs_train_two_steps_on_each_family(standins, family, template_kwa
 def _train(config_argument, workdir, template_kwargs, *flags):
     """The metric records of a CLI run of `config_argument` (float32, tiny rollouts for
     the shipped config; the config's own sizes otherwise)."""
-    flags = list(flags)
+    defaults = []
     if config_argument.startswith("configs/"):
-        flags += ["--config.train_steps=2", "--config.rollout.num_tasks=2",
+        defaults = ["--config.train_steps=2", "--config.rollout.num_tasks=2",
                   "--config.rollout.group_size=2", "--config.model.dtype=float32",
                   "--config.model.param_dtype=float32", "--config.model.remat=False",
                   "--config.model.logprob_chunk=0", "--config.log_every=1",
                   "--config.sample_every=1"]
+    flags = defaults + list(flags)  # the caller's flags win
     if template_kwargs:
         flags.append(f"--config.model.chat_template_kwargs={template_kwargs!r}")
     run = subprocess.run(
