@@ -289,8 +289,8 @@ def test_history_key_is_checked_in_one_line():
     config = arl.default_config()
     assert config.rollout.history == "as_generated"
     arl.validate(config)
-    config.rollout.history = "per_turn"
+    config.rollout.history = "per_turns"
     with pytest.raises(ConfigError) as error:
         arl.validate(config)
-    assert str(error.value) == ("config.rollout.history='per_turn' is invalid: allowed values "
-                                "are ('as_generated',).")
+    assert str(error.value) == ("config.rollout.history='per_turns' is invalid: allowed values "
+                                "are ('as_generated', 'per_turn').")
