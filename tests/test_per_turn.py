@@ -30,7 +30,7 @@ from arl.errors import ConfigError  # noqa: E402
 from arl.rollout import per_turn  # noqa: E402
 from arl.text.hf_codec import HFCodec  # noqa: E402
 from arl.text.render_turns import HistoryWindow, TurnRenderer  # noqa: E402
-from arl.trainers.per_turn import turn_advantages  # noqa: E402
+from arl.trainers.per_turn import turn_advantages, turn_sample_gae  # noqa: E402
 from tests import hf_standins  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,6 +226,35 @@ def test_each_turn_takes_its_episodes_advantage():
     np.testing.assert_allclose(rows[4 * turns + 1], reference[4] * mask[4, 1], rtol=1e-4)
 
 
+def test_gae_runs_over_the_episodes_turns_with_each_tokens_value_from_its_sample():
+    rng = np.random.default_rng(1)
+    batch, turns, length, action_len, gamma, lam = 3, 3, 12, 4, 0.9, 0.8
+    context = rng.integers(1, length - action_len, size=(batch, turns))
+    played = rng.integers(0, action_len + 1, size=(batch, turns))
+    played[0] = [2, 4, 1]
+    played[2, 2] = 0  # a turn not played
+    values = rng.normal(size=(batch, turns, length)).astype(np.float32)
+    turn_rewards = rng.normal(size=(batch, turns)).astype(np.float32)
+    advantages, returns = jax.jit(functools.partial(
+        turn_sample_gae, action_len=action_len, gamma=gamma, lam=lam))(
+        jnp.asarray(turn_rewards), jnp.asarray(values), jnp.asarray(context),
+        jnp.asarray(context + played))
+    expected_adv = np.zeros((batch, turns, length), np.float32)
+    expected_ret = np.zeros((batch, turns, length), np.float32)
+    for b in range(batch):
+        # The episode's agent tokens in order: (turn, position, V before it, reward).
+        tokens = [(k, context[b, k] + j, values[b, k, context[b, k] + j - 1],
+                   turn_rewards[b, k] if j == played[b, k] - 1 else 0.0)
+                  for k in range(turns) for j in range(played[b, k])]
+        next_value, next_adv = 0.0, 0.0
+        for k, position, value, reward in reversed(tokens):
+            adv = reward + gamma * next_value - value + gamma * lam * next_adv
+            expected_adv[b, k, position], expected_ret[b, k, position] = adv, adv + value
+            next_value, next_adv = value, adv
+    np.testing.assert_allclose(np.asarray(advantages), expected_adv, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(returns), expected_ret, rtol=1e-4, atol=1e-5)
+
+
 def test_per_turn_keys_are_checked_in_one_line():
     import arl
 
@@ -249,10 +278,19 @@ def test_per_turn_keys_are_checked_in_one_line():
         "rollout.history='per_turn'")
     assert error(rollout__history="per_turn").endswith("set model.hf_checkpoint.")
     config = arl.default_config()
-    config.algorithm, config.rollout.history = "ppo", "per_turn"
+    config.algorithm, config.rollout.history = "vineppo", "per_turn"
+    config.process.mc_samples = 2
     with pytest.raises(ConfigError, match=r"^config.rollout.history='per_turn' is invalid: "
-                       r"per_turn trains outcome-credit algorithms .* has credit 'gae'"):
+                       r"per_turn trains outcome-credit algorithms .* has credit "
+                       r"'monte_carlo'"):
         arl.validate(config)
+    config = arl.default_config()
+    config.model.hf_checkpoint = _ROOT  # any directory: checked later
+    config.rollout.history, config.loss.echo_coef = "per_turn", 0.1
+    with pytest.raises(ConfigError, match=r"^config.loss.echo_coef=0.1 is invalid: not "
+                       r"available with rollout.history='per_turn'"):
+        from arl.config import history
+        history.validate(config, algorithm_table.get_algorithm("grpo"))
     config = arl.default_config()
     config.rollout.history, config.rollout.history_window_tokens = "per_turn", -1
     with pytest.raises(ConfigError, match="history_window_tokens=-1 is invalid: must be >= 0"):
@@ -282,6 +320,7 @@ CONFIG = textwrap.dedent('''
         c.rollout.num_tasks = 2
         c.rollout.group_size = 2
         c.rollout.history = "per_turn"
+        c.filters.skip_zero_advantage = False  # the update runs: its ratio is checked
         c.train_steps = 1
         c.log_every = 1
         c.sample_every = 1
@@ -305,11 +344,34 @@ def _train_per_turn(directory, tmp_path, template_kwargs=None, env="guess_number
     metrics = [m for m in lines if "per_turn/samples" in m]
     assert metrics and metrics[-1]["per_turn/samples"] >= 4
     assert np.isfinite(metrics[-1]["loss/total"])
+    # The update scores each turn sample as the rollout sampled it: the ratio is 1.
+    assert metrics[-1]["update_skipped"] == 0.0
+    assert abs(metrics[-1]["policy/ratio_mean"] - 1.0) < 1e-4, metrics[-1]
     return metrics[-1]
 
 
 def test_a_standin_trains_per_turn_through_the_cli(standin, tmp_path):
     _train_per_turn(standin("qwen3"), tmp_path)
+
+
+@pytest.mark.slow
+def test_ppo_trains_per_turn_with_turn_level_gae(standin):
+    import arl
+    from configs import grpo_hf_checkpoint
+
+    c = grpo_hf_checkpoint.get_config(standin("qwen3"))
+    c.algorithm, c.advantage.turn_level = "ppo", True
+    c.model.system_prompt = SYSTEM
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.model.remat, c.model.logprob_chunk = False, 0
+    c.env.name, c.env.kwargs = "guess_number", dict(max_n=16, max_turns=3)
+    c.rollout.num_tasks, c.rollout.group_size, c.rollout.history = 2, 2, "per_turn"
+    trainer = arl.build(c)
+    state, metrics = trainer.train_step(trainer.init_state())
+    metrics = jax.device_get(metrics)
+    assert metrics["update_skipped"] == 0 and metrics["per_turn/samples"] == 12
+    assert abs(metrics["policy/ratio_mean"] - 1.0) < 1e-4
+    assert np.isfinite(metrics["loss/value"]) and metrics["loss/value"] > 0
 
 
 @pytest.mark.slow

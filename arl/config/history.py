@@ -6,8 +6,9 @@ policy's context (docs/checkpoints.md, "History modes"), checked early in one li
   template or of its keep-history variant (Qwen3's);
 * "per_turn": before every turn the conversation so far is rendered afresh with the
   checkpoint's own template and prefilled; each turn is one training sample that takes
-  its episode's advantage (`arl.rollout.per_turn`, `arl.trainers.per_turn`). It trains
-  outcome-credit algorithms (GRPO and its relatives) with a checkpoint's chat template;
+  its episode's credit (`arl.rollout.per_turn`, `arl.trainers.per_turn`). It trains
+  outcome-credit algorithms (GRPO and its relatives) and GAE ones (PPO, token- or
+  turn-level) with a checkpoint's chat template;
   what it does not combine with yet is refused below, naming the key.
 """
 
@@ -71,10 +72,10 @@ def validate(config, algorithm) -> None:
                      "a history window needs rollout.history='per_turn' (as generated, "
                      "the context is the whole conversation): set it to 0")
         return
-    if algorithm.credit != "outcome":
+    if algorithm.credit not in ("outcome", "gae"):
         fail("rollout.history", r.history,
-             f"per_turn trains outcome-credit algorithms (e.g. grpo, rloo, drgrpo); "
-             f"algorithm {config.algorithm!r} has credit {algorithm.credit!r}: use "
+             f"per_turn trains outcome-credit algorithms (e.g. grpo, rloo) and GAE ones "
+             f"(ppo); algorithm {config.algorithm!r} has credit {algorithm.credit!r}: use "
              "rollout.history='as_generated'")
     if not config.model.hf_checkpoint:
         fail("rollout.history", r.history,

@@ -76,6 +76,9 @@ class TurnSamples:
     replies: jax.Array  # int32 [B, K, obs_len]
     reply_length: jax.Array  # int32 [B, K]
     task_rows: jax.Array | None = None
+    # float32 [B, K, L]: the value head's output at each position of each sample (the
+    # value of the state after token t), recorded while sampling; None without a head.
+    values: jax.Array | None = None
 
 
 def per_turn_error(env) -> str | None:
@@ -180,6 +183,7 @@ def per_turn_rollout(env, key: jax.Array, *, num_tasks: int, group_size: int,
     task_rows = jax.vmap(env.task_row)(env_state) if hasattr(env, "task_row") else None
     prompt = timestep.observation
     use_model = action_source == "model"
+    record_values = use_model and model.config.value_head
     if use_model:
         params = transformer_lib.gather_embedding(params, model.config)
 
@@ -239,6 +243,11 @@ def per_turn_rollout(env, key: jax.Array, *, num_tasks: int, group_size: int,
         agent_mask = write_rows(jnp.zeros(tokens.shape, jnp.float32), ones, context_len, n_act)
         logp = write_rows(jnp.zeros(tokens.shape, jnp.float32), action_logp, context_len,
                           n_act)
+        values = None
+        if record_values:
+            values = write_rows(jnp.zeros(tokens.shape, jnp.float32), out.values,
+                                jnp.zeros((batch,), jnp.int32), context_len)
+            values = write_rows(values, gen.values, context_len, n_act)
         reward = jnp.where(active, ts.reward, 0.0).astype(jnp.float32)
         info = ts.info
         n_reply = jnp.where(active, ts.observation.length, 0)
@@ -260,7 +269,7 @@ def per_turn_rollout(env, key: jax.Array, *, num_tasks: int, group_size: int,
             + (active & info["format_error"]).astype(jnp.int32))
         record = dict(tokens=sample, agent_mask=agent_mask, logp=logp,
                       length=context_len + n_act, context_length=context_len, active=active,
-                      reward=reward, kept=jnp.where(active, kept, 0))
+                      reward=reward, kept=jnp.where(active, kept, 0), values=values)
         return new_carry, record
 
     keys = jax.random.split(turns_key, turns)
@@ -276,4 +285,5 @@ def per_turn_rollout(env, key: jax.Array, *, num_tasks: int, group_size: int,
         success=carry["success"], terminated=carry["terminated"],
         episode_return=carry["episode_return"], format_errors=carry["format_errors"],
         overflow=carry["overflow"], prompt=prompt.tokens, prompt_length=prompt.length,
-        replies=carry["replies"], reply_length=carry["reply_len"], task_rows=task_rows)
+        replies=carry["replies"], reply_length=carry["reply_len"], task_rows=task_rows,
+        values=per_turn["values"])

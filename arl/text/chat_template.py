@@ -179,8 +179,9 @@ class ChatFormat:
         if max_turns > 1 and self.multi_turn_error is not None:
             raise ChatTemplateError(
                 f"{what} has max_turns={max_turns}, but {self.multi_turn_error}; with "
-                "rollout.history='as_generated' (the only history mode implemented) only "
-                "one-turn episodes read what the template renders: set max_turns=1")
+                "rollout.history='as_generated' (and 'per_turn', whose env is built the "
+                "same way) only one-turn episodes read what the template renders: set "
+                "max_turns=1")
 
     def first_length(self, prompt_len: int) -> int:
         """Static length of the wrapped first observation."""

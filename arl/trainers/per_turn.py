@@ -1,18 +1,19 @@
 """The token step in history mode "per turn": every turn a training sample of its own.
 
     samples = per_turn_rollout(...)                 # [B, K, L]: context_k ++ turn_k
-    A_b     = outcome_advantages(episode returns)   # [B], the algorithm's row (GRPO, ...)
-    batch   = [B*K, L] rows, mask = turn k's agent tokens x kept episode,
-              advantage A_b on every token of every turn of episode b
+    outcome credit (GRPO, RLOO, ...): A_b = outcome_advantages(episode returns), on
+              every token of every turn of episode b (`turn_advantages`)
+    GAE (PPO): GAE over the episode's agent tokens turn after turn, each token's value
+              read in its own sample (`turn_sample_gae`; token- or turn-level)
+    batch   = [B*K, L] rows, mask = turn k's agent tokens x kept episode
     update  = the token trainer's `Learner`, unchanged
 
-Each turn takes its episode's credit as the outcome algorithms give it: the episode's
-advantage, broadcast to its turns (`turn_advantages`). The filters (StarPO-S, DAPO)
-keep or drop whole episodes, so all their turns. Rows of the batch are episode-major
-(row b*K + k is turn k of episode b), so a GRPO group's turns are `group_size * K`
-consecutive rows (`updates.shuffle="groups"` keeps them together). The groups' prompts
-are not scored once (`updates.share_group_prompt` has no effect): later turns' contexts
-do not begin with the first turn's generation prompt under every template.
+The filters (StarPO-S, DAPO) keep or drop whole episodes, so all their turns. Rows of the
+batch are episode-major (row b*K + k is turn k of episode b), so a GRPO group's turns
+are `group_size * K` consecutive rows (`updates.shuffle="groups"` keeps them together).
+The groups' prompts are not scored once (`updates.share_group_prompt` has no effect):
+later turns' contexts do not begin with the first turn's generation prompt under every
+template.
 
 What the mode does not combine with is refused by `arl.config.history` in one line.
 """
@@ -30,9 +31,11 @@ from arl import algorithms as alg
 from arl import sharding as sharding_lib
 from arl.errors import ConfigError
 from arl.rollout import per_turn as per_turn_lib
+from arl.rollout.turns import write_rows
 from arl.text.render_turns import HistoryWindow
 from arl.trainers import guards
 from arl.trainers.protocol import EvaluationReport
+from arl.trainers.policy import shift_right
 from arl.trainers.state import TrainState
 from arl.trainers.token import TRANSCRIPT_ROWS, StepKeys, TokenTrainer
 from arl.trainers.tracing import trace_once
@@ -42,6 +45,55 @@ from arl.trainers.update import UpdateBatch
 def turn_advantages(episode_advantages: jax.Array, agent_mask: jax.Array) -> jax.Array:
     """float32 [B, K, L]: episode b's advantage on the agent tokens of each of its turns."""
     return episode_advantages.astype(jnp.float32)[:, None, None] * agent_mask
+
+
+def agent_tokens(x: jax.Array, context_length: jax.Array, action_len: int) -> jax.Array:
+    """[B, K*A]: the agent tokens' entries of per-sample arrays x [B, K, L], turn after
+    turn (turn k's token j at k*A + j, read from position context_length[b, k] + j of
+    sample k; entries past the turn's length are whatever follows it, to be masked)."""
+    batch, turns, length = x.shape
+    index = jnp.clip(context_length[..., None] + jnp.arange(action_len), 0, length - 1)
+    return jnp.take_along_axis(x, index, axis=2).reshape(batch, turns * action_len)
+
+
+def to_samples(view: jax.Array, context_length: jax.Array, turn_length: jax.Array,
+               length: int) -> jax.Array:
+    """Inverse of `agent_tokens`: [B, K*A] -> [B, K, L], entry k*A + j at position
+    context_length[b, k] + j of sample k for j < turn_length[b, k], zero elsewhere."""
+    batch, turns = context_length.shape
+    chunks = view.reshape(batch * turns, -1)
+    out = write_rows(jnp.zeros((batch * turns, length), view.dtype), chunks,
+                     context_length.reshape(-1), turn_length.reshape(-1))
+    return out.reshape(batch, turns, length)
+
+
+def turn_sample_gae(turn_rewards, values, context_length, length, action_len: int, *,
+                    gamma, lam, turn_level: bool = False, turn_gamma: float = 1.0):
+    """(advantages, returns) [B, K, L] of GAE over each episode's agent tokens, turn
+    after turn, as `arl.algorithms.gae` (or `turn_level_gae`) gives them on the
+    as-generated row: token t's value V(s_t) is the value head's output at the position
+    before it in its own sample (for a turn's first token, the end of its rendered
+    context); turn k's reward sits on its last token; zero off the agent tokens.
+
+    turn_rewards [B, K]; values [B, K, L] (the head's output at each position,
+    `TurnSamples.values`); context_length, length [B, K] (turn k's tokens are
+    positions context_length .. length - 1 of sample k, at most `action_len`)."""
+    batch, turns, width = values.shape
+    turn_length = length - context_length
+    before = jnp.concatenate([jnp.zeros_like(values[..., :1]), values[..., :-1]], axis=-1)
+    position = jnp.arange(action_len)[None, None, :]
+    mask = (position < turn_length[..., None]).astype(jnp.float32)
+    turn_end = (position == (turn_length - 1)[..., None]) & (turn_length > 0)[..., None]
+    mask, turn_end = (x.reshape(batch, turns * action_len) for x in (mask, turn_end))
+    value_view = agent_tokens(before, context_length, action_len) * mask
+    rewards = jnp.where(turn_end, jnp.repeat(turn_rewards, action_len, axis=1), 0.0)
+    if turn_level:
+        advantages, returns = alg.turn_level_gae(rewards, value_view, mask, turn_end,
+                                                 gamma=gamma, lam=lam, turn_gamma=turn_gamma)
+    else:
+        advantages, returns = alg.gae(rewards, value_view, mask, gamma=gamma, lam=lam)
+    return (to_samples(advantages * mask, context_length, turn_length, width),
+            to_samples(returns * mask, context_length, turn_length, width))
 
 
 def samples_metrics(samples: per_turn_lib.TurnSamples, env_names) -> dict[str, jax.Array]:
@@ -156,16 +208,28 @@ class PerTurnTrainer(TokenTrainer):
             valid = valid * alg.dapo_zero_variance_mask(
                 scores, samples.group_ids, num_groups=num_groups).astype(jnp.float32)
         metrics["kept_fraction"] = jnp.mean(valid)
-        outcome = algorithm_table.OutcomeBatch(
-            scores=scores, group_ids=samples.group_ids, env_ids=samples.env_ids,
-            valid=valid > 0, num_groups=num_groups, num_envs=self.num_envs)
-        episode_adv = c.process.outcome_weight * self.algorithm.outcome_advantages(
-            outcome, c.advantage)
-        mask = samples.agent_mask * valid[:, None, None]
-        advantages = turn_advantages(episode_adv, mask)
-
         rows = lambda x: x.reshape((-1,) + x.shape[2:])  # [B, K, ...] -> [B*K, ...]
-        tokens, mask, advantages = rows(samples.tokens), rows(mask), rows(advantages)
+        mask = samples.agent_mask * valid[:, None, None]
+        old_values = returns = None
+        if self.algorithm.credit == "gae":  # per turn: GAE over the episode's turns
+            advantages, returns = turn_sample_gae(
+                c.process.outcome_weight * samples.turn_rewards, samples.values,
+                samples.context_length, samples.length, self.env.action_len,
+                gamma=c.advantage.gamma, lam=c.advantage.lam,
+                turn_level=c.advantage.turn_level, turn_gamma=c.advantage.turn_gamma)
+            advantages, returns = rows(advantages), rows(returns)
+            if c.advantage.whiten:
+                advantages = alg.whiten(advantages, rows(mask))
+            old_values = shift_right(rows(samples.values)[:, :-1]) * rows(samples.agent_mask)
+        else:  # the episode's advantage on every turn
+            outcome = algorithm_table.OutcomeBatch(
+                scores=scores, group_ids=samples.group_ids, env_ids=samples.env_ids,
+                valid=valid > 0, num_groups=num_groups, num_envs=self.num_envs)
+            episode_adv = c.process.outcome_weight * self.algorithm.outcome_advantages(
+                outcome, c.advantage)
+            advantages = rows(turn_advantages(episode_adv, mask))
+        tokens, mask = rows(samples.tokens), rows(mask)
+        advantages = advantages * mask
         old_logp = rows(samples.behaviour_logp)
         ref_logp = None
         if self.uses_reference:
@@ -173,7 +237,7 @@ class PerTurnTrainer(TokenTrainer):
                 self.layout.reference_params(state), tokens, **self.shared_prompt).logp)
         batch = UpdateBatch(tokens=tokens, mask=mask, old_logp=old_logp,
                             advantages=advantages, observation_mask=jnp.zeros_like(mask),
-                            ref_logp=ref_logp)
+                            old_values=old_values, returns=returns, ref_logp=ref_logp)
         has_signal = jnp.any(advantages != 0)
         if not c.filters.skip_zero_advantage:
             has_signal = jnp.ones((), bool)
