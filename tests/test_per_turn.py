@@ -355,7 +355,7 @@ def test_a_standin_trains_per_turn_through_the_cli(standin, tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_trains_per_turn_with_turn_level_gae(standin):
+def test_ppo_trains_per_turn_with_turn_level_gae_and_a_window(standin):
     import arl
     from configs import grpo_hf_checkpoint
 
@@ -366,10 +366,13 @@ def test_ppo_trains_per_turn_with_turn_level_gae(standin):
     c.model.remat, c.model.logprob_chunk = False, 0
     c.env.name, c.env.kwargs = "guess_number", dict(max_n=16, max_turns=3)
     c.rollout.num_tasks, c.rollout.group_size, c.rollout.history = 2, 2, "per_turn"
+    c.rollout.history_window_turns = 1  # and a window: turn 3 reads the task and turn 2
     trainer = arl.build(c)
+    assert trainer.sample_length < trainer.context_length
     state, metrics = trainer.train_step(trainer.init_state())
     metrics = jax.device_get(metrics)
     assert metrics["update_skipped"] == 0 and metrics["per_turn/samples"] == 12
+    assert metrics["per_turn/dropped_turns_mean"] == pytest.approx(1 / 3)
     assert abs(metrics["policy/ratio_mean"] - 1.0) < 1e-4
     assert np.isfinite(metrics["loss/value"]) and metrics["loss/value"] > 0
 

@@ -125,6 +125,10 @@ class _ContextHost:
 
     def __call__(self, prompt, prompt_len, actions, action_len, replies, reply_len, turn,
                  live):
+        # The callback may be handed device arrays: index NumPy copies, not them.
+        (prompt, prompt_len, actions, action_len, replies, reply_len, turn, live) = (
+            np.asarray(a) for a in (prompt, prompt_len, actions, action_len, replies,
+                                    reply_len, turn, live))
         batch = prompt.shape[0]
         out = np.full((batch, self.capacity), self.pad_id, np.int32)
         length = np.zeros((batch,), np.int32)

@@ -43,6 +43,7 @@ not needed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from datetime import datetime
 from typing import Callable, Mapping, Sequence
@@ -76,7 +77,9 @@ class ChatTemplateError(ValueError):
     """The chat template cannot be split into static pieces around the turns."""
 
 
+@functools.lru_cache(maxsize=32)
 def _compile(template: str):
+    """The compiled template (cached: per-turn contexts render it every turn)."""
     import jinja2  # pylint: disable=g-import-not-at-top
     from jinja2 import ext, nodes  # pylint: disable=g-import-not-at-top
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=g-import-not-at-top
