@@ -28,9 +28,9 @@ def build(config: ml_collections.ConfigDict, *, mesh=None,
     `arl.runs.experiment.run`, evaluation and export all build through here):
 
     * `VectorPPO` when the algorithm's row trains vector environments;
-    * else a `TokenTrainer` (a `PerTurnTrainer` for `rollout.history="per_turn"`) on `mesh` (default: the training mesh of
-      `arl.trainers.placement.training_mesh`, the first prod(config.mesh) devices),
-      run as one fused program, or
+    * else a `TokenTrainer` (a `PerTurnTrainer` for `rollout.history="per_turn"`) on
+      `mesh` (default: the training mesh of `arl.trainers.placement.training_mesh`, the
+      first prod(config.mesh) devices), run as one fused program, or
     * a `TwoProgramTrainer` over it (rollout and update as two overlapped programs, the
       rollout on `config.rollout.mesh`) when the config has a policy lag or a rollout
       mesh (`arl.config.uses_two_programs`). Its state is a `TwoProgramState`.
@@ -49,7 +49,7 @@ def build(config: ml_collections.ConfigDict, *, mesh=None,
 
 
 __all__ = [
-    "EvaluationReport", "Learner", "PerTurnTrainer", "Policy", "StateLayout", "TokenScores", "TokenTrainer",
-    "TrainState", "Trainer", "TwoProgramState", "TwoProgramTrainer", "UpdateBatch",
+    "EvaluationReport", "Learner", "PerTurnTrainer", "Policy", "StateLayout", "TokenScores",
+    "TokenTrainer", "TrainState", "Trainer", "TwoProgramState", "TwoProgramTrainer", "UpdateBatch",
     "VectorPPO", "VectorTrainState", "build",
 ]
