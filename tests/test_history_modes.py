@@ -267,9 +267,9 @@ def test_a_template_without_a_keep_history_variant_is_refused_in_one_line(standi
     assert "\n" not in message
     assert message.startswith("env 'dataset_task' has max_turns=2, but the chat template "
                               "rewrites earlier assistant turns")
-    assert message.endswith("with rollout.history='as_generated' (the only history mode "
-                            "implemented) only one-turn episodes read what the template "
-                            "renders: set max_turns=1")
+    assert message.endswith("with rollout.history='as_generated' (and 'per_turn', whose env "
+                            "is built the same way) only one-turn episodes read what the "
+                            "template renders: set max_turns=1")
     config = ml_collections.ConfigDict(dict(model=dict(hf_checkpoint=directory,
                                                        system_prompt="")))
     with pytest.raises(ConfigError, match="max_turns=2, but the chat template"):
@@ -289,8 +289,8 @@ def test_history_key_is_checked_in_one_line():
     config = arl.default_config()
     assert config.rollout.history == "as_generated"
     arl.validate(config)
-    config.rollout.history = "per_turn"
+    config.rollout.history = "per_turns"
     with pytest.raises(ConfigError) as error:
         arl.validate(config)
-    assert str(error.value) == ("config.rollout.history='per_turn' is invalid: allowed values "
-                                "are ('as_generated',).")
+    assert str(error.value) == ("config.rollout.history='per_turns' is invalid: allowed values "
+                                "are ('as_generated', 'per_turn').")

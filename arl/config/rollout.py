@@ -6,10 +6,10 @@ from __future__ import annotations
 import ml_collections
 
 from arl import algorithm_table
-from arl.config.checks import check_choice, check_range, fail
+from arl.config import history as history_section
+from arl.config.checks import check_range, fail
 
-# The history modes implemented: "as_generated" (re-rendering every turn, "per_turn", is not).
-HISTORY_MODES = ("as_generated",)
+HISTORY_MODES = history_section.HISTORY_MODES  # docs/checkpoints.md, "History modes"
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -29,11 +29,9 @@ def defaults() -> ml_collections.ConfigDict:
     # (data, fsdp, tensor) over the next devices after the training mesh's.
     c.policy_lag = 0
     c.mesh = ()
-    # How a multi-turn conversation becomes the policy's context (docs/checkpoints.md,
-    # "History modes"): "as_generated" = one growing token sequence of what the policy
-    # wrote and the env's replies, checked at construction to equal apply_chat_template
-    # of the checkpoint's template or of its keep-history variant (Qwen3's).
-    c.history = "as_generated"
+    # How a multi-turn conversation becomes the policy's context, and the per-turn
+    # history window (defaults and checks: arl.config.history).
+    history_section.add_defaults(c)
     return c
 
 
@@ -49,7 +47,7 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     check_range(config, "rollout.top_k", 0, integer=True)
     check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
     check_range(config, "rollout.horizon_every", 1, integer=True)
-    check_choice(config, "rollout.history", HISTORY_MODES)
+    history_section.validate(config, algorithm)
     if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
         fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
     mesh = tuple(config.mesh)

@@ -43,6 +43,7 @@ not needed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from datetime import datetime
 from typing import Callable, Mapping, Sequence
@@ -76,7 +77,9 @@ class ChatTemplateError(ValueError):
     """The chat template cannot be split into static pieces around the turns."""
 
 
+@functools.lru_cache(maxsize=32)
 def _compile(template: str):
+    """The compiled template (cached: per-turn contexts render it every turn)."""
     import jinja2  # pylint: disable=g-import-not-at-top
     from jinja2 import ext, nodes  # pylint: disable=g-import-not-at-top
     from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=g-import-not-at-top
@@ -179,8 +182,9 @@ class ChatFormat:
         if max_turns > 1 and self.multi_turn_error is not None:
             raise ChatTemplateError(
                 f"{what} has max_turns={max_turns}, but {self.multi_turn_error}; with "
-                "rollout.history='as_generated' (the only history mode implemented) only "
-                "one-turn episodes read what the template renders: set max_turns=1")
+                "rollout.history='as_generated' (and 'per_turn', whose env is built the "
+                "same way) only one-turn episodes read what the template renders: set "
+                "max_turns=1")
 
     def first_length(self, prompt_len: int) -> int:
         """Static length of the wrapped first observation."""

@@ -15,6 +15,7 @@ from arl.trainers import placement
 from arl.trainers.policy import Policy, TokenScores
 from arl.trainers.protocol import EvaluationReport, Trainer
 from arl.trainers.state import StateLayout, TrainState
+from arl.trainers.per_turn import PerTurnTrainer
 from arl.trainers.token import TokenTrainer
 from arl.trainers.two_program import TwoProgramState, TwoProgramTrainer
 from arl.trainers.update import Learner, UpdateBatch
@@ -27,9 +28,9 @@ def build(config: ml_collections.ConfigDict, *, mesh=None,
     `arl.runs.experiment.run`, evaluation and export all build through here):
 
     * `VectorPPO` when the algorithm's row trains vector environments;
-    * else a `TokenTrainer` on `mesh` (default: the training mesh of
-      `arl.trainers.placement.training_mesh`, the first prod(config.mesh) devices),
-      run as one fused program, or
+    * else a `TokenTrainer` (a `PerTurnTrainer` for `rollout.history="per_turn"`) on
+      `mesh` (default: the training mesh of `arl.trainers.placement.training_mesh`, the
+      first prod(config.mesh) devices), run as one fused program, or
     * a `TwoProgramTrainer` over it (rollout and update as two overlapped programs, the
       rollout on `config.rollout.mesh`) when the config has a policy lag or a rollout
       mesh (`arl.config.uses_two_programs`). Its state is a `TwoProgramState`.
@@ -40,14 +41,15 @@ def build(config: ml_collections.ConfigDict, *, mesh=None,
         return VectorPPO(config)
     if mesh is None:
         mesh = placement.training_mesh(config)  # None: the trainer's default
-    trainer = TokenTrainer(config, mesh=mesh)
+    per_turn = config.rollout.history == "per_turn"
+    trainer = (PerTurnTrainer if per_turn else TokenTrainer)(config, mesh=mesh)
     if two_programs is None:
         two_programs = config_lib.uses_two_programs(config)
     return TwoProgramTrainer(trainer) if two_programs else trainer
 
 
 __all__ = [
-    "EvaluationReport", "Learner", "Policy", "StateLayout", "TokenScores", "TokenTrainer",
-    "TrainState", "Trainer", "TwoProgramState", "TwoProgramTrainer", "UpdateBatch",
+    "EvaluationReport", "Learner", "PerTurnTrainer", "Policy", "StateLayout", "TokenScores",
+    "TokenTrainer", "TrainState", "Trainer", "TwoProgramState", "TwoProgramTrainer", "UpdateBatch",
     "VectorPPO", "VectorTrainState", "build",
 ]

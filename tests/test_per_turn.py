@@ -1,0 +1,386 @@
+"""History mode "per turn" (`arl.rollout.per_turn`, `arl.trainers.per_turn`): before every
+turn the context is exactly `transformers`' `apply_chat_template` of the conversation so
+far (Qwen3 thinking on and off, Qwen2.5, Llama 3.1 stand-ins with real merges; an
+in-graph env and a host env whose replies merge with the template's text); a history
+window's context is `apply_chat_template` of the kept messages; each turn takes its
+episode's advantage (NumPy reference); the config keys are checked in one line; a
+stand-in trains per turn through the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("jinja2")
+
+from arl import algorithm_table  # noqa: E402
+from arl.envs.host import HostEnvironment, HostTurn  # noqa: E402
+from arl.envs.tasks.guess_number import GuessNumber  # noqa: E402
+from arl.errors import ConfigError  # noqa: E402
+from arl.rollout import per_turn  # noqa: E402
+from arl.text.hf_codec import HFCodec  # noqa: E402
+from arl.text.render_turns import HistoryWindow, TurnRenderer  # noqa: E402
+from arl.trainers.per_turn import turn_advantages, turn_sample_gae  # noqa: E402
+from tests import hf_standins  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYSTEM = "Be brief."
+OFF = {"enable_thinking": False}
+TASK = "Add 12 and 30 (then -7)."
+# What the policy writes (think blocks a template drops later, spaces it trims, signs)
+# and what the env replies (endings a BPE merges with the template's next text).
+ANSWERS = ("<think>\nAdd: 12 + 30 = 42.\n</think>\n\n42", "  41 ", "<think>x</think>-7.",
+           "40")
+REPLIES = ("wrong: -162.", "no (no rows)", 'say "yes."', "lower")
+FAMILIES = [("qwen3", {}), ("qwen3", OFF), ("qwen2", {}), ("llama3.1", {})]
+
+
+class ScriptedConversation(HostEnvironment):
+    """A host env whose prompt is TASK and whose turn k replies REPLIES[k]; its oracle
+    writes ANSWERS[k]."""
+
+    name = "scripted_conversation"
+
+    def __init__(self, codec, max_turns=4):
+        self.codec, self.max_turns = codec, max_turns
+        self.prompt_len, self.obs_len, self.action_len = 24, 16, 40
+
+    def default_params(self):
+        return {"unused": jnp.zeros((), jnp.float32)}
+
+    def reward_bounds(self, params):
+        return jnp.zeros(()), jnp.ones(())
+
+    def make_task(self, seed, params):
+        return seed
+
+    def prompt(self, task, params):
+        return TASK
+
+    def host_step(self, episode, action):
+        return HostTurn(reply=REPLIES[episode.turn], reward=float(episode.turn == 1),
+                        terminated=episode.turn == self.max_turns - 1)
+
+    def host_oracle(self, episode):
+        return ANSWERS[episode.turn]
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("per_turn")
+
+    @functools.lru_cache(maxsize=None)
+    def build(name):
+        return hf_standins.build_standin(str(root / name.replace(".", "_")), name)
+    return build
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(directory):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _reference(directory, messages, kwargs):
+    ids = _tokenizer(directory).apply_chat_template(messages, tokenize=True,
+                                                    add_generation_prompt=True, **kwargs)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _check_contexts(directory, kwargs, samples, task_of, reply_of, answer_of):
+    """Every played turn's context equals apply_chat_template of the conversation so
+    far (texts from the test's own sources); returns the turns checked."""
+    checked = 0
+    for b in range(samples.tokens.shape[0]):
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": task_of(b)}]
+        for k in range(int(samples.num_turns[b])):
+            assert samples.active[b, k]
+            start = int(samples.context_length[b, k])
+            assert samples.tokens[b, k, :start].tolist() == _reference(
+                directory, messages, kwargs), (b, k)
+            checked += 1
+            messages += [{"role": "assistant", "content": answer_of(b, k)},
+                         {"role": "user", "content": reply_of(b, k)}]
+    return checked
+
+
+@pytest.mark.parametrize("family,kwargs", FAMILIES[:1] + [
+    pytest.param(*f, marks=pytest.mark.slow) for f in FAMILIES[1:]])
+def test_every_context_is_apply_chat_template_of_the_conversation(standin, family, kwargs):
+    directory = standin(family)
+    codec = HFCodec.from_pretrained(directory, system_prompt=SYSTEM, template_kwargs=kwargs)
+    tokenizer = _tokenizer(directory)
+    # A host env: the template's text around the env's text, replies that merge with it.
+    env = ScriptedConversation(codec)
+    samples = jax.device_get(per_turn.per_turn_rollout(
+        env, jax.random.key(0), num_tasks=1, group_size=2, action_source="oracle"))
+    assert _check_contexts(directory, kwargs, samples, lambda b: TASK,
+                           lambda b, k: REPLIES[k], lambda b, k: ANSWERS[k]) == 8
+    np.testing.assert_allclose(samples.episode_return, [1.0, 1.0])
+    if family == "qwen3":  # earlier turns' reasoning is dropped, the latest is read
+        last = codec.decode(samples.tokens[0, 3, :samples.context_length[0, 3]])
+        assert "Add: 12" not in last and "-7." in last
+    # An in-graph env (replies written inside jit), the policy's turns as written.
+    env = GuessNumber(codec=codec, max_n=100, max_turns=4)
+    samples = jax.device_get(per_turn.per_turn_rollout(
+        env, jax.random.key(1), num_tasks=2, group_size=2, action_source="demonstrator"))
+    decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def answer(b, k):
+        start, end = int(samples.context_length[b, k]), int(samples.length[b, k])
+        ids = samples.tokens[b, k, start:end].tolist()
+        assert ids[-1] == codec.eot_id
+        return decode(ids[:-1])
+
+    checked = _check_contexts(
+        directory, kwargs, samples,
+        lambda b: decode(samples.prompt[b, :samples.prompt_length[b]]),
+        lambda b, k: decode(samples.replies[b, k, :samples.reply_length[b, k]]), answer)
+    assert checked == int(samples.num_turns.sum()) >= 6
+
+
+@pytest.mark.parametrize("family,kwargs", [FAMILIES[0], pytest.param(
+    *FAMILIES[3], marks=pytest.mark.slow)])
+def test_a_history_window_renders_the_kept_messages(standin, family, kwargs):
+    directory = standin(family)
+    codec = HFCodec.from_pretrained(directory, system_prompt=SYSTEM, template_kwargs=kwargs)
+    env = ScriptedConversation(codec)
+    full = per_turn.sample_length(env)
+    for window, kept in ((HistoryWindow(turns=1), [0, 1, 1, 1]),
+                         (HistoryWindow(turns=2), [0, 1, 2, 2])):
+        assert per_turn.sample_length(env, window) < full
+        samples = jax.device_get(per_turn.per_turn_rollout(
+            env, jax.random.key(0), num_tasks=1, group_size=1, action_source="oracle",
+            window=window))
+        assert samples.kept_turns[0].tolist() == kept and not samples.overflow[0]
+        for k, keep in enumerate(kept):
+            messages = [{"role": "system", "content": SYSTEM},
+                        {"role": "user", "content": TASK}]
+            for j in range(k - keep, k):
+                messages += [{"role": "assistant", "content": ANSWERS[j]},
+                             {"role": "user", "content": REPLIES[j]}]
+            start = int(samples.context_length[0, k])
+            assert samples.tokens[0, k, :start].tolist() == _reference(directory, messages,
+                                                                       kwargs), (window, k)
+    # A token budget: the most recent exchanges whose render fits.
+    renderer = TurnRenderer(codec)
+    exchanges = list(zip(ANSWERS[:3], REPLIES[:3]))
+    sizes = [len(renderer.ids(TASK, exchanges[3 - keep:])) for keep in range(4)]
+    budget = sizes[2]  # two exchanges fit, three do not
+    context = TurnRenderer(codec, HistoryWindow(tokens=budget)).context(TASK, exchanges,
+                                                                        capacity=10_000)
+    assert context.kept == 2 and context.ids == renderer.ids(TASK, exchanges[1:])
+    assert TurnRenderer(codec, HistoryWindow(tokens=sizes[0] - 1)).context(
+        TASK, exchanges, capacity=10_000) is None  # not even the task fits
+
+
+def test_special_token_names_in_env_text_stay_plain_characters(standin):
+    codec = HFCodec.from_pretrained(standin("qwen3"), system_prompt=SYSTEM)
+    renderer = TurnRenderer(codec)
+    ids = renderer.ids("print('<|im_end|>')", [("ok", "a<|im_start|>b")])
+    eot, start = codec.encode("<|im_end|>")[0], codec.encode("<|im_start|>")[0]
+    # system, user, assistant, user: 4 turns closed, 5 opened (the generation prompt).
+    assert ids.count(eot) == 4 and ids.count(start) == 5
+    text = codec.tokenizer.decode(ids, skip_special_tokens=False)
+    assert "print('<|im_end|>')" in text and "a<|im_start|>b" in text
+
+
+def _grpo_reference(returns, group_size, eps=1e-6):
+    groups = returns.reshape(-1, group_size)
+    mean, std = groups.mean(axis=1, keepdims=True), groups.std(axis=1, ddof=1, keepdims=True)
+    return ((groups - mean) / (std + eps)).reshape(-1)
+
+
+def test_each_turn_takes_its_episodes_advantage():
+    rng = np.random.default_rng(0)
+    batch, turns, length, group = 6, 3, 7, 3
+    returns = rng.normal(size=batch).astype(np.float32)
+    mask = (rng.random((batch, turns, length)) < 0.4).astype(np.float32)
+    mask[1, 2] = 0  # an unplayed turn
+    grpo = algorithm_table.get_algorithm("grpo")
+    import arl
+    outcome = algorithm_table.OutcomeBatch(
+        scores=jnp.asarray(returns), group_ids=jnp.repeat(jnp.arange(2), group),
+        env_ids=jnp.zeros(batch, jnp.int32), valid=jnp.ones(batch, bool), num_groups=2,
+        num_envs=1)
+    episode = np.asarray(grpo.outcome_advantages(outcome, arl.default_config().advantage))
+    reference = _grpo_reference(returns, group)
+    np.testing.assert_allclose(episode, reference, rtol=1e-4, atol=1e-5)
+    got = np.asarray(jax.jit(turn_advantages)(jnp.asarray(episode), jnp.asarray(mask)))
+    expected = np.einsum("b,bkl->bkl", reference, mask)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert np.all(got[1, 2] == 0)
+    # Rows of the update batch: episode-major, turn k of episode b at row b*K + k.
+    rows = got.reshape(batch * turns, length)
+    np.testing.assert_allclose(rows[4 * turns + 1], reference[4] * mask[4, 1], rtol=1e-4)
+
+
+def test_gae_runs_over_the_episodes_turns_with_each_tokens_value_from_its_sample():
+    rng = np.random.default_rng(1)
+    batch, turns, length, action_len, gamma, lam = 3, 3, 12, 4, 0.9, 0.8
+    context = rng.integers(1, length - action_len, size=(batch, turns))
+    played = rng.integers(0, action_len + 1, size=(batch, turns))
+    played[0] = [2, 4, 1]
+    played[2, 2] = 0  # a turn not played
+    values = rng.normal(size=(batch, turns, length)).astype(np.float32)
+    turn_rewards = rng.normal(size=(batch, turns)).astype(np.float32)
+    advantages, returns = jax.jit(functools.partial(
+        turn_sample_gae, action_len=action_len, gamma=gamma, lam=lam))(
+        jnp.asarray(turn_rewards), jnp.asarray(values), jnp.asarray(context),
+        jnp.asarray(context + played))
+    expected_adv = np.zeros((batch, turns, length), np.float32)
+    expected_ret = np.zeros((batch, turns, length), np.float32)
+    for b in range(batch):
+        # The episode's agent tokens in order: (turn, position, V before it, reward).
+        tokens = [(k, context[b, k] + j, values[b, k, context[b, k] + j - 1],
+                   turn_rewards[b, k] if j == played[b, k] - 1 else 0.0)
+                  for k in range(turns) for j in range(played[b, k])]
+        next_value, next_adv = 0.0, 0.0
+        for k, position, value, reward in reversed(tokens):
+            adv = reward + gamma * next_value - value + gamma * lam * next_adv
+            expected_adv[b, k, position], expected_ret[b, k, position] = adv, adv + value
+            next_value, next_adv = value, adv
+    np.testing.assert_allclose(np.asarray(advantages), expected_adv, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(returns), expected_ret, rtol=1e-4, atol=1e-5)
+
+
+def test_per_turn_keys_are_checked_in_one_line():
+    import arl
+
+    def error(**changes):
+        config = arl.default_config()
+        config.model.hf_checkpoint = ""
+        for key, value in changes.items():
+            section, field = key.split("__")
+            config[section][field] = value
+        with pytest.raises(ConfigError) as caught:
+            arl.validate(config)
+        message = str(caught.value)
+        assert "\n" not in message
+        return message
+
+    assert error(rollout__history="per_turns") == (
+        "config.rollout.history='per_turns' is invalid: allowed values are "
+        "('as_generated', 'per_turn').")
+    assert error(rollout__history_window_turns=2).startswith(
+        "config.rollout.history_window_turns=2 is invalid: a history window needs "
+        "rollout.history='per_turn'")
+    assert error(rollout__history="per_turn").endswith("set model.hf_checkpoint.")
+    config = arl.default_config()
+    config.algorithm, config.rollout.history = "vineppo", "per_turn"
+    config.process.mc_samples = 2
+    with pytest.raises(ConfigError, match=r"^config.rollout.history='per_turn' is invalid: "
+                       r"per_turn trains outcome-credit algorithms .* has credit "
+                       r"'monte_carlo'"):
+        arl.validate(config)
+    config = arl.default_config()
+    config.model.hf_checkpoint = _ROOT  # any directory: checked later
+    config.rollout.history, config.loss.echo_coef = "per_turn", 0.1
+    with pytest.raises(ConfigError, match=r"^config.loss.echo_coef=0.1 is invalid: not "
+                       r"available with rollout.history='per_turn'"):
+        from arl.config import history
+        history.validate(config, algorithm_table.get_algorithm("grpo"))
+    config = arl.default_config()
+    config.rollout.history, config.rollout.history_window_tokens = "per_turn", -1
+    with pytest.raises(ConfigError, match="history_window_tokens=-1 is invalid: must be >= 0"):
+        arl.validate(config)
+
+
+CONFIG = textwrap.dedent('''
+    """A tiny per-turn run of a stand-in checkpoint: argument
+    "DIR|ENV|ENV_KWARGS_JSON|TEMPLATE_KWARGS_JSON"."""
+    import json
+
+    import ml_collections
+
+    from configs import grpo_hf_checkpoint
+
+
+    def get_config(argument=""):
+        directory, env, env_kwargs, template_kwargs = argument.split("|")
+        c = grpo_hf_checkpoint.get_config(directory)
+        c.model.system_prompt = "Be brief."
+        c.model.dtype = c.model.param_dtype = "float32"
+        c.model.remat = False
+        c.model.logprob_chunk = 0
+        c.env.name = env
+        c.env.kwargs = ml_collections.ConfigDict(json.loads(env_kwargs))
+        c.model.chat_template_kwargs = ml_collections.ConfigDict(json.loads(template_kwargs))
+        c.rollout.num_tasks = 2
+        c.rollout.group_size = 2
+        c.rollout.history = "per_turn"
+        c.filters.skip_zero_advantage = False  # the update runs: its ratio is checked
+        c.train_steps = 1
+        c.log_every = 1
+        c.sample_every = 1
+        return c
+''')
+
+
+def _train_per_turn(directory, tmp_path, template_kwargs=None, env="guess_number",
+                    env_kwargs=dict(max_n=16, max_turns=3)):
+    config = tmp_path / "per_turn_config.py"
+    config.write_text(CONFIG)
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.train",
+         f"--config={config}:{directory}|{env}|{json.dumps(env_kwargs)}|"
+         f"{json.dumps(template_kwargs or {})}", f"--workdir={workdir}"],
+        cwd=_ROOT, env={**os.environ, "PYTHONPATH": _ROOT}, capture_output=True, text=True,
+        timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in lines if "per_turn/samples" in m]
+    assert metrics and metrics[-1]["per_turn/samples"] >= 4
+    assert np.isfinite(metrics[-1]["loss/total"])
+    # The update scores each turn sample as the rollout sampled it: the ratio is 1.
+    assert metrics[-1]["update_skipped"] == 0.0
+    assert abs(metrics[-1]["policy/ratio_mean"] - 1.0) < 1e-4, metrics[-1]
+    return metrics[-1]
+
+
+def test_a_standin_trains_per_turn_through_the_cli(standin, tmp_path):
+    _train_per_turn(standin("qwen3"), tmp_path)
+
+
+@pytest.mark.slow
+def test_ppo_trains_per_turn_with_turn_level_gae_and_a_window(standin):
+    import arl
+    from configs import grpo_hf_checkpoint
+
+    c = grpo_hf_checkpoint.get_config(standin("qwen3"))
+    c.algorithm, c.advantage.turn_level = "ppo", True
+    c.model.system_prompt = SYSTEM
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.model.remat, c.model.logprob_chunk = False, 0
+    c.env.name, c.env.kwargs = "guess_number", dict(max_n=16, max_turns=3)
+    c.rollout.num_tasks, c.rollout.group_size, c.rollout.history = 2, 2, "per_turn"
+    c.rollout.history_window_turns = 1  # and a window: turn 3 reads the task and turn 2
+    trainer = arl.build(c)
+    assert trainer.sample_length < trainer.context_length
+    state, metrics = trainer.train_step(trainer.init_state())
+    metrics = jax.device_get(metrics)
+    assert metrics["update_skipped"] == 0 and metrics["per_turn/samples"] == 12
+    # Turn 3 leaves turn 1 out at least (more where re-encoding the untrained policy's
+    # bytes lengthened turn 2 past the window's room: the window then keeps less).
+    assert 1 / 3 - 1e-6 <= metrics["per_turn/dropped_turns_mean"] <= 1.0
+    assert metrics["per_turn/context_overflow_rate"] == 0
+    assert abs(metrics["policy/ratio_mean"] - 1.0) < 1e-4
+    assert np.isfinite(metrics["loss/value"]) and metrics["loss/value"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,kwargs", FAMILIES[1:])
+def test_families_train_per_turn_through_the_cli(standin, tmp_path, family, kwargs):
+    _train_per_turn(standin(family), tmp_path, kwargs)
