@@ -29,12 +29,23 @@ def defaults() -> ml_collections.ConfigDict:
     # (data, fsdp, tensor) over the next devices after the training mesh's.
     c.policy_lag = 0
     c.mesh = ()
+    # Scheduling inside the rollout (docs/async.md, arl.rollout.slots): "lockstep" plays
+    # a step's episodes side by side, turn by turn; "slots" plays them on num_slots
+    # generation rows, each taking the next episode as soon as its own ends (0: one row
+    # per episode, num_tasks * group_size). slot_service_batch: the env steps on the
+    # waiting slots' turns once this many wait (or none is decoding).
+    c.scheduler = "lockstep"
+    c.num_slots = 0
+    c.slot_service_batch = 1
     # How a multi-turn conversation becomes the policy's context (docs/checkpoints.md,
     # "History modes"): "as_generated" = one growing token sequence of what the policy
     # wrote and the env's replies, checked at construction to equal apply_chat_template
     # of the checkpoint's template or of its keep-history variant (Qwen3's).
     c.history = "as_generated"
     return c
+
+
+SCHEDULERS = ("lockstep", "slots")
 
 
 def validate(config, algorithm: algorithm_table.Algorithm) -> None:
@@ -49,6 +60,7 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     check_range(config, "rollout.top_k", 0, integer=True)
     check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
     check_range(config, "rollout.horizon_every", 1, integer=True)
+    _validate_scheduler(config)
     check_choice(config, "rollout.history", HISTORY_MODES)
     if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
         fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
@@ -71,3 +83,18 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
         fail("updates.minibatches", minibatches,
              f"minibatch size {batch // minibatches} must be divisible by "
              f"the mesh's data*fsdp={data_shards}")
+
+
+def _validate_scheduler(config) -> None:
+    r = config.rollout
+    check_choice(config, "rollout.scheduler", SCHEDULERS)
+    batch = r.num_tasks * r.group_size
+    check_range(config, "rollout.num_slots", 0, batch, integer=True)
+    check_range(config, "rollout.slot_service_batch", 1, r.num_slots or batch, integer=True)
+    if r.scheduler != "slots":
+        return
+    if config.process.mc_samples > 0:
+        fail("rollout.scheduler", r.scheduler,
+             "Monte Carlo branching (process.mc_samples > 0) forks the turn states a "
+             "lockstep rollout records: allowed values are ('lockstep',)")
+
