@@ -115,6 +115,50 @@ def test_episode_keys_are_the_documented_fold_ins():
     assert not episode_keys.is_batch(key) and episode_keys.is_batch(keys)
 
 
+def test_a_groups_members_play_different_episodes_from_one_task(lockstep):
+    """The rows of a group share their task (reset key) and prompt, and draw from their
+    own episode keys: at temperature 1 their actions differ, while their first
+    observations are the same."""
+    agent = np.asarray(lockstep.agent_mask).astype(bool)
+    tokens = np.asarray(lockstep.tokens)
+    for g in range(NUM_TASKS):
+        a, b = 2 * g, 2 * g + 1
+        prompt = int(np.argmax(agent[a]))
+        np.testing.assert_array_equal(tokens[a, :prompt], tokens[b, :prompt])
+        assert not np.array_equal(tokens[a][agent[a]][:4], tokens[b][agent[b]][:4]), g
+
+
+def test_row_keys_draw_from_the_softmax_and_new_noise_per_turn_and_token():
+    """Per-row noise (`row_noise`) keyed by episode, turn and token: 20000 rows draw from
+    softmax(logits / T) (each frequency within 5 standard errors), top_k keeps to the k
+    largest logits, and the noise of two turns, two tokens or two episodes differs."""
+    from arl.models import sampling  # pylint: disable=import-outside-toplevel
+
+    rows = 20000
+    logits = jnp.broadcast_to(jnp.log(jnp.array([0.5, 0.25, 0.15, 0.07, 0.03])), (rows, 5))
+    keys = episode_keys.episode_keys(jax.random.key(9), rows)
+    action, _ = episode_keys.turn_keys(keys, jnp.zeros((rows,), jnp.int32))
+    for temperature in (1.0, 2.0):
+        tokens, _ = sampling.sample_from_logits(
+            None, logits, temperature=temperature,
+            gumbel=sampling.row_noise(action, 0, 5))
+        want = np.asarray(jax.nn.softmax(logits[0] / temperature))
+        got = np.bincount(np.asarray(tokens), minlength=5) / rows
+        np.testing.assert_array_less(np.abs(got - want),
+                                     5 * np.sqrt(want * (1 - want) / rows) + 1e-9)
+    top2, _ = sampling.sample_from_logits(None, logits, top_k=2,
+                                          gumbel=sampling.row_noise(action, 0, 5))
+    assert set(np.unique(np.asarray(top2)).tolist()) == {0, 1}
+    next_turn, _ = episode_keys.turn_keys(keys, jnp.ones((rows,), jnp.int32))
+    noise = {name: np.asarray(sampling.row_noise(k, t, 5)[:8]) for name, k, t in (
+        ("turn 0 token 0", action, 0), ("turn 0 token 1", action, 1),
+        ("turn 1 token 0", next_turn, 0))}
+    for name, x in noise.items():
+        assert len({row.tobytes() for row in x}) == 8, name  # episodes differ
+    assert not np.any(noise["turn 0 token 0"] == noise["turn 0 token 1"])
+    assert not np.any(noise["turn 0 token 0"] == noise["turn 1 token 0"])
+
+
 def test_slot_rollout_refuses_bad_sizes():
     with pytest.raises(ValueError, match="num_slots=7"):
         slot_rollout(ENV, KEY, num_tasks=NUM_TASKS, group_size=GROUP, model=MODEL,
@@ -134,10 +178,10 @@ def _config(**rollout):
 
 
 @pytest.mark.parametrize("rollout, field", [
-    (dict(scheduler="continuous"), "rollout.scheduler"),
-    (dict(scheduler="slots", num_slots=129), "rollout.num_slots"),
-    (dict(scheduler="slots", num_slots=-1), "rollout.num_slots"),
-    (dict(scheduler="slots", num_slots=4, slot_service_batch=5), "rollout.slot_service_batch"),
+    (dict(schedule="continuous"), "rollout.schedule"),
+    (dict(schedule="slots", num_slots=129), "rollout.num_slots"),
+    (dict(schedule="slots", num_slots=-1), "rollout.num_slots"),
+    (dict(schedule="slots", num_slots=4, slot_service_batch=5), "rollout.slot_service_batch"),
 ])
 def test_config_refuses_bad_scheduler_settings(rollout, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -145,15 +189,15 @@ def test_config_refuses_bad_scheduler_settings(rollout, field):
 
 
 def test_config_refuses_slots_with_what_needs_lockstep():
-    c = _config(scheduler="slots")
+    c = _config(schedule="slots")
     c.process.mc_samples = 2
-    with pytest.raises(ConfigError, match=r"rollout\.scheduler.*branching"):
+    with pytest.raises(ConfigError, match=r"rollout\.schedule.*branching"):
         config_lib.validate(c)
-    c = _config(scheduler="slots")
+    c = _config(schedule="slots")
     c.updates.reuse_rollout_activations = True
     with pytest.raises(ConfigError, match=r"reuse_rollout_activations.*slot"):
         config_lib.validate(c)
-    config_lib.validate(_config(scheduler="slots", num_slots=32, slot_service_batch=8))
+    config_lib.validate(_config(schedule="slots", num_slots=32, slot_service_batch=8))
 
 
 def test_slots_step_a_host_environment_from_inside_the_loop():
@@ -179,13 +223,13 @@ def test_slots_step_a_host_environment_from_inside_the_loop():
 
 @pytest.mark.slow
 def test_a_train_step_with_slots_logs_the_lockstep_metrics_bit_for_bit():
-    """The trainer's rollout (`rollout.scheduler`) with one slot per episode: the same
+    """The trainer's rollout (`rollout.schedule`) with one slot per episode: the same
     episodes, so the same update and metrics, bit for bit, for two steps."""
     from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
 
     logged = {}
     for scheduler in ("lockstep", "slots"):
-        c = _config(scheduler=scheduler, num_tasks=2, group_size=2)
+        c = _config(schedule=scheduler, num_tasks=2, group_size=2)
         c.env.name = "guess_number"
         c.model.d_model, c.model.num_layers, c.model.mlp_dim = 16, 1, 32
         c.model.num_heads = c.model.num_kv_heads = 2
