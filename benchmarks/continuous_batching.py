@@ -1,4 +1,4 @@
-"""Slot scheduling against lockstep rollouts (`rollout.scheduler`, `arl.rollout.slots`):
+"""Slot scheduling against lockstep rollouts (`rollout.schedule`, `arl.rollout.slots`):
 trained tokens and finished episodes per second of whole GRPO steps (rollout + update).
 
     python benchmarks/continuous_batching.py [--steps 2] [--rounds 3] [--slots 0.25]
@@ -88,7 +88,7 @@ def main(argv=None):
             c = workload_config(workload, args.tiny)
             if arm != "lockstep":
                 num_slots = slot_counts[len(arms) - 1]
-                c.rollout.scheduler = "slots"
+                c.rollout.schedule = "slots"
                 c.rollout.num_slots = num_slots
                 c.rollout.slot_service_batch = max(1, round(args.service_batch * num_slots))
             trainer = TokenTrainer(c)

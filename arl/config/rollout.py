@@ -34,7 +34,7 @@ def defaults() -> ml_collections.ConfigDict:
     # generation rows, each taking the next episode as soon as its own ends (0: one row
     # per episode, num_tasks * group_size). slot_service_batch: the env steps on the
     # waiting slots' turns once this many wait (or none is decoding).
-    c.scheduler = "lockstep"
+    c.schedule = "lockstep"
     c.num_slots = 0
     c.slot_service_batch = 1
     # How a multi-turn conversation becomes the policy's context (docs/checkpoints.md,
@@ -45,7 +45,7 @@ def defaults() -> ml_collections.ConfigDict:
     return c
 
 
-SCHEDULERS = ("lockstep", "slots")
+SCHEDULES = ("lockstep", "slots")
 
 
 def validate(config, algorithm: algorithm_table.Algorithm) -> None:
@@ -60,7 +60,7 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     check_range(config, "rollout.top_k", 0, integer=True)
     check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
     check_range(config, "rollout.horizon_every", 1, integer=True)
-    _validate_scheduler(config)
+    _validate_schedule(config)
     check_choice(config, "rollout.history", HISTORY_MODES)
     if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
         fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
@@ -85,16 +85,16 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
              f"the mesh's data*fsdp={data_shards}")
 
 
-def _validate_scheduler(config) -> None:
+def _validate_schedule(config) -> None:
     r = config.rollout
-    check_choice(config, "rollout.scheduler", SCHEDULERS)
+    check_choice(config, "rollout.schedule", SCHEDULES)
     batch = r.num_tasks * r.group_size
     check_range(config, "rollout.num_slots", 0, batch, integer=True)
     check_range(config, "rollout.slot_service_batch", 1, r.num_slots or batch, integer=True)
-    if r.scheduler != "slots":
+    if r.schedule != "slots":
         return
     if config.process.mc_samples > 0:
-        fail("rollout.scheduler", r.scheduler,
+        fail("rollout.schedule", r.schedule,
              "Monte Carlo branching (process.mc_samples > 0) forks the turn states a "
              "lockstep rollout records: allowed values are ('lockstep',)")
 

@@ -219,7 +219,7 @@ class TokenTrainer:
         shared by the group's rows; turn states recorded when Monte Carlo branching
         needs them. Benchmarks time it on its own through this method."""
         c = self.config
-        if c.rollout.scheduler == "slots":
+        if c.rollout.schedule == "slots":
             return slots_lib.slot_rollout(
                 self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
                 model=self.model, params=policy_params, sampling=self.sampling,
