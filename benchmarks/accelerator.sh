@@ -75,6 +75,8 @@ if [ "$TINY" = 1 ]; then
   run async_rollouts 900 "$PYTHON" benchmarks/async_rollouts.py --tiny --steps 2 --rounds 1
   run continuous_batching 900 "$PYTHON" benchmarks/continuous_batching.py --tiny --steps 1 \
     --rounds 1 --workloads long_tail
+  run continuous_batching_rollout 900 "$PYTHON" benchmarks/continuous_batching.py \
+    --rollout-only --tiny --rounds 1 --workloads long_tail
 elif [ "$REAL_SIZES" = 1 ]; then
   # One process: compile 0.5B, 1.5B, 8B for the device (~1-2 min each), run 2 steps of
   # those that fit. The 8B step state alone (8.03e9 x 14 bytes = 112 GB) exceeds one chip.
@@ -98,6 +100,9 @@ else
   # workload and guess_number, 8 and 32 of 32 rows.
   run continuous_batching 150 "$PYTHON" benchmarks/continuous_batching.py --steps 2 \
     --rounds 3 --slots 0.25,1.0 --workloads long_tail,guess_number
+  # Where the rollout's time goes on the device: iterations and ms per iteration.
+  run continuous_batching_rollout 100 "$PYTHON" benchmarks/continuous_batching.py \
+    --rollout-only --rounds 3 --slots 0.25,1.0 --workloads long_tail,guess_number
   # One accelerator: the 1 vs 8 device comparison runs on fake CPU devices of the host.
   run sharding_overhead 50 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
     --devices 8 --num-tasks 8 --group-size 4 --repeats 3

@@ -3,6 +3,7 @@ trained tokens and finished episodes per second of whole GRPO steps (rollout + u
 
     python benchmarks/continuous_batching.py [--steps 2] [--rounds 3] [--slots 0.25]
         [--workloads long_tail,guess_number,countdown] [--tiny] [--no-write]
+        [--rollout-only]
 
 Workloads: `long_tail` (benchmarks/long_tail_env.py: each episode's number of turns drawn
 from a Pareto tail whose p99 is 10x its median, capped at max_turns), `guess_number` and
@@ -14,6 +15,11 @@ tokens); they differ in how the decoding is scheduled. Each arm runs `--steps` s
 round, round-robin over `--rounds` rounds; medians. The table also gives each
 workload's episode tokens (median, p99 : median) and the slots' busy share (decoding
 slot-steps / (slots x decode iterations)).
+
+`--rollout-only` times the step's rollout alone (no update) and adds where its time goes:
+decode iterations (lockstep: max_turns x action_len, its turns scan their whole budget;
+slots: `SlotStats.iterations`) and milliseconds per iteration; its own section,
+"Continuous batching: where the rollout's time goes".
 """
 
 from __future__ import annotations
@@ -72,7 +78,11 @@ def main(argv=None):
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--tiny", action="store_true", help="smallest sizes (a script check)")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--rollout-only", action="store_true",
+                        help="time the rollout alone, with iterations and ms / iteration")
     args = parser.parse_args(argv)
+    if args.rollout_only:
+        return rollout_only(args)
 
     from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
     from arl.rollout import slots as slots_lib  # pylint: disable=import-outside-toplevel
@@ -154,6 +164,72 @@ def main(argv=None):
             + common.markdown_table(["workload", "scheduler", "ms / step", "trained tok/s",
                                      "episodes/s", "speed-up", "first call s"], rows))
     common.publish("Continuous batching (slot scheduling)", text, write=not args.no_write)
+
+
+def rollout_only(args):
+    """The step's rollout alone per arm, interleaved rounds: ms per rollout, decode
+    iterations and ms per iteration (the per-iteration cost is what slots trade against
+    the iterations they save)."""
+    from arl.trainers import TokenTrainer  # pylint: disable=import-outside-toplevel
+    from arl.rollout import rollouts as rollouts_lib  # pylint: disable=import-outside-toplevel
+    from arl.rollout import slots as slots_lib  # pylint: disable=import-outside-toplevel
+
+    load_before = common.load_average()
+    rows, notes = [], []
+    key = jax.random.key(7)
+    for workload in args.workloads.split(","):
+        c = workload_config(workload, args.tiny)
+        trainer = TokenTrainer(c)
+        r = c.rollout
+        batch = r.num_tasks * r.group_size
+        env_params = trainer.task_params(r.num_tasks, r.group_size)
+        policy = trainer.policy_params(trainer.init_state())
+        env = trainer.env
+        arms = {"lockstep": jax.jit(lambda p, k: (rollouts_lib.rollout(
+            env, k, num_tasks=r.num_tasks, group_size=r.group_size, model=trainer.model,
+            params=p, sampling=trainer.sampling, env_params=env_params,
+            share_group_prefill=True), None))}
+        for fraction in args.slots.split(","):
+            n = max(1, round(float(fraction) * batch))
+            service = max(1, round(args.service_batch * n))
+            arms[f"slots ({n} rows)"] = jax.jit(
+                lambda p, k, n=n, service=service: slots_lib.slot_rollout(
+                    env, k, num_tasks=r.num_tasks, group_size=r.group_size,
+                    model=trainer.model, params=p, sampling=trainer.sampling,
+                    env_params=env_params, share_group_prefill=True, num_slots=n,
+                    service_batch=service, return_stats=True))
+        results = {arm: jax.block_until_ready(fn(policy, key)) for arm, fn in arms.items()}
+        times = {arm: [] for arm in arms}
+        for _ in range(args.rounds):
+            for arm, fn in arms.items():
+                start = time.perf_counter()
+                jax.block_until_ready(fn(policy, key))
+                times[arm].append(time.perf_counter() - start)
+        traj = results["lockstep"][0]
+        tokens = np.asarray(traj.agent_mask.sum(axis=1))
+        lock_s = statistics.median(times["lockstep"])
+        for arm in arms:
+            stats = results[arm][1]
+            iterations = (env.max_turns * env.action_len if stats is None
+                          else int(stats.iterations))
+            seconds = statistics.median(times[arm])
+            rows.append([workload, arm, common.fmt_ms(seconds), str(iterations),
+                         f"{seconds / iterations * 1e3:.2f}",
+                         common.fmt_rate(float(tokens.sum()) / seconds),
+                         f"{batch / seconds:.1f}", f"{lock_s / seconds:.2f}x"])
+        notes.append(f"{workload}: batch {batch}, agent tokens per episode median "
+                     f"{np.median(tokens):.0f}, max {int(tokens.max())} (the longest episode "
+                     f"bounds every arm's iterations without partial rollouts)")
+    description = (
+        f"The step's rollout alone, d_model 64, 2 layers, float32, {args.rounds} "
+        f"interleaved rounds, median; load average {load_before:.1f} before, "
+        f"{common.load_average():.1f} after. " + "; ".join(notes) + ".")
+    text = (common.heading("continuous_batching.py") + description + "\n\n"
+            + common.markdown_table(["workload", "scheduler", "ms / rollout",
+                                     "decode iterations", "ms / iteration",
+                                     "agent tok/s", "episodes/s", "speed-up"], rows))
+    common.publish("Continuous batching: where the rollout's time goes", text,
+                   write=not args.no_write)
 
 
 if __name__ == "__main__":

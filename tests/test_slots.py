@@ -183,7 +183,7 @@ def _config(**rollout):
     (dict(schedule="slots", num_slots=-1), "rollout.num_slots"),
     (dict(schedule="slots", num_slots=4, slot_service_batch=5), "rollout.slot_service_batch"),
 ])
-def test_config_refuses_bad_scheduler_settings(rollout, field):
+def test_config_refuses_bad_schedule_settings(rollout, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         config_lib.validate(_config(**rollout))
 
