@@ -200,6 +200,7 @@ def test_config_refuses_slots_with_what_needs_lockstep():
     config_lib.validate(_config(schedule="slots", num_slots=32, slot_service_batch=8))
 
 
+@pytest.mark.slow  # two more compiles with io_callback steps: the file's largest cost
 def test_slots_step_a_host_environment_from_inside_the_loop():
     """A host environment (io_callback steps) served from the slot loop's conditional
     branch plays the lockstep episodes."""
