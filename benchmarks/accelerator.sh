@@ -3,7 +3,7 @@
 # has JAX with its accelerator plugin installed; installs nothing. Run from the repository
 # root:
 #
-#     bash benchmarks/accelerator.sh               # accelerator sizes, about 7 minutes
+#     bash benchmarks/accelerator.sh               # accelerator sizes, about 9 minutes
 #     bash benchmarks/accelerator.sh --real-sizes  # real model sizes, under 8 minutes
 #     bash benchmarks/accelerator.sh --tiny        # tiny sizes (CPU check of this script)
 #
@@ -14,7 +14,7 @@
 # fits the device (benchmarks/real_sizes.py --accelerator).
 #
 # Results (RESULTS.md, PNGs, accelerator.log) go to $OUT when set, else benchmarks/.
-# Every benchmark runs under its own `timeout`, so the whole suite stays within 8 minutes
+# Every benchmark runs under its own `timeout`, so the whole suite stays within 13 minutes (the sum of its limits)
 # even when one of them hangs; a failure is logged and the suite goes on.
 set -u
 
@@ -73,6 +73,10 @@ if [ "$TINY" = 1 ]; then
   run real_sizes 900 "$PYTHON" benchmarks/real_sizes.py --accelerator --tiny --steps 1 \
     --num-tasks 2 --group-size 2
   run async_rollouts 900 "$PYTHON" benchmarks/async_rollouts.py --tiny --steps 2 --rounds 1
+  run continuous_batching 900 "$PYTHON" benchmarks/continuous_batching.py --tiny --steps 1 \
+    --rounds 1 --workloads long_tail
+  run continuous_batching_rollout 900 "$PYTHON" benchmarks/continuous_batching.py \
+    --rollout-only --tiny --rounds 1 --workloads long_tail
 elif [ "$REAL_SIZES" = 1 ]; then
   # One process: compile 0.5B, 1.5B, 8B for the device (~1-2 min each), run 2 steps of
   # those that fit. The 8B step state alone (8.03e9 x 14 bytes = 112 GB) exceeds one chip.
@@ -92,6 +96,13 @@ else
   # Rollout/update overlap (asynchronous rollouts, lag 0/1/2 vs the fused step and the
   # bound max(rollout, update)) with a host tool; colocated on one accelerator.
   run async_rollouts 150 "$PYTHON" benchmarks/async_rollouts.py --steps 4 --rounds 3
+  # Slot scheduling against lockstep (#58's figures on the device): the long-tailed
+  # workload and guess_number, 8 and 32 of 32 rows.
+  run continuous_batching 150 "$PYTHON" benchmarks/continuous_batching.py --steps 2 \
+    --rounds 3 --slots 0.25,1.0 --workloads long_tail,guess_number
+  # Where the rollout's time goes on the device: iterations and ms per iteration.
+  run continuous_batching_rollout 100 "$PYTHON" benchmarks/continuous_batching.py \
+    --rollout-only --rounds 3 --slots 0.25,1.0 --workloads long_tail,guess_number
   # One accelerator: the 1 vs 8 device comparison runs on fake CPU devices of the host.
   run sharding_overhead 50 env JAX_PLATFORMS=cpu "$PYTHON" benchmarks/sharding_overhead.py \
     --devices 8 --num-tasks 8 --group-size 4 --repeats 3

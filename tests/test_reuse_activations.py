@@ -326,6 +326,12 @@ def _trainer_config(algorithm, reuse, mesh=(1, 1, 1)):
     c.optim.learning_rate = 1.0
     c.updates.reuse_rollout_activations = reuse
     c.mesh = mesh
+    # A step moves the parameters only when a group's rewards differ, and the untrained
+    # policy writes a parsable guess in about 0.15% of its turns (19 of 12,800 measured,
+    # 21 before the per-episode keys): most seeds' first step has 80 turns with no valid
+    # guess, zero advantages and a zero gradient. Of seeds 0-15, the first step of 2, 7
+    # and 11 has one (2026-12-07; seed 0 had one before the keys changed).
+    c.seed = 2
     return c
 
 

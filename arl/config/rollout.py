@@ -29,10 +29,21 @@ def defaults() -> ml_collections.ConfigDict:
     # (data, fsdp, tensor) over the next devices after the training mesh's.
     c.policy_lag = 0
     c.mesh = ()
+    # Scheduling inside the rollout (docs/async.md, arl.rollout.slots): "lockstep" plays
+    # a step's episodes side by side, turn by turn; "slots" plays them on num_slots
+    # generation rows, each taking the next episode as soon as its own ends (0: one row
+    # per episode, num_tasks * group_size). slot_service_batch: the env steps on the
+    # waiting slots' turns once this many wait (or none is decoding).
+    c.schedule = "lockstep"
+    c.num_slots = 0
+    c.slot_service_batch = 1
     # How a multi-turn conversation becomes the policy's context, and the per-turn
     # history window (defaults and checks: arl.config.history).
     history_section.add_defaults(c)
     return c
+
+
+SCHEDULES = ("lockstep", "slots")
 
 
 def validate(config, algorithm: algorithm_table.Algorithm) -> None:
@@ -47,6 +58,7 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
     check_range(config, "rollout.top_k", 0, integer=True)
     check_range(config, "rollout.top_p", 0.0, 1.0, low_open=True)
     check_range(config, "rollout.horizon_every", 1, integer=True)
+    _validate_schedule(config)
     history_section.validate(config, algorithm)
     if any(not isinstance(h, int) or h < 1 for h in r.horizon_rounds):
         fail("rollout.horizon_rounds", r.horizon_rounds, "expected positive integers")
@@ -69,3 +81,18 @@ def validate(config, algorithm: algorithm_table.Algorithm) -> None:
         fail("updates.minibatches", minibatches,
              f"minibatch size {batch // minibatches} must be divisible by "
              f"the mesh's data*fsdp={data_shards}")
+
+
+def _validate_schedule(config) -> None:
+    r = config.rollout
+    check_choice(config, "rollout.schedule", SCHEDULES)
+    batch = r.num_tasks * r.group_size
+    check_range(config, "rollout.num_slots", 0, batch, integer=True)
+    check_range(config, "rollout.slot_service_batch", 1, r.num_slots or batch, integer=True)
+    if r.schedule != "slots":
+        return
+    if config.process.mc_samples > 0:
+        fail("rollout.schedule", r.schedule,
+             "Monte Carlo branching (process.mc_samples > 0) forks the turn states a "
+             "lockstep rollout records: allowed values are ('lockstep',)")
+

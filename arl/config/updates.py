@@ -58,6 +58,8 @@ def reuse_unavailable(config) -> str | None:
     if uses_two_programs(config):
         return ("the rollout's activations stay on the rollout's side with "
                 "rollout.policy_lag > 0 or a rollout.mesh")
+    if config.rollout.get("schedule", "lockstep") == "slots":
+        return "a slot-scheduled rollout (rollout.schedule='slots') records none"
     return None
 
 

@@ -147,6 +147,15 @@ def sample_from_logits(key: jax.Array | None, logits: jax.Array, *, temperature=
     return tokens, logp[:, 0]
 
 
+def row_noise(row_keys: jax.Array, step, vocab: int) -> jax.Array:
+    """float32 [B, vocab]: the Gumbel noise of each row's draw number `step` (a scalar or
+    int [B]), from the row's own key (`jax.random.fold_in(row_keys[b], step)`): the same for a row wherever and with
+    whichever other rows it is drawn."""
+    steps = jnp.broadcast_to(jnp.asarray(step, jnp.int32), row_keys.shape[:1])
+    return jax.vmap(lambda k, t: jax.random.gumbel(jax.random.fold_in(k, t), (vocab,),
+                                                   jnp.float32))(row_keys, steps)
+
+
 def take_last_valid(logits: jax.Array, num_valid: jax.Array, fallback: jax.Array | None = None
                     ) -> jax.Array:
     """Logits [B, T, V] at each row's last valid position num_valid[b] - 1 -> [B, V].
@@ -197,7 +206,7 @@ def _as_variables(params):
 def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.Array,
              key: jax.Array, *, max_new_tokens: int, eot_id, pad_id, active=None,
              temperature=1.0, top_k: int = 0, top_p=1.0, greedy: bool = False,
-             row_budget=None, stop_early: bool = False) -> GenerateOutput:
+             row_budget=None, stop_early: bool = False, row_keys=None) -> GenerateOutput:
     """Sample up to `max_new_tokens` tokens per row with the KV cache, inside jit.
 
     Each step: sample from the current logits (`sample_from_logits`), record logp, feed
@@ -222,6 +231,10 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
       stop_early: use a `lax.while_loop` that exits once every row has stopped instead of
         a `lax.scan` over the whole budget; same results, less work for short turns (not
         reverse-differentiable, which generation never needs).
+      row_keys: optional [B] keys, one per row: token t of row b is drawn with the noise
+        `row_noise(row_keys, t, V)[b]` instead of from `key` (unused then), so a row's draws
+        do not depend on the other rows or its position in the batch (what slot scheduling,
+        `arl.rollout.slots`, needs to replay the same episodes).
     """
     if not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be a positive int, got {max_new_tokens!r}")
@@ -275,9 +288,24 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
         cache = cache.per_layer()
         variables = {**variables, "params": per_layer_params(variables["params"])}
     carry = (cache, last_logits.astype(jnp.float32), ~active, jnp.zeros((batch,), jnp.int32))
-    step_keys = jax.random.split(key, max_new_tokens)
     vocab = last_logits.shape[1]
-    if not greedy and max_new_tokens * batch * vocab <= PRECOMPUTED_NOISE_LIMIT:
+    if row_keys is not None and not greedy:
+        chex.assert_shape(row_keys, (batch,))
+        steps = jnp.arange(max_new_tokens)
+        if max_new_tokens * batch * vocab <= PRECOMPUTED_NOISE_LIMIT:
+            noise = jax.vmap(lambda t: row_noise(row_keys, t, vocab))(steps)
+        else:
+            noise = None
+        step_randomness = (steps, noise)
+
+        def draw(step_and_noise):
+            t, gumbel = step_and_noise
+            return None, row_noise(row_keys, t, vocab) if gumbel is None else gumbel
+
+        inner_step = step
+        step = lambda carry, randomness: inner_step(carry, draw(randomness))
+    elif not greedy and max_new_tokens * batch * vocab <= PRECOMPUTED_NOISE_LIMIT:
+        step_keys = jax.random.split(key, max_new_tokens)
         # The same noise `jax.random.categorical` draws step by step, drawn in one call:
         # on CPU each threefry call is a small loop, and one per decoded token costs more
         # than the bits.
@@ -285,7 +313,7 @@ def generate(model: Transformer, params: Any, cache: KVCache, last_logits: jax.A
             step_keys)
         step_randomness = (step_keys, noise)
     else:
-        step_randomness = (step_keys, None)
+        step_randomness = (jax.random.split(key, max_new_tokens), None)
 
     if not stop_early:
         carry, (tokens, logp, values) = jax.lax.scan(step, carry, step_randomness)

@@ -11,6 +11,7 @@ from arl.rollout.episode_datasets import (Demonstrations, TaskSet, build_demonst
                                           sample_demonstrations)
 from arl.rollout.rollouts import (default_row_params, env_ids_of, rollout, scripted_rollout,
                               task_keys)
+from arl.rollout.slots import SlotStats, slot_rollout
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format, context_length,
                                     first_observation_length, observation_length,
                                     render_trajectory)
@@ -18,10 +19,11 @@ from arl.rollout.turns import (ACTION_SOURCES, RolloutCarry, TurnPlayer, TurnRec
                                initial_carry, write_rows)
 
 __all__ = [
-    "ACTION_SOURCES", "Demonstrations", "RolloutCarry", "SamplingConfig", "TaskSet",
+    "ACTION_SOURCES", "Demonstrations", "RolloutCarry", "SamplingConfig", "SlotStats",
+    "TaskSet",
     "Trajectory", "TurnPlayer", "TurnRecord", "build_demonstrations", "build_task_set",
     "chat_format", "context_length", "default_row_params", "env_ids_of",
     "first_observation_length", "initial_carry", "load_demonstrations", "load_task_set",
     "observation_length", "render_trajectory", "rollout", "sample_demonstrations",
-    "scripted_rollout", "task_keys", "write_rows",
+    "scripted_rollout", "slot_rollout", "task_keys", "write_rows",
 ]

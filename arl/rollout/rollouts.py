@@ -5,6 +5,10 @@ with a KV cache (`arl.models.generate`), then the environment steps on the gener
 chunk and its reply is prefilled into the cache. The result is a `Trajectory`
 (`arl.rollout.trajectory`).
 
+Keys: every episode draws from its own (`arl.rollout.episode_keys`: its group's reset key,
+its episode key, turn and token numbers), so its play does not depend on the other rows;
+`arl.rollout.slots` schedules the same episodes on fewer rows.
+
 Groups: the `group_size` rows of a task share the reset key, so they see the same task
 (environments sample the task in `reset` from its key) while their step keys differ.
 Rows that start from the same observation also share its prefill: the model reads each
@@ -19,19 +23,21 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from arl.envs.from_config import member_of_task, task_params
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
+from arl.rollout import episode_keys as episode_keys_lib
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format,
                                      context_length)
 from arl.rollout.turns import ACTION_SOURCES, TurnPlayer, initial_carry, write_rows
 
 
 def task_keys(key, num_tasks: int, group_size: int):
-    """Reset keys `[num_tasks * group_size]`: the rows of a group share one key."""
-    keys = jax.random.split(key, num_tasks)
-    return jnp.repeat(keys, group_size, axis=0)
+    """Reset keys `[num_tasks * group_size]`: the rows of a group share one key, group g's
+    `fold_in(key, g)` (`arl.rollout.episode_keys`), whatever the number of groups."""
+    return episode_keys_lib.group_reset_keys(key, num_tasks, group_size)
 
 
 def default_row_params(env, num_tasks: int, group_size: int):
@@ -105,15 +111,78 @@ def rollout(
                          f"activations), got action_source={action_source!r}")
     if num_tasks < 1 or group_size < 1:
         raise ValueError(f"num_tasks={num_tasks} and group_size={group_size} must be >= 1.")
-    batch = num_tasks * group_size
     if share_group_prefill is None:
         share_group_prefill = reset_keys is None and env_params is None
     if env_params is None:
         env_params = default_row_params(env, num_tasks, group_size)
+    horizon = jnp.asarray(env.max_turns if horizon is None else horizon, jnp.int32)
+    start = start_episodes(env, key, num_tasks=num_tasks, group_size=group_size, model=model,
+                           params=params, action_source=action_source,
+                           env_params=env_params, reset_keys=reset_keys,
+                           share_group_prefill=share_group_prefill,
+                           record_projections=record_projections)
+    carry, params = start.carry, start.params
+    player = TurnPlayer(env, model, params, sampling, action_source, env_params, horizon)
+    carry, per_turn = player.play(carry, jnp.zeros((num_tasks * group_size,), jnp.int32),
+                                  env.max_turns, start.episode_keys,
+                                  record_states=record_turn_states)
+    return trajectory_of(env, carry, per_turn, num_tasks, group_size, record_projections,
+                         start.task_rows)
+
+
+def trajectory_of(env, carry, per_turn, num_tasks: int, group_size: int,
+                  record_projections: bool, task_rows) -> Trajectory:
+    """The `Trajectory` of episodes of `env` played: their final `RolloutCarry` (row i =
+    episode i) and per-turn `TurnRecord` [B, max_turns]."""
+    return Trajectory(
+        tokens=carry.tokens,
+        agent_mask=carry.agent_mask,
+        observation_mask=carry.observation_mask,
+        behaviour_logp=carry.logp,
+        rewards=carry.rewards,
+        turn_end_mask=carry.turn_end,
+        length=carry.offset,
+        group_ids=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size),
+        env_ids=carry.env_ids,
+        num_turns=carry.num_turns,
+        success=carry.success,
+        terminated=carry.terminated,
+        episode_return=carry.episode_return,
+        format_errors=carry.format_errors,
+        values=carry.values,
+        process_rewards=carry.process_rewards,
+        turn_rewards=per_turn.reward,
+        turn_starts=per_turn.start,
+        turn_active=per_turn.active,
+        turn_success=per_turn.success,
+        turn_states=per_turn.state,
+        projections=carry.cache.projections if record_projections else None,
+        task_rows=task_rows,
+        episode_stats=(jax.vmap(env.episode_stats)(carry.env_state)
+                       if hasattr(env, "episode_stats") else None),
+    )
+
+
+@struct.dataclass
+class EpisodeStarts:
+    """Episodes before their first turn (`start_episodes`): the loop state with the
+    prompts read, each episode's key (`arl.rollout.episode_keys`), the parameters as the
+    loop reads them and the dataset rows of the tasks."""
+
+    carry: Any
+    episode_keys: jax.Array
+    params: Any = None
+    task_rows: jax.Array | None = None
+
+
+def start_episodes(env, key, *, num_tasks: int, group_size: int, model, params,
+                   action_source: str, env_params, reset_keys, share_group_prefill: bool,
+                   record_projections: bool) -> EpisodeStarts:
+    """Resets `num_tasks * group_size` episodes and reads their prompts (the policy's
+    prefill, once per group with `share_group_prefill`); the arguments as `rollout`'s."""
+    batch = num_tasks * group_size
     codec = env.codec
     width = context_length(env)
-    max_turns = env.max_turns
-    horizon = jnp.asarray(max_turns if horizon is None else horizon, jnp.int32)
 
     reset_key, turns_key = jax.random.split(key)
     if reset_keys is None:
@@ -161,36 +230,8 @@ def rollout(
 
     carry = initial_carry(env_state, tokens, offset, env_ids_of(timestep, batch), cache,
                           last_logits, values, done=jnp.zeros((batch,), bool))
-    player = TurnPlayer(env, model, params, sampling, action_source, env_params, horizon)
-    carry, per_turn = player.play(carry, jnp.zeros((batch,), jnp.int32), max_turns, turns_key,
-                                  record_states=record_turn_states)
-    return Trajectory(
-        tokens=carry.tokens,
-        agent_mask=carry.agent_mask,
-        observation_mask=carry.observation_mask,
-        behaviour_logp=carry.logp,
-        rewards=carry.rewards,
-        turn_end_mask=carry.turn_end,
-        length=carry.offset,
-        group_ids=jnp.repeat(jnp.arange(num_tasks, dtype=jnp.int32), group_size),
-        env_ids=carry.env_ids,
-        num_turns=carry.num_turns,
-        success=carry.success,
-        terminated=carry.terminated,
-        episode_return=carry.episode_return,
-        format_errors=carry.format_errors,
-        values=carry.values,
-        process_rewards=carry.process_rewards,
-        turn_rewards=per_turn.reward,
-        turn_starts=per_turn.start,
-        turn_active=per_turn.active,
-        turn_success=per_turn.success,
-        turn_states=per_turn.state,
-        projections=carry.cache.projections if record_projections else None,
-        task_rows=task_rows,
-        episode_stats=(jax.vmap(env.episode_stats)(carry.env_state)
-                       if hasattr(env, "episode_stats") else None),
-    )
+    return EpisodeStarts(carry=carry, params=params, task_rows=task_rows,
+                         episode_keys=episode_keys_lib.episode_keys(turns_key, batch))
 
 
 def _prefill(model, params, first, num_valid, capacity: int, group_size: int,

@@ -20,6 +20,7 @@ from arl.envs.base import SCRIPTED_SOURCES, TokenChunk
 from arl.text import codec as codec_lib
 from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
+from arl.rollout import episode_keys as episode_keys_lib
 from arl.rollout.trajectory import SamplingConfig
 from arl.text.chat_template import env_chat_format
 
@@ -143,7 +144,11 @@ class TurnPlayer:
         """Runs `num_turns` turns (a `lax.scan`); row b's i-th turn is turn
         `first_turn[b] + i` of its episode, played while the row is not done and below
         the horizon. Returns the final carry and the per-turn record `[B, num_turns]`
-        (with `record_states`, the environment state before each turn too)."""
+        (with `record_states`, the environment state before each turn too).
+
+        `key`: one key for the batch, or `[B]` episode keys (`arl.rollout.episode_keys`):
+        then each row's sampling and env-step keys come from its own episode's key and
+        turn number, so the episode is the same however it is scheduled."""
         player = self
         per_layer = carry.cache is not None and transformer_lib.decodes_per_layer(
             self.model.config)
@@ -157,7 +162,10 @@ class TurnPlayer:
             i, turn_key = xs
             return player._turn(carry, first_turn + i, turn_key, record_states)
 
-        keys = jax.random.split(key, num_turns)
+        if episode_keys_lib.is_batch(key):  # the rows' episode keys, the same every turn
+            keys = jnp.broadcast_to(key, (num_turns,) + key.shape)
+        else:
+            keys = jax.random.split(key, num_turns)
         carry, per_turn = jax.lax.scan(scan_turn, carry, (jnp.arange(num_turns), keys))
         if per_layer:
             carry = carry.replace(cache=carry.cache.stacked())
@@ -166,32 +174,54 @@ class TurnPlayer:
     def _turn(self, carry: RolloutCarry, turn_index, key, record_states):
         env, model, params, sampling = self.env, self.model, self.params, self.sampling
         codec = env.codec
-        batch, width = carry.tokens.shape
+        batch = carry.tokens.shape[0]
         use_model = self.action_source == "model"
-        record_values = carry.values is not None
-        act_key, step_key = jax.random.split(key)
+        row_keys = None
+        if episode_keys_lib.is_batch(key):  # [B] episode keys: this turn's from the row's
+            row_keys, step_keys = episode_keys_lib.turn_keys(key, turn_index)
+            act_key = row_keys[0]  # unused by `generate` with row_keys
+        else:
+            act_key, step_key = jax.random.split(key)
+            step_keys = jax.random.split(step_key, batch)
         active = (~carry.done) & (turn_index < self.horizon)
+        action_values = None
         if use_model:
             gen = sampling_lib.generate(
                 model, params, carry.cache, carry.last_logits, act_key,
                 max_new_tokens=env.action_len, eot_id=codec_lib.stop_ids(codec),
                 pad_id=codec.pad_id,
                 active=active, temperature=sampling.temperature, top_k=sampling.top_k,
-                top_p=sampling.top_p, greedy=sampling.greedy)
+                top_p=sampling.top_p, greedy=sampling.greedy, row_keys=row_keys)
             action = TokenChunk(tokens=gen.tokens, length=gen.length)
             action_logp = gen.logp
             cache, last_logits = gen.cache, gen.last_logits
+            action_values = gen.values
         else:
             policy = getattr(env, f"{self.action_source}_action")
-            action = jax.vmap(policy)(
-                jax.random.split(act_key, batch), carry.env_state, self.env_params)
+            action_keys = (jax.random.split(act_key, batch) if row_keys is None
+                           else row_keys)
+            action = jax.vmap(policy)(action_keys, carry.env_state, self.env_params)
             action = TokenChunk(
                 tokens=action.tokens, length=jnp.where(active, action.length, 0))
             action_logp = jnp.zeros(action.tokens.shape, jnp.float32)
             cache, last_logits = None, None
+        return self.respond(carry, active, action, action_logp, action_values, cache,
+                            last_logits, step_keys, record_states)
 
-        new_state, ts = jax.vmap(env.step)(
-            jax.random.split(step_key, batch), carry.env_state, action, self.env_params)
+    def respond(self, carry: RolloutCarry, active, action: TokenChunk, action_logp,
+                action_values, cache, last_logits, step_keys, record_states=False):
+        """The second half of a turn, once its action is decided: the environment steps
+        on `action` (rows with `active`; `step_keys` [B]), the turn and the reply are
+        written to the context and the reply is prefilled into `cache` (the cache and
+        logits after the action). Rows that are not active are left as they are.
+        Returns (the carry after the turn, its `TurnRecord`)."""
+        env, model, params = self.env, self.model, self.params
+        codec = env.codec
+        batch, width = carry.tokens.shape
+        use_model = self.action_source == "model"
+        record_values = carry.values is not None
+        new_state, ts = jax.vmap(env.step)(step_keys, carry.env_state, action,
+                                           self.env_params)
         env_state = select_rows(active, new_state, carry.env_state)
 
         offset = carry.offset
@@ -202,7 +232,7 @@ class TurnPlayer:
         logp = write_rows(carry.logp, action_logp, offset, n_act)
         values = carry.values
         if record_values:
-            values = write_rows(values, gen.values, offset, n_act)
+            values = write_rows(values, action_values, offset, n_act)
         info = ts.info
         reward = jnp.where(active, ts.reward, 0.0).astype(jnp.float32)
         process_reward = jnp.where(

@@ -41,6 +41,7 @@ from arl.optim import make_optimizer, rl_updates
 from arl.rollout import episode_datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
+from arl.rollout import slots as slots_lib
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
 from arl.trainers.tracing import trace_once
@@ -218,6 +219,15 @@ class TokenTrainer:
         shared by the group's rows; turn states recorded when Monte Carlo branching
         needs them. Benchmarks time it on its own through this method."""
         c = self.config
+        if c.rollout.schedule == "slots":
+            return slots_lib.slot_rollout(
+                self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
+                model=self.model, params=policy_params, sampling=self.sampling,
+                horizon=horizon,
+                env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
+                share_group_prefill=True,
+                num_slots=c.rollout.num_slots or c.rollout.num_tasks * c.rollout.group_size,
+                service_batch=c.rollout.slot_service_batch)
         return rollout_lib.rollout(
             self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
             model=self.model, params=policy_params, sampling=self.sampling, horizon=horizon,
