@@ -7,7 +7,7 @@ import ml_collections
 
 from arl import algorithm_table
 from arl.config import history as history_section
-from arl.config.checks import check_range, fail
+from arl.config.checks import check_choice, check_range, fail
 
 HISTORY_MODES = history_section.HISTORY_MODES  # docs/checkpoints.md, "History modes"
 
