@@ -97,7 +97,7 @@ def _step_texts(env, state, id_lists, params):
     actions = TokenChunk(jnp.asarray(tokens), jnp.asarray([len(i) for i in id_lists]))
     states = jax.tree.map(lambda x: jnp.broadcast_to(x, (len(id_lists),) + x.shape), state)
     keys = jax.random.split(jax.random.key(0), len(id_lists))
-    _, ts = jax.vmap(env.step, in_axes=(0, 0, 0, None))(keys, states, actions, params)
+    _, ts = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))(keys, states, actions, params)
     return [env.render_chunk(TokenChunk(ts.observation.tokens[i], ts.observation.length[i]))
             for i in range(len(id_lists))]
 
