@@ -41,8 +41,9 @@ back (`_isolated`). So a session's draws do not depend on the other sessions, th
 deterministic given its seed and actions (`deterministic = True`: resume and Monte
 Carlo branching replay the recorded actions), and the global `random` of the rest of the
 process is left as it was. The cost: the games' own Python runs one row at a time (the
-pool still overlaps everything outside the lock), plus two state swaps per call (about
-10 us); docs/environments.md has the measurement.
+pool still overlaps everything outside the lock), plus the swaps (a Mersenne Twister
+state of 625 words saved and set twice per call); docs/environments.md has the
+measurement.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
+import os
 import random
+import sys
+import tempfile
 import threading
 from typing import Any, Callable
 
@@ -104,6 +109,33 @@ def _isolated(session: _Game):
         finally:
             session.rng_state = random.getstate()
             random.setstate(saved)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Drops what the code inside prints, to file descriptors 1 and 2 too: a game module
+    that fails may print first (NLTK's download attempts when Wordle's or Hangman's
+    module is imported, written to the `sys.stderr` NLTK bound at its import), and a
+    failure is one line. Used once, when the env is built (a short window in which
+    other threads' output is dropped too)."""
+    sink = tempfile.TemporaryFile()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        with contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for descriptor in saved:
+            os.close(descriptor)
+        sink.close()
 
 
 def _unwrapped(game):
@@ -174,7 +206,7 @@ class TextArenaGame(SessionEnvironment):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{field}={value!r} must be an int >= 1")
         probing = _Game(None, random.Random(0).getstate())
-        with _isolated(probing):
+        with _isolated(probing), _quiet():
             probe = probing.game = self._make()
             try:
                 probe.reset(num_players=1, seed=0)
