@@ -38,12 +38,13 @@ Randomness. TextArena seeds and draws from Python's global `random` (its `State`
 session keeps its own `random` state: every call into a game (make, reset, step, oracle)
 runs under one process-wide lock with the global state swapped for the session's and
 back (`_isolated`). So a session's draws do not depend on the other sessions, the game is
-deterministic given its seed and actions (`deterministic = True`: resume and Monte
-Carlo branching replay the recorded actions), and the global `random` of the rest of the
-process is left as it was. The cost: the games' own Python runs one row at a time (the
-pool still overlaps everything outside the lock), plus the swaps (a Mersenne Twister
-state of 625 words saved and set twice per call); docs/environments.md has the
-measurement.
+deterministic given its seed and actions (`deterministic=True`: resume and Monte Carlo
+branching replay the recorded actions), and the process's own `random` is left as it
+was. A game that draws from another generator is not covered: give it
+`deterministic=False` (resume mode "restart"). The cost: the games' own Python runs one
+row at a time (the pool still overlaps everything outside the lock), plus the swaps (a
+Mersenne Twister state of 625 words saved and set twice per call); docs/environments.md
+has the measurement.
 """
 
 from __future__ import annotations
@@ -194,8 +195,12 @@ class TextArenaGame(SessionEnvironment):
     def __init__(self, game: str, game_kwargs: dict | None = None,
                  codec: Codec | None = None, max_turns: int | None = None,
                  action_len: int = 16, prompt_len: int | None = None, obs_len: int = 64,
-                 max_sessions: int = 1024, step_timeout_s: float | None = 60.0):
+                 max_sessions: int = 1024, step_timeout_s: float | None = 60.0,
+                 deterministic: bool = True):
         self.textarena = _library()
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"deterministic={deterministic!r} must be True or False")
+        self.deterministic = deterministic
         _checked_game(game)
         self.game_id = game
         self.name = f"{PREFIX}:{game}"
