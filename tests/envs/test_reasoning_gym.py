@@ -163,3 +163,37 @@ def test_a_composite_entry_that_is_no_task_is_one_line():
                                           r"'chain_sun': reasoning-gym has no such task "
                                           r"\(did you mean chain_sum\?\)"):
         arl.validate(c)
+
+
+@pytest.mark.slow
+def test_a_composite_logs_metrics_per_task_to_metrics_jsonl(tmp_path):
+    import textwrap
+
+    config = tmp_path / "composite_config.py"
+    config.write_text(textwrap.dedent(f"""
+        from configs import grpo_reasoning_gym
+
+        def get_config():
+            c = grpo_reasoning_gym.get_config()
+            c.env.name = "reasoning_gym:composite"
+            c.env.kwargs.task_kwargs = {_MIXTURE!r}
+            return c
+        """))
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.train", f"--config={config}",
+         f"--workdir={tmp_path / 'run'}", "--config.train_steps=2",
+         "--config.warm_start.sft_steps=2", "--config.warm_start.sft_batch=4",
+         "--config.model.num_layers=1", "--config.rollout.num_tasks=4",
+         "--config.rollout.group_size=2", "--config.sample_every=0",
+         "--config.env.kwargs.size=32", "--config.log_every=1"],
+        cwd=_ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _ROOT})
+    assert result.returncode == 0, result.stderr[-3000:]
+    from arl.runs import writers
+
+    records = writers.read_metrics(str(tmp_path / "run"))
+    assert records and records[-1]["step"] == 2
+    for record in records:
+        for name in ("0_chain_sum", "1_gcd"):
+            assert 0.0 <= record[f"reward_mean/{name}"] <= 1.0, record
+            assert 0.0 <= record[f"success_rate/{name}"] <= 1.0, record
