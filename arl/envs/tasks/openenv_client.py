@@ -123,7 +123,12 @@ class _Loop:
         self.thread.start()
 
     def run(self, coroutine, timeout_s: float | None):
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout_s)
+        except BaseException:
+            future.cancel()  # a call past its time limit stops waiting on the server
+            raise
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
