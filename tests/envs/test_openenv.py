@@ -156,7 +156,9 @@ def test_trains_through_the_command_line_from_one_config_line(tmp_path):
     result = _train(tmp_path, _NAME)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if not _PROGRESS.match(line)]
-    assert not [line for line in lines if "Warning" in line], lines  # no spurious warnings
+    # No spurious warnings or server tracebacks on the normal path.
+    assert not [line for line in lines if "Warning" in line or "Traceback" in line
+                or "Exception" in line], lines
     from arl.runs import writers
 
     records = writers.read_metrics(str(tmp_path / "run"))

@@ -97,8 +97,12 @@ class _LocalServer:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        # uvicorn's own log is silenced: with openenv-core 0.3.0 every session a client
+        # closes logs "Exception in ASGI application" and a traceback (the server closes
+        # a socket the client already closed); what the environment raises reaches the
+        # row as a server error instead.
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="error"))
+                                                    log_level="critical"))
         self.thread = threading.Thread(target=self.server.run, daemon=True,
                                        name=f"openenv-server-{port}")
         self.thread.start()
