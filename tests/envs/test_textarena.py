@@ -119,6 +119,40 @@ def test_moves_in_the_games_own_brackets_pass_as_written():
 
 
 def test_a_session_draws_what_the_game_alone_draws_whatever_else_runs(small):
+    """Sessions opened and stepped in between, and the process's own draws, change no
+    game: each hides the number TextArena's game alone draws for its seed."""
+    env = small
+    seeds = [101, 202, 303, 404]
+    first = [_session(env, s)[0] for s in seeds[:2]]
+    random.seed(99)
+    random.random()
+    others = [_session(env, s)[0] for s in seeds[2:]]
+    for session in others:
+        env.session_step(session, "4", random.Random(0))
+    again = [_session(env, s)[0] for s in seeds[:2]]
+    for seed, a, b in zip(seeds, first, again):
+        expected = _number_alone(seed, **_SMALL)
+        assert env.session_oracle(a) == env.session_oracle(b) == str(expected)
+    for session in first + others + again:
+        env.close_session(session)
+
+
+def test_moves_in_the_games_own_brackets_pass_as_written():
+    """A codec with "[" "]" (a tokenizer) writes the game's format itself: the move
+    in brackets is played as written; text with no bracket is wrapped in one pair."""
+    env = _env()
+    number = _number_alone(11)
+    session, prompt = _session(env, 11)
+    assert "Guess The Number" in prompt
+    wrong = 1 if number != 1 else 2
+    turn = env.session_step(session, f"I guess [{wrong}] now", random.Random(0))
+    assert not turn.format_error and turn.reply.startswith("The target number is")
+    turn = env.session_step(session, f" {number} ", random.Random(0))
+    assert turn.terminated and turn.success and turn.reward == 1.0
+    env.close_session(session)
+
+
+def test_a_session_draws_what_the_game_alone_draws_whatever_else_runs(small):
     """Sessions opened in between, and the process's own draws, change no game."""
     env = small
     first = _Rows(env, rows=2, seed=5)
