@@ -36,7 +36,8 @@ def test_grpo_learns_textarenas_guess_the_number_beyond_its_start():
     print("first 10 RL steps", first, "last 10", last)
     # Measured (seed 0, 2026-12-07): SFT alone 0.71 sampled / 0.90 greedy; SFT + RL
     # 0.84 / 0.90 (greedy at the ceiling, 7 of 8 numbers within 3 guesses, from the
-    # start); the RL batches' success 0.66 over the first 10 steps, 0.81 over the last.
+    # start); the RL batches' success 0.65-0.66 over the first 10 steps, 0.81-0.82 over
+    # the last, their reward 0.93 -> 0.97.
     assert result["rl_sampled"][0] >= result["sft_sampled"][0] + 0.07, result
     assert result["rl_sampled"][0] >= result["demonstrator"][0] + 0.05, result
     assert result["rl_greedy"][0] >= 0.8, result
