@@ -60,6 +60,10 @@ setuptools.setup(
         # of "test": two of its dependencies (pycosat, cellpylib) build from source; its
         # tests skip, saying so, without it.
         "reasoning_gym": ["reasoning-gym==0.1.25"],
+        # textarena:<game> single-player games (arl.envs.tasks.textarena_game).
+        "textarena": ["textarena==0.7.4"],
+        # openenv:<url or module> environments (arl.envs.tasks.openenv_client).
+        "openenv": ["openenv-core==0.3.0"],
         "test": TRAIN + DATA + [
             "datasets>=2.14",  # writes save_to_disk directories for tests/test_task_files.py
             "sympy>=1.12",  # examples/bring_your_task's reward function

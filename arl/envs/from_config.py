@@ -200,9 +200,14 @@ def _display(factory) -> str:
 
 def env_names(env) -> tuple[str, ...]:
     """Display names of the environments a batch can hold: `(env.name,)`, or for a
-    mixture "<index>_<member name>" per member (metric suffixes, evaluation tables)."""
+    mixture "<index>_<member name>" per member (metric suffixes, evaluation tables); an
+    env whose rows run several tasks and report theirs in `info["env_id"]` names them in
+    `member_names` (reasoning-gym's composite)."""
     members = getattr(env, "envs", None)
     if members is None:
+        names = getattr(env, "member_names", None)
+        if names:
+            return tuple(f"{i}_{name}" for i, name in enumerate(names))
         return (getattr(env, "name", "env"),)
     return tuple(f"{i}_{getattr(m, 'name', 'env')}" for i, m in enumerate(members))
 

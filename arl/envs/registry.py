@@ -14,6 +14,8 @@ from arl.envs.tasks.dataset_task import DatasetTask
 from arl.envs.tasks.frozen_lake import FrozenLake
 from arl.envs.tasks.guess_number import GuessNumber
 from arl.envs.tasks import reasoning_gym_task
+from arl.envs.tasks import openenv_client
+from arl.envs.tasks import textarena_game
 from arl.envs.tasks.sokoban import Sokoban
 from arl.envs.tasks.sql_query import SqlQuery
 
@@ -70,6 +72,8 @@ def prefixed(name: str):
 
 # Other libraries' environments (each imports its library on first use).
 register_prefix("reasoning_gym", reasoning_gym_task.factory)
+register_prefix("textarena", textarena_game.factory)
+register_prefix("openenv", openenv_client.factory)
 
 
 def registered_prefixes() -> list[str]:

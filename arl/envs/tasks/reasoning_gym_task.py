@@ -20,9 +20,15 @@ procedural reasoning tasks and scores answers. What maps to what:
 * success: a score of 1. The oracle: the row's `answer`. No demonstrator.
 * one turn (`max_turns=1`); with more, a wrong answer gets the reply "wrong, try again".
 
-Not mapped: reasoning-gym's composite datasets (a mixture of tasks with weights) and so
-per-task metrics of a mixture (a host environment cannot be a `Mixture` member);
-curricula. Text the codec cannot write becomes "?" (the character codec has no "[" or
+* a mixture: `reasoning_gym:composite` with `task_kwargs.datasets` a list of
+  `{"name": <task>, "weight": <number>, "config": {<the task's fields>}}` (reasoning-gym's
+  `DatasetSpec`s): rows drawn from the tasks by weight, each scored by its own task. The
+  rows report their task as a mixture member does (`info["env_id"]`, from the memory
+  field `task_index`), so metrics.jsonl has `reward_mean/<i>_<task>` and
+  `success_rate/<i>_<task>` per task, evaluation tables a row per task, and ERPO pools
+  its statistics per task (`member_names`; `arl.envs.env_names`).
+
+Not mapped: curricula. Text the codec cannot write becomes "?" (the character codec has no "[" or
 "]"); use a Hugging Face tokenizer (`env.kwargs.codec`) for tasks that need them.
 """
 
@@ -38,6 +44,8 @@ from arl.errors import did_you_mean, one_line
 from arl.text.codec import CharCodec, Codec
 
 PREFIX = "reasoning_gym"
+COMPOSITE = "composite"  # reasoning-gym's weighted mixture of tasks
+TASK_FIELD = "task_index"  # a composite row's task, in `member_names` order
 WRONG_REPLY = "wrong, try again"
 
 
@@ -64,11 +72,18 @@ class ReasoningGymTask(HostEnvironment):
             raise ValueError(f"exact={exact!r} must be True or False")
         self.task_name = task
         self.name = f"{PREFIX}:{task}"
-        task_kwargs = dict(task_kwargs or {})
+        task_kwargs = _plain(task_kwargs or {})
+        self.member_names = None  # the tasks of a composite (metrics per task)
+        if task == COMPOSITE:
+            specs, self.member_names = _composite_specs(task_kwargs.get("datasets"))
+            task_kwargs = {**task_kwargs, "datasets": specs}
+            self.memory_fields = (TASK_FIELD,)
         try:
             self.dataset = library.create_dataset(task, size=size, seed=seed, **task_kwargs)
         except (TypeError, ValueError, AssertionError, KeyError) as error:
-            raise ValueError(f"reasoning-gym's {task!r} refused task_kwargs={task_kwargs!r}: "
+            shown = _plain(task_kwargs) if task != COMPOSITE else {
+                **task_kwargs, "datasets": [spec.name for spec in task_kwargs["datasets"]]}
+            raise ValueError(f"reasoning-gym's {task!r} refused task_kwargs={shown!r}: "
                              f"{type(error).__name__}: {one_line(error)}") from error
         self.rows = [self.dataset[i] for i in range(size)]
         self.exact = exact
@@ -91,6 +106,17 @@ class ReasoningGymTask(HostEnvironment):
     def prompt(self, task, params) -> str:
         return task["question"]
 
+    def initial_memory(self, task, params) -> dict:
+        if self.member_names is None:
+            return {}
+        return {TASK_FIELD: self.member_names.index(task["metadata"]["source_dataset"])}
+
+    def _info(self, state, format_error):
+        info = super()._info(state, format_error)
+        if self.member_names is not None:  # the row's task, as a mixture's member
+            info["env_id"] = state.memory[0].astype(jnp.int32)
+        return info
+
     def score(self, answer: str, row: dict) -> float:
         """The reward of `answer` on `row`: the task's score, or 1/0 on full credit
         with `exact`."""
@@ -108,6 +134,43 @@ class ReasoningGymTask(HostEnvironment):
 
     def host_oracle(self, episode) -> str:
         return str(episode.task["answer"])
+
+
+def _plain(value):
+    """`value` with ConfigDicts (a config's nested sections) as plain dicts."""
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _composite_specs(datasets) -> tuple[list, tuple[str, ...]]:
+    """reasoning-gym's `DatasetSpec`s of a composite's `task_kwargs.datasets` (a list of
+    {"name", "weight", "config"}) and the task names, in that order (ValueError naming
+    the entry otherwise)."""
+    from reasoning_gym.composite import DatasetSpec  # pylint: disable=import-outside-toplevel
+    from reasoning_gym.factory import DATASETS  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(datasets, list) or not datasets:
+        raise ValueError(f"task_kwargs.datasets={datasets!r} must be a non-empty list of "
+                         "{'name': <task>, 'weight': <number>, 'config': {...}} for "
+                         f"{PREFIX}:{COMPOSITE}")
+    specs = []
+    for i, entry in enumerate(datasets):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or \
+                set(entry) - {"name", "weight", "config"}:
+            raise ValueError(f"task_kwargs.datasets[{i}]={entry!r} must be {{'name': <task>, "
+                             "'weight': <number>, 'config': {...}} (weight and config "
+                             "optional)")
+        if entry["name"] not in DATASETS or entry["name"] == COMPOSITE:
+            raise ValueError(f"task_kwargs.datasets[{i}].name={entry['name']!r}: reasoning-gym "
+                             f"has no such task{did_you_mean(entry['name'], DATASETS)}")
+        specs.append(DatasetSpec(name=entry["name"], weight=float(entry.get("weight", 1.0)),
+                                 config=dict(entry.get("config") or {})))
+    return specs, tuple(spec.name for spec in specs)
 
 
 def _checked_task(task: str):
