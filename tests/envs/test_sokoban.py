@@ -141,7 +141,7 @@ def random_turn(rng):
 # ------------------------------------------------------------------ rules vs reference
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=6, deadline=None, derandomize=True,  # each example compiles
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), size=st.sampled_from([5, 6]),
        num_boxes=st.sampled_from([1, 2]), wall_prob=st.sampled_from([0.0, 0.1, 0.3]),
