@@ -277,7 +277,6 @@ _EXPERIMENT_FLAGS = (
 )
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_sigkilled_cli_run_at_lag_two_resumes_exactly(tmp_path):
     """`experiments.train` at lag 2, killed with SIGKILL after step 5 (checkpoint 4
     committed; rollout 5 in flight, versions 3-5 held on the rollout side), restarted on

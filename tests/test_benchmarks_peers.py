@@ -84,7 +84,6 @@ def test_executed_update_flops_equal_the_dots_a_profile_sees_run(harness, tmp_pa
     assert step - rollout == pytest.approx(runner.ready["executed_update_flops"], rel=1e-9)
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_first_step_from_launch_times_a_fresh_arl_process_then_reuses_its_cache(
         peers, tmp_path, monkeypatch):
     """The arl child runs from launch to its first step twice on one fresh cache

@@ -137,7 +137,6 @@ def _lag_1_bandit():
     return config
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_build_and_the_experiment_loop_give_the_same_metrics_at_a_policy_lag(tmp_path):
     """The steps of a lag-1 run through `arl.build(config).train_step` log what
     `experiment.run` logs (bitwise): the same two programs, the same stale rollouts."""

@@ -300,7 +300,6 @@ def test_the_checkpoint_is_the_token_envs_codec_unless_one_is_named(standins, js
         envs.checkpoint_codec(c)
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_the_rollout_stops_a_turn_on_every_stop_id(standins):
     """With every id but the eot declared a stop id, each sampled turn is one token: the
     rollout's decoding stops on the codec's stop ids, not on the eot alone; a turn ended

@@ -146,7 +146,6 @@ def _train_and_export(standins, tmp_path, family, env_name, template_kwargs=None
     assert turns >= 4 * min(max_turns, 2)  # later turns were checked where there are some
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_llama31_trains_a_tool_env_through_the_cli_and_exports(standins, tmp_path):
     _train_and_export(standins, tmp_path, "llama3.1", "calculator")
 

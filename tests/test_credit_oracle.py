@@ -295,7 +295,6 @@ class _RecordingCredit:
         return out.replace(metrics={**out.metrics, **seen})
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_kl_in_reward_lowers_the_reward_where_the_policy_is_likelier():
     """In a train step with loss.kl_in_reward, the credit's rewards are the env's minus
     kl_coef * (log pi_behaviour - log pi_ref) on agent tokens (a policy likelier than the

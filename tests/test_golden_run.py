@@ -84,22 +84,15 @@ def unable_to_say(name: str, comparison: Comparison) -> str | None:
             f"all {len(comparison.unbounded)} logged values: the case says nothing here")
 
 
-# Eleven cases run with `pytest -m slow` (default-suite time budget; the four default cases
-# take ~1.5 CPU-minutes on a recording processor, about 1.5 x that elsewhere, where each
+# Five cases run with `pytest -m slow` (default-suite time budget; the ten default cases
+# take ~4.5 CPU-minutes on a recording processor, about 1.5 x that elsewhere, where each
 # runs twice): the calculator tool env, the ERPO mixture, the Llama config,
 # Dr.GRPO and REINFORCE++ on frozen lake in bfloat16 (the longest case, ~70 s; the whole
 # CI run reached 14 of its 15 minutes with it), whose code paths default tests check
 # otherwise (tests/envs, tests/models, tests/algorithms, tests/test_train.py,
 # tests/test_learning_reduced.py).
 SLOW_CASES = ("drgrpo_guess_number", "erpo_mixture", "grpo_calculator", "llama_calculator",
-              "reinforce_pp_whiten_turns",
-              # 2026-12-07, the suite at 19 of its 15 minutes: these six share their env
-              # and algorithm with a default case (grpo_bandit, ppo_guess_number_bfloat16,
-              # grpo_lora_kl_sharded) or with default tests (process rewards:
-              # tests/test_train_process.py; VinePPO: tests/test_credit_oracle.py; datasets
-              # and DAPO: tests/envs/test_dataset_task.py, tests/algorithms).
-              "grpo_guess_number", "ppo_clipping", "ppo_guess_number", "ppo_process_rewards",
-              "rloo_dataset_dapo", "vineppo_guess_number")
+              "reinforce_pp_whiten_turns")
 
 
 @pytest.mark.parametrize("name", [

@@ -350,7 +350,6 @@ def _train_per_turn(directory, tmp_path, template_kwargs=None, env="guess_number
     return metrics[-1]
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_a_standin_trains_per_turn_through_the_cli(standin, tmp_path):
     _train_per_turn(standin("qwen3"), tmp_path)
 

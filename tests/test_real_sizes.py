@@ -206,7 +206,6 @@ def bench():
         sys.path.remove(BENCH)
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_benchmark_tiny_step_compiles_without_remat_warnings_and_trains(bench, capfd):
     """The benchmark's tiny point on an FSDP x tensor mesh (1, 4, 2): XLA's arguments are
     exactly the estimate's state term (bfloat16 parameters + float32 master, mu, nu, plus

@@ -169,7 +169,6 @@ def contexts_are_the_reference_render(directory, system, template_kwargs, env_na
     return checked
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_grpo_hf_checkpoint_as_shipped_runs_two_attempts_on_qwen3(standins, tasks, tmp_path):
     """The recipe as shipped (max_turns=2, the model's own template) on Qwen3, thinking
     on: it trains, and its second attempts read the keep-history render."""

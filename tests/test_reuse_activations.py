@@ -364,8 +364,7 @@ def _assert_same_changes(got_params, want_params, before, tolerance):
     assert moved > 1e-2  # the step moved the parameters
 
 
-@pytest.mark.slow  # default-suite time budget; the sharded [fsdp] case runs by default
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", pytest.param("ppo", marks=pytest.mark.slow)])
 def test_trainer_step_with_recorded_activations_equals_the_plain_step(algorithm):
     """One TokenTrainer step from the same initial state with and without
     `updates.reuse_rollout_activations`: every metric (rtol 1e-4) and each parameter

@@ -189,8 +189,8 @@ def test_bad_tool_format_and_codecs_are_refused_in_one_line():
         from_config.make_env(dict(name="sql", kwargs=dict(tool_format="template")))
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
-@pytest.mark.parametrize("family,template_kwargs", [("qwen2", {}), ("llama3.1", {})])
+@pytest.mark.parametrize("family,template_kwargs", [
+    ("qwen2", {}), pytest.param("llama3.1", {}, marks=pytest.mark.slow)])
 def test_shipped_config_trains_through_the_cli(standins, family, template_kwargs, tmp_path):
     run = _train(f"configs/grpo_sql_hf.py:{standins(family)}", tmp_path / "run",
                  template_kwargs, "--config.env.kwargs.action_len=96",

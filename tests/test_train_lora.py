@@ -72,7 +72,6 @@ def grpo_run():
     return trainer, init, init_policy, states, history, state
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_initial_policy_is_the_base(grpo_run):
     trainer, init, init_policy, _, _, _ = grpo_run
     assert init.ref_params is None  # no second copy of the weights

@@ -271,7 +271,6 @@ def test_terms_turned_off_and_kl_in_reward_equal_the_oracle():
     assert metrics["policy/dual_clip_fraction"] == 0 and metrics["value/clip_fraction"] == 0
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_a_real_policy_through_the_oracle():
     """A tiny transformer scores the batch: Learner.loss equals the oracle on the model's
     own log-probs, entropies and values, and the parameters' gradient is the oracle's

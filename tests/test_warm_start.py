@@ -54,7 +54,6 @@ def test_sft_lowers_the_loss_on_demonstrations(trainer, sft_params):
     assert np.isfinite(before) and after < before - 0.1, (before, after)
 
 
-@pytest.mark.slow  # default-suite time budget (docs/testing.md)
 def test_start_state_policy_and_reference_are_copies_of_the_sft_weights(trainer,
                                                                         sft_params):
     expected = jax.tree.map(np.asarray, sft_params)
