@@ -18,10 +18,12 @@ Every count is a metric under ``faults/`` (popped by the host guard, never logge
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+
+from arl.trainers.tracing import trace_once
 
 PREFIX = "faults/"
 REWARDS = "nonfinite_rewards"
@@ -77,3 +79,32 @@ def update_failed(faults: dict[str, jax.Array]) -> jax.Array:
 def keep_unless(bad: jax.Array, new: Any, old: Any) -> Any:
     """`old` where `bad` (a scalar bool), else `new`, leaf by leaf."""
     return jax.tree.map(lambda n, o: jnp.where(bad, o, n), new, old)
+
+
+def guarded_update(update: Callable, has_signal: jax.Array, params: Any, opt_state: Any,
+                   faults: dict[str, jax.Array], on_non_finite: str
+                   ) -> tuple[Any, Any, dict[str, jax.Array], dict[str, jax.Array]]:
+    """(params, opt_state, update metrics, faults) of `update(params, opt_state)` (which
+    returns those three) where `has_signal`, else the inputs with zero metrics; with
+    ``on_non_finite == "skip"`` an update whose loss or gradient norm is not finite keeps
+    the inputs too. `faults` gains the update's counts (`update_faults`).
+
+    The update is traced once (`trace_once`): the skipping branch needs its metrics'
+    shapes, and a second trace (forward, backward, optimizer) was a fifth of the step's
+    lowering."""
+    do_update, shapes = trace_once(lambda operand: update(*operand), (params, opt_state))
+
+    def skip_update(operand):
+        kept_params, kept_opt_state = operand
+        return kept_params, kept_opt_state, jax.tree.map(
+            lambda s: jnp.zeros(s.shape, s.dtype), shapes[2])
+
+    new_params, new_opt_state, metrics = jax.lax.cond(
+        has_signal, do_update, skip_update, (params, opt_state))
+    faults = {**faults, **update_faults(nonfinite_loss=metrics["loss/total"],
+                                        nonfinite_grads=metrics["grad_norm"])}
+    if on_non_finite == "skip":
+        new_params, new_opt_state = keep_unless(update_failed(faults),
+                                                (new_params, new_opt_state),
+                                                (params, opt_state))
+    return new_params, new_opt_state, metrics, faults

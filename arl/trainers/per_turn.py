@@ -38,7 +38,6 @@ from arl.trainers.protocol import EvaluationReport
 from arl.trainers.policy import shift_right
 from arl.trainers.state import TrainState
 from arl.trainers.token import TRANSCRIPT_ROWS, StepKeys, TokenTrainer
-from arl.trainers.tracing import trace_once
 from arl.trainers.update import UpdateBatch
 
 
@@ -248,26 +247,10 @@ class PerTurnTrainer(TokenTrainer):
         if c.on_non_finite == "skip":
             has_signal = has_signal & guards.inputs_finite(faults)
 
-        def do_update(operand):
-            params, opt_state = operand
-            return self.learner.update(params, opt_state, batch, keys.update, state.step,
-                                       state.base_params)
-
-        do_update, update_shapes = trace_once(do_update, (state.params, state.opt_state))
-
-        def skip_update(operand):
-            params, opt_state = operand
-            return params, opt_state, jax.tree.map(
-                lambda s: jnp.zeros(s.shape, s.dtype), update_shapes[2])
-
-        params, opt_state, update_metrics = jax.lax.cond(
-            has_signal, do_update, skip_update, (state.params, state.opt_state))
-        faults.update(guards.update_faults(nonfinite_loss=update_metrics["loss/total"],
-                                           nonfinite_grads=update_metrics["grad_norm"]))
-        if c.on_non_finite == "skip":
-            params, opt_state = guards.keep_unless(guards.update_failed(faults),
-                                                   (params, opt_state),
-                                                   (state.params, state.opt_state))
+        params, opt_state, update_metrics, faults = guards.guarded_update(
+            lambda params, opt_state: self.learner.update(
+                params, opt_state, batch, keys.update, state.step, state.base_params),
+            has_signal, state.params, state.opt_state, faults, c.on_non_finite)
         metrics.update(faults)
         metrics.update(samples_metrics(samples, self.env_names))
         metrics.update(update_metrics)

@@ -44,7 +44,6 @@ from arl.rollout import branching as branching_lib
 from arl.rollout import slots as slots_lib
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
-from arl.trainers.tracing import trace_once
 from arl.trainers.process_reward_models import ProcessModels
 from arl.envs.sessions import check_branching
 from arl.trainers.python_rewards import PythonRewards
@@ -347,28 +346,11 @@ class TokenTrainer:
         if c.on_non_finite == "skip":
             has_signal = has_signal & guards.inputs_finite(faults)
 
-        def do_update(operand):
-            params, opt_state = operand
-            return self.learner.update(params, opt_state, batch, update_key, state.step,
-                                       state.base_params, projections)
-
-        # Traced once: the skipping branch needs the metrics' shapes, and a second trace
-        # of the update (forward, backward, optimizer) was a fifth of the step's lowering.
-        do_update, update_shapes = trace_once(do_update, (state.params, state.opt_state))
-
-        def skip_update(operand):
-            params, opt_state = operand
-            return params, opt_state, jax.tree.map(
-                lambda s: jnp.zeros(s.shape, s.dtype), update_shapes[2])
-
-        params, opt_state, update_metrics = jax.lax.cond(
-            has_signal, do_update, skip_update, (state.params, state.opt_state))
-        faults.update(guards.update_faults(nonfinite_loss=update_metrics["loss/total"],
-                                           nonfinite_grads=update_metrics["grad_norm"]))
-        if c.on_non_finite == "skip":
-            params, opt_state = guards.keep_unless(guards.update_failed(faults),
-                                                   (params, opt_state),
-                                                   (state.params, state.opt_state))
+        params, opt_state, update_metrics, faults = guards.guarded_update(
+            lambda params, opt_state: self.learner.update(
+                params, opt_state, batch, update_key, state.step, state.base_params,
+                projections),
+            has_signal, state.params, state.opt_state, faults, c.on_non_finite)
         metrics.update(faults)
 
         metrics.update(credit_lib.rollout_metrics(traj, self.env_names))
