@@ -24,14 +24,18 @@ pytest.importorskip("transformers")
 pytest.importorskip("jinja2")
 
 from arl import algorithm_table  # noqa: E402
+from arl.envs import from_config  # noqa: E402
 from arl.envs.host import HostEnvironment, HostTurn  # noqa: E402
 from arl.envs.tasks.guess_number import GuessNumber  # noqa: E402
 from arl.errors import ConfigError  # noqa: E402
 from arl.rollout import per_turn  # noqa: E402
+from arl.text.chat_template import env_chat_format  # noqa: E402
 from arl.text.hf_codec import HFCodec  # noqa: E402
 from arl.text.render_turns import HistoryWindow, TurnRenderer  # noqa: E402
 from arl.trainers.per_turn import turn_advantages, turn_sample_gae  # noqa: E402
 from tests import hf_standins  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
+from tests.tool_user_envs import Warehouse  # noqa: E402  (registers "warehouse")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = "Be brief."
@@ -194,6 +198,156 @@ def test_special_token_names_in_env_text_stay_plain_characters(standin):
     assert ids.count(eot) == 4 and ids.count(start) == 5
     text = codec.tokenizer.decode(ids, skip_special_tokens=False)
     assert "print('<|im_end|>')" in text and "a<|im_start|>b" in text
+
+
+# -- tool envs in the template's tool convention
+TOOL_SYSTEM = "Use the tools, then answer."
+# The shipped tool envs at sizes a stand-in plays in seconds (calculator: in-graph, its
+# own <calc> tags, replies as user turns).
+TOOL_ENVS = {
+    "sql": dict(tool_format="template", max_turns=3, action_len=256, obs_len=64),
+    "code_interpreter": dict(tool_format="template", max_turns=3, action_len=96,
+                             allow_weak_sandbox=True),
+    "calculator": dict(max_digits=2, max_turns=3)}
+
+
+class ChattyWarehouse(Warehouse):
+    """`warehouse` (two tools of several typed arguments) whose oracle first writes a turn
+    without a call (answered "error: no tool call or answer" as the tool's result), then
+    calls both tools in one turn after a think block (one call a turn where the template
+    renders one, and the call alone where it drops a call's text), then answers."""
+
+    name = "chatty_warehouse"
+
+    def host_oracle(self, episode):
+        if episode.turn == 0:
+            return "Let me look it up."
+        text = super().host_oracle(episode)
+        syntax = self.call_syntax
+        if text.startswith("<answer>") or syntax.content_separator is None:
+            return text
+        return syntax.write_calls(syntax.parse_calls(text)[1],
+                                  content="<think>\nBoth tools.\n</think>")
+
+
+@pytest.fixture(scope="module")
+def tool_standin(standin, tmp_path_factory):
+    """Stand-in directories by family; Qwen3's a copy with its released tool template."""
+    root = tmp_path_factory.mktemp("per_turn_tools")
+
+    @functools.lru_cache(maxsize=None)
+    def build(family):
+        if family != "qwen3":
+            return standin(family)
+        from tests.tool_templates import copy_with_template
+        return copy_with_template(standin("qwen3"), str(root / "qwen3_tools"),
+                                  QWEN3_TOOLS_TEMPLATE)
+    return build
+
+
+def _check_tool_contexts(directory, kwargs, env, samples):
+    """Every played turn's context equals `apply_chat_template(messages, tools=...)` of
+    the conversation read back from the samples: a turn the call syntax parses as an
+    assistant message with structured `tool_calls` (its text before the calls as its
+    content), any other turn as plain content, each result of a reply a `tool` message
+    (unescaped where the template writes JSON strings); an env without declared tools:
+    replies as user turns, no tools. Returns (turns checked, calls per call turn, the
+    tool results)."""
+    tokenizer = _tokenizer(directory)
+    chat = env_chat_format(env)
+    syntax = getattr(env, "call_syntax", None)
+    tools = env.tool_schemas if syntax is not None else None
+    decode = lambda ids: tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+    inside = lambda text, around: text[len(around[0]):len(text) - len(around[1])]
+    checked, calls_per_turn, results_seen = 0, [], []
+    for b in range(samples.tokens.shape[0]):
+        task = inside(decode(samples.prompt[b, :samples.prompt_length[b]]), chat.prompt_around)
+        messages = [{"role": "system", "content": TOOL_SYSTEM},
+                    {"role": "user", "content": task}]
+        for k in range(int(samples.num_turns[b])):
+            assert samples.active[b, k]
+            start, end = int(samples.context_length[b, k]), int(samples.length[b, k])
+            expected = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                                     add_generation_prompt=True, **kwargs)
+            expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+            assert samples.tokens[b, k, :start].tolist() == expected, (b, k)
+            checked += 1
+            turn = samples.tokens[b, k, start:end].tolist()
+            assert turn[-1] == env.codec.eot_id
+            text = decode(turn[:-1])
+            reply = inside(decode(samples.replies[b, k, :samples.reply_length[b, k]]),
+                           chat.reply_around)
+            if syntax is None:
+                messages += [{"role": "assistant", "content": text},
+                             {"role": "user", "content": reply}]
+                continue
+            parsed = syntax.parse_calls(text)
+            if isinstance(parsed, str):
+                messages.append({"role": "assistant", "content": text})
+                results = [reply]
+            else:
+                content, calls = parsed
+                calls_per_turn.append(len(calls))
+                messages.append({"role": "assistant", "content": content, "tool_calls": [
+                    {"type": "function", "function": {"name": name, "arguments": arguments}}
+                    for name, arguments in calls]})
+                results = reply.split(syntax.result_separator) if len(calls) > 1 else [reply]
+                assert len(results) == len(calls)
+            if syntax.results_as_json:
+                results = [json.loads(f'"{r}"') for r in results]
+            messages += [{"role": "tool", "content": r} for r in results]
+            results_seen += results
+    return checked, calls_per_turn, results_seen
+
+
+@pytest.mark.parametrize("family,kwargs", [FAMILIES[2]] + [
+    pytest.param(*f, marks=pytest.mark.slow) for f in (FAMILIES[0], FAMILIES[1], FAMILIES[3])])
+def test_tool_calls_render_as_the_template_renders_tool_use(tool_standin, family, kwargs):
+    """A user's env with two tools: a turn without a call, two calls in one turn after a
+    think block (Llama 3.1: one call a turn, the call alone), the answer; every context
+    is the template's render with the tools, and the tools' counts reach the samples."""
+    directory = tool_standin(family)
+    codec = HFCodec.from_pretrained(directory, system_prompt=TOOL_SYSTEM,
+                                    template_kwargs=kwargs)
+    env = ChattyWarehouse(codec=codec, max_turns=4)
+    assert per_turn.per_turn_error(env) is None
+    several = family != "llama3.1"
+    assert env.call_syntax.several_calls == several
+    samples = jax.device_get(per_turn.per_turn_rollout(
+        env, jax.random.key(0), num_tasks=2, group_size=1, action_source="oracle"))
+    checked, calls, results = _check_tool_contexts(directory, kwargs, env, samples)
+    assert checked == (6 if several else 8)
+    assert calls == ([2, 2] if several else [1, 1, 1, 1])
+    assert samples.success.all() and not samples.overflow.any()
+    assert results[0] == "error: no tool call or answer" and results[-1] == "correct"
+    assert sum(r.isdigit() for r in results) == 4, results
+    np.testing.assert_allclose(samples.episode_stats["tools/calls_mean"], [2.0, 2.0])
+    if several:  # the think block of the call turn is read back in the next context
+        context = codec.decode(samples.tokens[0, 2, :samples.context_length[0, 2]])
+        assert "Both tools." in context
+        assert '</tool_call>\n<tool_call>\n{"name": "price", "arguments": {"item": ' in context
+
+
+@pytest.mark.parametrize("env_name,family,kwargs", [("sql", *FAMILIES[3])] + [
+    pytest.param(env_name, *f, marks=pytest.mark.slow)
+    for env_name in TOOL_ENVS for f in FAMILIES if (env_name, f[0]) != ("sql", "llama3.1")])
+def test_tool_env_contexts_are_apply_chat_template_with_tools(tool_standin, env_name,
+                                                             family, kwargs):
+    """sql and code_interpreter (a call, then the answer; Llama 3.1's results JSON
+    strings) and calculator (its tags, replies as user turns) per turn."""
+    directory = tool_standin(family)
+    codec = HFCodec.from_pretrained(directory, system_prompt=TOOL_SYSTEM,
+                                    template_kwargs=kwargs)
+    env = from_config.make_env(dict(name=env_name, kwargs=TOOL_ENVS[env_name]), codec)
+    samples = jax.device_get(per_turn.per_turn_rollout(
+        env, jax.random.key(3), num_tasks=2, group_size=1, action_source="oracle"))
+    checked, calls, results = _check_tool_contexts(directory, kwargs, env, samples)
+    assert checked == int(samples.num_turns.sum()) == 4
+    assert samples.success.all() and not samples.overflow.any()
+    if env_name != "calculator":
+        assert calls == [1, 1] and results[1::2] == ["correct", "correct"]
+    if env_name == "sql":  # a column header: a newline in the result (escaped by Llama)
+        assert all("\n" in r for r in results[::2]), results
 
 
 def _grpo_reference(returns, group_size, eps=1e-6):
