@@ -205,10 +205,12 @@ TOOL_SYSTEM = "Use the tools, then answer."
 # The shipped tool envs at sizes a stand-in plays in seconds (calculator: in-graph, its
 # own <calc> tags, replies as user turns).
 TOOL_ENVS = {
-    "sql": dict(tool_format="template", max_turns=3, action_len=256, obs_len=64),
-    "code_interpreter": dict(tool_format="template", max_turns=3, action_len=96,
-                             allow_weak_sandbox=True),
-    "calculator": dict(max_digits=2, max_turns=3)}
+    "sql": ("sql", dict(tool_format="template", max_turns=3, action_len=256, obs_len=64)),
+    "code_interpreter": ("code_interpreter", dict(tool_format="template", max_turns=3,
+                                                  action_len=96, allow_weak_sandbox=True)),
+    "calculator": ("calculator", dict(max_digits=2, max_turns=3)),
+    # sql in its own <sql> tags: a host env whose replies are user turns
+    "sql_tags": ("sql", dict(max_turns=3, action_len=256, obs_len=64))}
 
 
 class ChattyWarehouse(Warehouse):
@@ -334,18 +336,21 @@ def test_tool_calls_render_as_the_template_renders_tool_use(tool_standin, family
 def test_tool_env_contexts_are_apply_chat_template_with_tools(tool_standin, env_name,
                                                              family, kwargs):
     """sql and code_interpreter (a call, then the answer; Llama 3.1's results JSON
-    strings) and calculator (its tags, replies as user turns) per turn."""
+    strings), and calculator and sql in their own tags (replies as user turns), per turn."""
     directory = tool_standin(family)
     codec = HFCodec.from_pretrained(directory, system_prompt=TOOL_SYSTEM,
                                     template_kwargs=kwargs)
-    env = from_config.make_env(dict(name=env_name, kwargs=TOOL_ENVS[env_name]), codec)
+    name, env_kwargs = TOOL_ENVS[env_name]
+    env = from_config.make_env(dict(name=name, kwargs=env_kwargs), codec)
     samples = jax.device_get(per_turn.per_turn_rollout(
         env, jax.random.key(3), num_tasks=2, group_size=1, action_source="oracle"))
     checked, calls, results = _check_tool_contexts(directory, kwargs, env, samples)
     assert checked == int(samples.num_turns.sum()) == 4
     assert samples.success.all() and not samples.overflow.any()
-    if env_name != "calculator":
+    if env_name in ("sql", "code_interpreter"):
         assert calls == [1, 1] and results[1::2] == ["correct", "correct"]
+    else:
+        assert getattr(env, "call_syntax", None) is None and (calls, results) == ([], [])
     if env_name == "sql":  # a column header: a newline in the result (escaped by Llama)
         assert all("\n" in r for r in results[::2]), results
 
@@ -452,8 +457,8 @@ def test_per_turn_keys_are_checked_in_one_line():
 
 
 CONFIG = textwrap.dedent('''
-    """A tiny per-turn run of a stand-in checkpoint: argument
-    "DIR|ENV|ENV_KWARGS_JSON|TEMPLATE_KWARGS_JSON"."""
+    """A tiny run of a stand-in checkpoint: argument
+    "DIR|ENV|ENV_KWARGS_JSON|TEMPLATE_KWARGS_JSON|HISTORY"."""
     import json
 
     import ml_collections
@@ -462,8 +467,9 @@ CONFIG = textwrap.dedent('''
 
 
     def get_config(argument=""):
-        directory, env, env_kwargs, template_kwargs = argument.split("|")
+        directory, env, env_kwargs, template_kwargs, history = argument.split("|")
         c = grpo_hf_checkpoint.get_config(directory)
+        c.imports = ("tests.tool_user_envs",)  # registers "warehouse"
         c.model.system_prompt = "Be brief."
         c.model.dtype = c.model.param_dtype = "float32"
         c.model.remat = False
@@ -473,7 +479,7 @@ CONFIG = textwrap.dedent('''
         c.model.chat_template_kwargs = ml_collections.ConfigDict(json.loads(template_kwargs))
         c.rollout.num_tasks = 2
         c.rollout.group_size = 2
-        c.rollout.history = "per_turn"
+        c.rollout.history = history
         c.filters.skip_zero_advantage = False  # the update runs: its ratio is checked
         c.train_steps = 1
         c.log_every = 1
@@ -482,30 +488,30 @@ CONFIG = textwrap.dedent('''
 ''')
 
 
-def _train_per_turn(directory, tmp_path, template_kwargs=None, env="guess_number",
-                    env_kwargs=dict(max_n=16, max_turns=3)):
+def _train_through_the_cli(directory, tmp_path, template_kwargs=None, env="guess_number",
+                    env_kwargs=dict(max_n=16, max_turns=3), history="per_turn"):
+    """The last metrics record of a one-step CLI run (and the step's sample text)."""
     config = tmp_path / "per_turn_config.py"
     config.write_text(CONFIG)
     workdir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "experiments.train",
          f"--config={config}:{directory}|{env}|{json.dumps(env_kwargs)}|"
-         f"{json.dumps(template_kwargs or {})}", f"--workdir={workdir}"],
+         f"{json.dumps(template_kwargs or {})}|{history}", f"--workdir={workdir}"],
         cwd=_ROOT, env={**os.environ, "PYTHONPATH": _ROOT}, capture_output=True, text=True,
         timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    metrics = [m for m in lines if "per_turn/samples" in m]
-    assert metrics and metrics[-1]["per_turn/samples"] >= 4
-    assert np.isfinite(metrics[-1]["loss/total"])
+    metrics = [m for m in lines if "loss/total" in m]
+    assert metrics and np.isfinite(metrics[-1]["loss/total"])
+    if history == "per_turn":
+        assert metrics[-1]["per_turn/samples"] >= 4
     # The update scores each turn sample as the rollout sampled it: the ratio is 1.
     assert metrics[-1]["update_skipped"] == 0.0
     assert abs(metrics[-1]["policy/ratio_mean"] - 1.0) < 1e-4, metrics[-1]
-    return metrics[-1]
+    return metrics[-1], (workdir / "samples" / "step_000001.txt").read_text()
 
 
-def test_a_standin_trains_per_turn_through_the_cli(standin, tmp_path):
-    _train_per_turn(standin("qwen3"), tmp_path)
 
 
 @pytest.mark.slow
@@ -534,7 +540,42 @@ def test_ppo_trains_per_turn_with_turn_level_gae_and_a_window(standin):
     assert np.isfinite(metrics["loss/value"]) and metrics["loss/value"] > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family,kwargs", FAMILIES[1:])
-def test_families_train_per_turn_through_the_cli(standin, tmp_path, family, kwargs):
-    _train_per_turn(standin(family), tmp_path, kwargs)
+# Every family x env x history mode through the CLI, one step each: the multi-turn
+# games, the shipped tool envs and a user's two-tool env (template tool calls).
+MATRIX_ENVS = {
+    "guess_number": dict(max_n=16, max_turns=3),
+    "countdown": dict(max_numbers=3, max_number=9, max_target=99, max_turns=2),
+    "calculator": dict(max_digits=1, max_turns=3),
+    "sql": dict(tool_format="template", max_turns=2, obs_len=32, action_len=64),
+    "code_interpreter": dict(tool_format="template", max_turns=2, obs_len=24,
+                             action_len=48, allow_weak_sandbox=True),
+    "warehouse": dict(max_turns=2, obs_len=32, action_len=64)}
+TOOL_NAMES = {"sql": "run_sql", "code_interpreter": "run_python", "warehouse": "stock"}
+HISTORIES = ("as_generated", "per_turn")
+MATRIX_DEFAULT = [("qwen3", {}, "guess_number", "per_turn"), ("qwen2", {}, "warehouse", "per_turn")]
+MATRIX = [(family, kwargs, env, history) for family, kwargs in FAMILIES
+          for env in MATRIX_ENVS for history in HISTORIES]
+
+
+def _case_id(family, kwargs, env, history):
+    return f"{family}{'-thinking_off' if kwargs else ''}-{env}-{history}"
+
+
+@pytest.mark.parametrize("family,kwargs,env,history", [
+    pytest.param(*case, id=_case_id(*case)) for case in MATRIX_DEFAULT] + [
+    pytest.param(*case, id=_case_id(*case), marks=pytest.mark.slow) for case in MATRIX
+    if case not in MATRIX_DEFAULT])
+def test_families_train_every_env_in_both_history_modes_through_the_cli(
+        standin, tool_standin, tmp_path, family, kwargs, env, history):
+    """Qwen2.5, Qwen3 (thinking on and off) and Llama 3.1 stand-ins train one step through
+    the CLI on guess_number, countdown, calculator, sql, code_interpreter and `warehouse`
+    in both history modes (48 runs, 10-40 s each: the default suite runs two, the rest
+    run with -m slow). Tool envs declare their tools to the template (the sample shows
+    them) and log the tools' counts in either mode."""
+    tools = env in TOOL_NAMES
+    directory = tool_standin(family) if tools else standin(family)
+    record, sample = _train_through_the_cli(directory, tmp_path, kwargs, env,
+                                            MATRIX_ENVS[env], history)
+    if tools:
+        assert f'"name": "{TOOL_NAMES[env]}"' in sample
+        assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0

@@ -32,6 +32,9 @@ results apart with special tokens, one call per turn. The check then also render
 turn with two calls and a call after text, raw and structured. A call is always
 rendered before its result, never as the conversation's last turn, which Qwen3 renders
 with a think block.
+Read back (history "per_turn", `arl.text.render_turns`): `ToolCallSyntax.assistant_message`
+gives a turn as the message a template takes (its calls as structured `tool_calls`) and
+`split_results` a reply as the results of its calls, one `tool` message each.
 A template that writes a tool result as a JSON string (Llama 3.1's `ipython` turn) keeps
 the quotes in the pieces, and the host writes the escaped text between them
 (`ToolCallSyntax.result_text`). A template whose tool turns cannot be cut this way (one
