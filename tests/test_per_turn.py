@@ -355,6 +355,23 @@ def test_tool_env_contexts_are_apply_chat_template_with_tools(tool_standin, env_
         assert all("\n" in r for r in results[::2]), results
 
 
+def test_replies_in_a_role_it_cannot_render_are_refused_in_one_line(standin):
+    """Tool-role replies without a call syntax to read the turns' calls with."""
+    import dataclasses
+
+    codec = HFCodec.from_pretrained(standin("qwen3"), system_prompt=SYSTEM)
+    env = ScriptedConversation(codec)
+    assert per_turn.per_turn_error(env) is None
+    env.chat = dataclasses.replace(codec.chat, reply_role="tool")
+    with pytest.raises(ValueError, match=r"^env 'scripted_conversation' cannot be played "
+                       r"with rollout.history='per_turn': its replies are 'tool' messages, "
+                       r"and per-turn contexts render replies as user turns, or as tool "
+                       r"results of a ToolCallingEnvironment's declared tools \(`call_syntax`, "
+                       r"`tool_schemas`\)$"):
+        per_turn.per_turn_rollout(env, jax.random.key(0), num_tasks=1, group_size=1,
+                                  action_source="oracle")
+
+
 def _grpo_reference(returns, group_size, eps=1e-6):
     groups = returns.reshape(-1, group_size)
     mean, std = groups.mean(axis=1, keepdims=True), groups.std(axis=1, ddof=1, keepdims=True)
