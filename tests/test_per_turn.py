@@ -1,10 +1,14 @@
 """History mode "per turn" (`arl.rollout.per_turn`, `arl.trainers.per_turn`): before every
 turn the context is exactly `transformers`' `apply_chat_template` of the conversation so
 far (Qwen3 thinking on and off, Qwen2.5, Llama 3.1 stand-ins with real merges; an
-in-graph env and a host env whose replies merge with the template's text); a history
-window's context is `apply_chat_template` of the kept messages; each turn takes its
-episode's advantage (NumPy reference); the config keys are checked in one line; a
-stand-in trains per turn through the CLI."""
+in-graph env and a host env whose replies merge with the template's text; tool envs
+with `tools=...`, their calls as structured `tool_calls` and one `tool` message per
+result: a user's two-tool env with two calls in one turn, sql, code_interpreter, and
+calculator and sql in their own tags); a history window's context is
+`apply_chat_template` of the kept messages; each turn takes its episode's advantage
+(NumPy reference); the config keys are checked in one line; every family trains every
+env (guess_number, countdown, calculator, sql, code_interpreter, the two-tool env) in
+both history modes through the CLI (two runs in the default suite, 46 with -m slow)."""
 
 from __future__ import annotations
 
@@ -353,6 +357,41 @@ def test_tool_env_contexts_are_apply_chat_template_with_tools(tool_standin, env_
         assert getattr(env, "call_syntax", None) is None and (calls, results) == ([], [])
     if env_name == "sql":  # a column header: a newline in the result (escaped by Llama)
         assert all("\n" in r for r in results[::2]), results
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3.1"])
+def test_a_turn_and_its_reply_read_back_as_the_messages_a_template_takes(tool_standin,
+                                                                        family):
+    """`ToolCallSyntax.assistant_message` / `split_results`, the inverses of what the env
+    writes: calls (with their text where the template keeps it) as structured
+    `tool_calls`, a turn that does not parse as plain content, a reply as its results
+    (Llama 3.1's JSON-escaped ones unescaped)."""
+    codec = HFCodec.from_pretrained(tool_standin(family), system_prompt=TOOL_SYSTEM)
+    env = Warehouse(codec=codec, obs_len=96)
+    syntax = env.call_syntax
+    stock = ("stock", {"item": "widget", "warehouse": 2})
+    price = ("price", {"item": "widget", "quantity": 3, "currency": "EUR", "gift_wrap": True})
+    structured = lambda *calls: [{"type": "function", "function": {"name": n, "arguments": a}}
+                                 for n, a in calls]
+    broken = '<tool_call>\n{"name": "stock", "arguments": {"item": "widget"' if \
+        family == "qwen2" else '{"name": "stock", "parameters": {"item": '
+    assert syntax.assistant_message(broken) == {"role": "assistant", "content": broken}
+    assert syntax.assistant_message("<answer>7;30</answer>") == {
+        "role": "assistant", "content": "<answer>7;30</answer>"}
+    results = ["112", 'error: KeyError: "no \'x\'"\nthen\ta tab']
+    if family == "qwen2":
+        text = syntax.write_calls([stock, price], content="Both.")
+        assert syntax.assistant_message(text) == {
+            "role": "assistant", "content": "Both.", "tool_calls": structured(stock, price)}
+        reply = env.fit_reply(results)
+        assert syntax.split_results(reply, 2) == results
+        assert syntax.split_results(reply, 1) == [reply]  # one error for too many calls
+    else:  # one call a turn, alone; results written as JSON strings
+        assert syntax.assistant_message(syntax.write_calls([stock])) == {
+            "role": "assistant", "content": "", "tool_calls": structured(stock)}
+        reply = env.fit_reply(results[1:])
+        assert reply != results[1] and syntax.split_results(reply, 1) == results[1:]
+        assert syntax.split_results('a "b', 1) == ['a "b']  # not escaped: kept as written
 
 
 def test_replies_in_a_role_it_cannot_render_are_refused_in_one_line(standin):
