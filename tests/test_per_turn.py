@@ -38,7 +38,7 @@ from arl.text.hf_codec import HFCodec  # noqa: E402
 from arl.text.render_turns import HistoryWindow, TurnRenderer  # noqa: E402
 from arl.trainers.per_turn import turn_advantages, turn_sample_gae  # noqa: E402
 from tests import hf_standins  # noqa: E402
-from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, copy_with_template  # noqa: E402
 from tests.tool_user_envs import Warehouse  # noqa: E402  (registers "warehouse")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -245,7 +245,6 @@ def tool_standin(standin, tmp_path_factory):
     def build(family):
         if family != "qwen3":
             return standin(family)
-        from tests.tool_templates import copy_with_template
         return copy_with_template(standin("qwen3"), str(root / "qwen3_tools"),
                                   QWEN3_TOOLS_TEMPLATE)
     return build
@@ -332,6 +331,22 @@ def test_tool_calls_render_as_the_template_renders_tool_use(tool_standin, family
         context = codec.decode(samples.tokens[0, 2, :samples.context_length[0, 2]])
         assert "Both tools." in context
         assert '</tool_call>\n<tool_call>\n{"name": "price", "arguments": {"item": ' in context
+    # A window of one exchange keeps the latest call turn and all its tool messages.
+    syntax = env.call_syntax
+    calls = [("stock", {"item": "widget", "warehouse": 2}),
+             ("price", {"item": "widget", "quantity": 3, "currency": "EUR"})][:2 if several
+                                                                               else 1]
+    results = ["112", "7"][:len(calls)]
+    exchanges = [("Let me look it up.", syntax.result_texts(["error: no tool call"])),
+                 (syntax.write_calls(calls), syntax.result_texts(results))]
+    context = TurnRenderer(codec, HistoryWindow(turns=1), tools=env.tool_schemas,
+                           call_syntax=syntax).context(TASK, exchanges, capacity=10_000)
+    messages = [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": TASK},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": n, "arguments": a}}
+                    for n, a in calls]}] + [{"role": "tool", "content": r} for r in results]
+    assert context.kept == 1
+    assert context.ids == _reference(directory, messages, dict(kwargs, tools=env.tool_schemas))
 
 
 @pytest.mark.parametrize("env_name,family,kwargs", [("sql", *FAMILIES[3])] + [
