@@ -642,7 +642,7 @@ def test_families_train_every_env_in_both_history_modes_through_the_cli(
     the CLI on guess_number, countdown, calculator, sql, code_interpreter and `warehouse`
     in both history modes (48 runs, 10-40 s each: the default suite runs two, the rest
     run with -m slow). Tool envs declare their tools to the template (the sample shows
-    them) and log the tools' counts in either mode."""
+    them) and log the tools' counts in either mode, training and evaluation."""
     tools = env in TOOL_NAMES
     directory = tool_standin(family) if tools else standin(family)
     record, sample = _train_through_the_cli(directory, tmp_path, kwargs, env,
@@ -650,3 +650,4 @@ def test_families_train_every_env_in_both_history_modes_through_the_cli(
     if tools:
         assert f'"name": "{TOOL_NAMES[env]}"' in sample
         assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0
+        assert record["eval/tools/invalid_call_cap_episodes"] <= 1.0  # the evaluation's too
