@@ -640,9 +640,10 @@ def test_families_train_every_env_in_both_history_modes_through_the_cli(
         standin, tool_standin, tmp_path, family, kwargs, env, history):
     """Qwen2.5, Qwen3 (thinking on and off) and Llama 3.1 stand-ins train one step through
     the CLI on guess_number, countdown, calculator, sql, code_interpreter and `warehouse`
-    in both history modes (48 runs, 10-40 s each: the default suite runs two, the rest
-    run with -m slow). Tool envs declare their tools to the template (the sample shows
-    them) and log the tools' counts in either mode, training and evaluation."""
+    in both history modes (48 runs, 9-54 s each, 17.5 min in all on two shared CPU cores:
+    the default suite runs two, the rest run with -m slow). Tool envs declare their tools
+    to the template (the sample shows them) and log the tools' counts in either mode,
+    training and evaluation."""
     tools = env in TOOL_NAMES
     directory = tool_standin(family) if tools else standin(family)
     record, sample = _train_through_the_cli(directory, tmp_path, kwargs, env,
