@@ -146,7 +146,8 @@ class TurnRenderer:
 
     def ids(self, task: str, exchanges: Sequence[tuple[str, str]]) -> list[int]:
         """The ids of `apply_chat_template(messages(task, exchanges),
-        add_generation_prompt=True[, tools=tools])`, env text in plain characters (module docstring)."""
+        add_generation_prompt=True[, tools=tools])`, env text in plain characters
+        (module docstring)."""
         marked = lambda text: self._special_re.sub(lambda m: self._mark_of[m.group(0)], text)
         text = chat_lib.render(
             self.template, self.messages(marked(task), [(a, marked(r)) for a, r in exchanges]),

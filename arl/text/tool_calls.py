@@ -198,7 +198,7 @@ class ToolCallSyntax:
         for piece in pieces:
             try:
                 unescaped.append(json.loads(f'"{piece}"'))
-            except ValueError:  # not the env's escaping (e.g. a reply cut mid-escape)
+            except ValueError:  # a reply `result_texts` did not write: kept as it is
                 unescaped.append(piece)
         return unescaped
 
