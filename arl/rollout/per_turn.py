@@ -12,7 +12,10 @@ the checkpoint's own template, and is a training sample of its own.
 (`arl.text.render_turns.TurnRenderer`) from what the device holds, so nothing about an
 episode lives on the host between turns: the task's and the replies' token ids as the
 env produced them (decoded, without the template text a host env writes around them)
-and the ids of the policy's turns. It works for in-graph token envs and host envs alike.
+and the ids of the policy's turns. It works for in-graph token envs and host envs alike,
+and for tool envs in the template's tool convention (`arl.envs.tool_calling`): the
+context is then `apply_chat_template(..., tools=...)` with each turn's calls as
+structured `tool_calls` and each reply as the `tool` messages of its results.
 
 Unlike "as generated" (`arl.rollout.rollout`), nothing is cached from turn to turn: each
 turn prefills its whole context (the cost docs/checkpoints.md and
@@ -76,6 +79,9 @@ class TurnSamples:
     replies: jax.Array  # int32 [B, K, obs_len]
     reply_length: jax.Array  # int32 [B, K]
     task_rows: jax.Array | None = None
+    # The env's own per-episode statistics of the final states ({name: [B]}, envs with an
+    # `episode_stats` hook, e.g. declared tools' calls), as `Trajectory.episode_stats`.
+    episode_stats: Any = None
     # float32 [B, K, L]: the value head's output at each position of each sample (the
     # value of the state after token t), recorded while sampling; None without a head.
     values: jax.Array | None = None
@@ -88,11 +94,13 @@ def per_turn_error(env) -> str | None:
     if chat is None or getattr(codec, "chat_template", None) is None:
         return ("it needs a checkpoint's chat template (model.hf_checkpoint with a "
                 "chat_template): the context is rendered with it before every turn")
-    if chat.reply_role != "user" or getattr(env, "tool_format", None) or getattr(
-            env, "declares_tools", False):
-        return ("it renders the env's replies as user turns; tool envs (replies in the "
-                "template's tool role) train with rollout.history='as_generated'")
-    return None
+    if chat.reply_role == "user":
+        return None
+    if chat.reply_role == "tool" and getattr(env, "call_syntax", None) is not None:
+        return None  # declared tools (`arl.envs.tool_calling`): rendered as tool use
+    return (f"its replies are {chat.reply_role!r} messages, and per-turn contexts render "
+            "replies as user turns, or as tool results of a ToolCallingEnvironment's "
+            "declared tools (`call_syntax`, `tool_schemas`)")
 
 
 def sample_length(env, window: HistoryWindow = HistoryWindow()) -> int:
@@ -116,8 +124,11 @@ class _ContextHost:
     out, never raises: a row whose context cannot be rendered does not fit)."""
 
     def __init__(self, env, window: HistoryWindow, capacity: int):
-        self.renderer = TurnRenderer(env.codec, window)
         chat = env_chat_format(env)
+        tool_calls = chat.reply_role == "tool"  # the template's tool convention
+        self.renderer = TurnRenderer(
+            env.codec, window, tools=env.tool_schemas if tool_calls else (),
+            call_syntax=env.call_syntax if tool_calls else None)
         self.prompt_around, self.reply_around = chat.prompt_around, chat.reply_around
         self.stop_ids = codec_lib.stop_ids(env.codec)
         self.capacity = capacity
@@ -290,4 +301,6 @@ def per_turn_rollout(env, key: jax.Array, *, num_tasks: int, group_size: int,
         episode_return=carry["episode_return"], format_errors=carry["format_errors"],
         overflow=carry["overflow"], prompt=prompt.tokens, prompt_length=prompt.length,
         replies=carry["replies"], reply_length=carry["reply_len"], task_rows=task_rows,
+        episode_stats=(jax.vmap(env.episode_stats)(carry["env_state"])
+                       if hasattr(env, "episode_stats") else None),
         values=per_turn["values"])

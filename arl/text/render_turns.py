@@ -19,6 +19,17 @@ so Qwen3 drops the `<think>` blocks of earlier turns, Llama 3.1 trims their cont
   them (`skip_special_tokens=False`), without the stop id that ended them: the template
   writes the end of turn.
 
+A tool env in the template's tool convention (`arl.envs.tool_calling`: `tools` and a
+`ToolCallSyntax`) is rendered as the template renders tool use:
+
+    apply_chat_template([system,] user: task, assistant: {content, tool_calls}, tool: r,
+                        tool: r', ..., tools=tools, add_generation_prompt=True)
+
+each assistant turn given as the calls `ToolCallSyntax.parse_calls` reads from it (the
+text before them as its content; a turn that does not parse is plain content), each
+reply as one `tool` message per result of the turn's calls (`split_results`; one for a
+turn without valid calls).
+
 A history window (`HistoryWindow`) keeps the system prompt, the task and the last
 `turns` exchanges (assistant turn + reply) only, and within a token budget the most
 recent exchanges whose render fits: the context is then `apply_chat_template` of the
@@ -63,9 +74,12 @@ class RenderedContext:
 
 class TurnRenderer:
     """Renders per-turn contexts of a checkpoint's codec (`HFCodec.from_pretrained`):
-    its chat template, special tokens, system prompt and template arguments."""
+    its chat template, special tokens, system prompt and template arguments; with
+    `call_syntax` (a tool env's `ToolCallSyntax`), the conversation in the template's
+    tool convention with `tools` (function schemas) declared to it."""
 
-    def __init__(self, codec, window: HistoryWindow = HistoryWindow()):
+    def __init__(self, codec, window: HistoryWindow = HistoryWindow(), *,
+                 tools: Sequence[dict] = (), call_syntax=None):
         template = getattr(codec, "chat_template", None)
         if template is None:
             raise ValueError("per-turn contexts need a checkpoint's chat template "
@@ -74,6 +88,11 @@ class TurnRenderer:
         self.template = template
         self.window = window
         self.system_prompt = codec.chat.system_prompt
+        self.call_syntax = call_syntax
+        self.template_kwargs = codec.template_kwargs
+        if call_syntax is not None:  # as `arl.text.tool_calls` declares them
+            self.template_kwargs = dict(codec.template_kwargs or {},
+                                        tools=[dict(t) for t in tools])
         tokenizer = codec.tokenizer
         self.specials = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()
                                 if t.special), key=len, reverse=True)
@@ -107,23 +126,33 @@ class TurnRenderer:
 
     # -- messages and their ids
     def messages(self, task: str, exchanges: Sequence[tuple[str, str]]) -> list[dict]:
-        """[system,] user task, then assistant / user for each (assistant, reply)."""
+        """[system,] user task, then assistant / user for each (assistant, reply); with a
+        call syntax, each assistant turn with its parsed `tool_calls` and its reply as
+        `tool` messages (module docstring)."""
         messages = ([] if self.system_prompt is None
                     else [{"role": "system", "content": self.system_prompt}])
         messages.append({"role": "user", "content": task})
+        syntax = self.call_syntax
         for assistant, reply in exchanges:
-            messages += [{"role": "assistant", "content": assistant},
-                         {"role": "user", "content": reply}]
+            if syntax is None:
+                messages += [{"role": "assistant", "content": assistant},
+                             {"role": "user", "content": reply}]
+                continue
+            message = syntax.assistant_message(assistant)
+            results = syntax.split_results(reply, len(message.get("tool_calls", ())))
+            messages.append(message)
+            messages += [{"role": "tool", "content": result} for result in results]
         return messages
 
     def ids(self, task: str, exchanges: Sequence[tuple[str, str]]) -> list[int]:
         """The ids of `apply_chat_template(messages(task, exchanges),
-        add_generation_prompt=True)`, env text in plain characters (module docstring)."""
+        add_generation_prompt=True[, tools=tools])`, env text in plain characters
+        (module docstring)."""
         marked = lambda text: self._special_re.sub(lambda m: self._mark_of[m.group(0)], text)
         text = chat_lib.render(
             self.template, self.messages(marked(task), [(a, marked(r)) for a, r in exchanges]),
             add_generation_prompt=True, special_tokens=self.codec.template_tokens,
-            template_kwargs=self.codec.template_kwargs)
+            template_kwargs=self.template_kwargs)
         ids, start = [], 0
         for match in self._special_re.finditer(text):
             ids += self._plain(text[start:match.start()])

@@ -32,6 +32,9 @@ results apart with special tokens, one call per turn. The check then also render
 turn with two calls and a call after text, raw and structured. A call is always
 rendered before its result, never as the conversation's last turn, which Qwen3 renders
 with a think block.
+Read back (history "per_turn", `arl.text.render_turns`): `ToolCallSyntax.assistant_message`
+gives a turn as the message a template takes (its calls as structured `tool_calls`) and
+`split_results` a reply as the results of its calls, one `tool` message each.
 A template that writes a tool result as a JSON string (Llama 3.1's `ipython` turn) keeps
 the quotes in the pieces, and the host writes the escaped text between them
 (`ToolCallSyntax.result_text`). A template whose tool turns cannot be cut this way (one
@@ -171,6 +174,33 @@ class ToolCallSyntax:
                 return "text after the tool call"
             if not self.several_calls:
                 return "one tool call per turn (this model's template renders one)"
+
+    def assistant_message(self, text: str) -> dict[str, Any]:
+        """The assistant message of the turn `text` as a chat template takes it: its
+        content and its calls as structured `tool_calls` where `parse_calls` reads them,
+        else `text` as plain content."""
+        parsed = self.parse_calls(text)
+        if isinstance(parsed, str):
+            return {"role": "assistant", "content": text}
+        content, calls = parsed
+        return {"role": "assistant", "content": content,
+                "tool_calls": [_call_message(n, a)["tool_calls"][0] for n, a in calls]}
+
+    def split_results(self, text: str, count: int) -> list[str]:
+        """The inverse of `result_texts`: the (at most `count`) results of one reply
+        `text`, unescaped where the template writes JSON strings. A result that holds the
+        separator text itself is read as ending there (the reply alone cannot tell)."""
+        pieces = (text.split(self.result_separator, max(count, 1) - 1)
+                  if self.several_calls and count > 1 else [text])
+        if not self.results_as_json:
+            return pieces
+        unescaped = []
+        for piece in pieces:
+            try:
+                unescaped.append(json.loads(f'"{piece}"'))
+            except ValueError:  # a reply `result_texts` did not write: kept as it is
+                unescaped.append(piece)
+        return unescaped
 
     def parse(self, text: str) -> tuple[str, dict[str, Any]] | str:
         """(name, arguments) of the call `text` (surrounding whitespace ignored), or the
@@ -362,13 +392,8 @@ def _check(chat: ChatFormat, syntax: ToolCallSyntax, text_of, encode) -> None:
         for structured in (False, True):
             messages = [{"role": "user", "content": _USER}]
             for turn, results in exchanges:
-                parsed = syntax.parse_calls(turn)
-                if structured and not isinstance(parsed, str):
-                    content, calls = parsed
-                    messages.append({"role": "assistant", "content": content, "tool_calls": [
-                        _call_message(*call)["tool_calls"][0] for call in calls]})
-                else:
-                    messages.append({"role": "assistant", "content": turn})
+                messages.append(syntax.assistant_message(turn) if structured
+                                else {"role": "assistant", "content": turn})
                 messages += [{"role": "tool", "content": result} for result in results]
             expected = encode(text_of(messages))
             if ids != expected:

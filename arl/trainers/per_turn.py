@@ -97,7 +97,8 @@ def turn_sample_gae(turn_rewards, values, context_length, length, action_len: in
 
 def samples_metrics(samples: per_turn_lib.TurnSamples, env_names) -> dict[str, jax.Array]:
     """The rollout metrics of `arl.trainers.credit_assignment.rollout_metrics` for
-    episodes played per turn, and the mode's own: turn samples, mean context length,
+    episodes played per turn (the env's own per-episode statistics included, e.g.
+    `tools/calls_mean`), and the mode's own: turn samples, mean context length,
     episodes ended by a context that did not fit, turns the window dropped."""
     ret = samples.episode_return
     success = samples.success.astype(jnp.float32)
@@ -118,6 +119,8 @@ def samples_metrics(samples: per_turn_lib.TurnSamples, env_names) -> dict[str, j
             (jnp.arange(samples.active.shape[1])[None, :] - samples.kept_turns) * active)
         / played,
     }
+    for name, values in (samples.episode_stats or {}).items():
+        metrics[name] = jnp.mean(values.astype(jnp.float32))
     num_envs = len(env_names)
     if num_envs > 1:
         counts = jax.ops.segment_sum(jnp.ones_like(ret), samples.env_ids, num_envs)
