@@ -82,9 +82,10 @@ GOLDEN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
 HOST_FILE = "host.json"
 STEPS = 3
 # Off the recording processors: a metric's room is ROOM_FACTOR x its measured spread
-# under `perturbed_rounding` (other processors' kernels moved the compared metrics by at
-# most 6 x that, docs/testing.md), at least MIN_RTOL (a few float32 ulps).
-ROOM_FACTOR, MIN_RTOL = 20.0, 1e-6
+# under `perturbed_rounding` (other processors' kernels moved the compared metrics by up
+# to 21 x that: `vineppo_guess_number`'s first grad_norm on a Zen 5, docs/testing.md), at
+# least MIN_RTOL (a few float32 ulps).
+ROOM_FACTOR, MIN_RTOL = 50.0, 1e-6
 # The metrics are float32 statistics of O(1) terms: below a few ulps of 1 in absolute
 # value a continuous metric is a near-cancellation that rounding moves whole (a k3 KL
 # estimate of 3e-14 on one processor, 6e-14 on another), so its room is at least this.
