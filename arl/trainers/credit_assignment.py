@@ -161,26 +161,36 @@ def rollout_metrics(traj: Trajectory, env_names: tuple[str, ...]) -> dict[str, j
     means of the env's own per-episode statistics (`Trajectory.episode_stats`, e.g.
     `tools/invalid_call_cap_episodes`), and per environment for a mixture
     (`reward_mean/<name>`, `success_rate/<name>`)."""
-    ret = traj.episode_return
-    success = traj.success.astype(jnp.float32)
-    agent_tokens = traj.agent_mask.sum(axis=1)
+    return episode_metrics(
+        episode_return=traj.episode_return, success=traj.success, num_turns=traj.num_turns,
+        format_errors=traj.format_errors, response_tokens=traj.agent_mask.sum(axis=1),
+        context_tokens_mean=jnp.mean(traj.length.astype(jnp.float32)),
+        env_ids=traj.env_ids, episode_stats=traj.episode_stats, env_names=env_names)
+
+
+def episode_metrics(*, episode_return, success, num_turns, format_errors, response_tokens,
+                    context_tokens_mean, env_ids, episode_stats,
+                    env_names: tuple[str, ...]) -> dict[str, jax.Array]:
+    """The metrics of `rollout_metrics` from per-episode [B] arrays, whichever history
+    mode played them (`arl.trainers.per_turn` reads its samples' context lengths)."""
+    ret = episode_return
+    success = success.astype(jnp.float32)
     metrics = {
         "reward_mean": jnp.mean(ret),
         "reward_std": jnp.std(ret),
         "success_rate": jnp.mean(success),
-        "turns_mean": jnp.mean(traj.num_turns.astype(jnp.float32)),
-        "response_tokens_mean": jnp.mean(agent_tokens),
-        "context_tokens_mean": jnp.mean(traj.length.astype(jnp.float32)),
-        "format_error_rate": jnp.sum(traj.format_errors)
-        / jnp.maximum(jnp.sum(traj.num_turns), 1),
+        "turns_mean": jnp.mean(num_turns.astype(jnp.float32)),
+        "response_tokens_mean": jnp.mean(response_tokens),
+        "context_tokens_mean": context_tokens_mean,
+        "format_error_rate": jnp.sum(format_errors) / jnp.maximum(jnp.sum(num_turns), 1),
     }
-    for name, values in (traj.episode_stats or {}).items():  # the env's own (`episode_stats`)
+    for name, values in (episode_stats or {}).items():  # the env's own (`episode_stats`)
         metrics[name] = jnp.mean(values.astype(jnp.float32))
     num_envs = len(env_names)
     if num_envs > 1:
-        counts = jax.ops.segment_sum(jnp.ones_like(ret), traj.env_ids, num_envs)
-        sums = jax.ops.segment_sum(ret, traj.env_ids, num_envs)
-        succ = jax.ops.segment_sum(success, traj.env_ids, num_envs)
+        counts = jax.ops.segment_sum(jnp.ones_like(ret), env_ids, num_envs)
+        sums = jax.ops.segment_sum(ret, env_ids, num_envs)
+        succ = jax.ops.segment_sum(success, env_ids, num_envs)
         for i, name in enumerate(env_names):
             metrics[f"reward_mean/{name}"] = sums[i] / jnp.maximum(counts[i], 1)
             metrics[f"success_rate/{name}"] = succ[i] / jnp.maximum(counts[i], 1)

@@ -33,6 +33,7 @@ from arl.errors import ConfigError
 from arl.rollout import per_turn as per_turn_lib
 from arl.rollout.turns import write_rows
 from arl.text.render_turns import HistoryWindow
+from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
 from arl.trainers.protocol import EvaluationReport
 from arl.trainers.policy import shift_right
@@ -100,35 +101,21 @@ def samples_metrics(samples: per_turn_lib.TurnSamples, env_names) -> dict[str, j
     episodes played per turn (the env's own per-episode statistics included, e.g.
     `tools/calls_mean`), and the mode's own: turn samples, mean context length,
     episodes ended by a context that did not fit, turns the window dropped."""
-    ret = samples.episode_return
-    success = samples.success.astype(jnp.float32)
     active = samples.active.astype(jnp.float32)
     played = jnp.maximum(jnp.sum(active), 1.0)
-    metrics = {
-        "reward_mean": jnp.mean(ret),
-        "reward_std": jnp.std(ret),
-        "success_rate": jnp.mean(success),
-        "turns_mean": jnp.mean(samples.num_turns.astype(jnp.float32)),
-        "response_tokens_mean": jnp.mean(samples.agent_mask.sum(axis=(1, 2))),
-        "context_tokens_mean": jnp.sum(samples.context_length * active) / played,
-        "format_error_rate": jnp.sum(samples.format_errors)
-        / jnp.maximum(jnp.sum(samples.num_turns), 1),
+    metrics = credit_lib.episode_metrics(
+        episode_return=samples.episode_return, success=samples.success,
+        num_turns=samples.num_turns, format_errors=samples.format_errors,
+        response_tokens=samples.agent_mask.sum(axis=(1, 2)),
+        context_tokens_mean=jnp.sum(samples.context_length * active) / played,
+        env_ids=samples.env_ids, episode_stats=samples.episode_stats, env_names=env_names)
+    metrics.update({
         "per_turn/samples": jnp.sum(active),
         "per_turn/context_overflow_rate": jnp.mean(samples.overflow.astype(jnp.float32)),
         "per_turn/dropped_turns_mean": jnp.sum(
             (jnp.arange(samples.active.shape[1])[None, :] - samples.kept_turns) * active)
         / played,
-    }
-    for name, values in (samples.episode_stats or {}).items():
-        metrics[name] = jnp.mean(values.astype(jnp.float32))
-    num_envs = len(env_names)
-    if num_envs > 1:
-        counts = jax.ops.segment_sum(jnp.ones_like(ret), samples.env_ids, num_envs)
-        sums = jax.ops.segment_sum(ret, samples.env_ids, num_envs)
-        succ = jax.ops.segment_sum(success, samples.env_ids, num_envs)
-        for i, name in enumerate(env_names):
-            metrics[f"reward_mean/{name}"] = sums[i] / jnp.maximum(counts[i], 1)
-            metrics[f"success_rate/{name}"] = succ[i] / jnp.maximum(counts[i], 1)
+    })
     return metrics
 
 
