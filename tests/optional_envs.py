@@ -1,5 +1,6 @@
 """Shipped configs whose environment lives in an optional extra: skipped, with the
-install line, where that extra is not installed (CI installs `.[test]` only)."""
+install line, where that extra is not installed (the `test` extra, which CI installs,
+holds all three)."""
 
 from __future__ import annotations
 

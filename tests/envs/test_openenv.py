@@ -151,7 +151,6 @@ def _train(tmp_path, name):
         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _ROOT})
 
 
-@pytest.mark.slow
 def test_trains_through_the_command_line_from_one_config_line(tmp_path):
     result = _train(tmp_path, _NAME)
     assert result.returncode == 0, result.stderr[-3000:]
