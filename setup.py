@@ -65,7 +65,7 @@ setuptools.setup(
         # reasoning_gym:<task> environments (arl.envs.tasks.reasoning_gym_task). Three of
         # its dependencies (pycosat, cellpylib, zss) come as sdists: pycosat builds a C
         # extension, so the install needs a C compiler.
-        "reasoning_gym": REASONING_GYM,
+        "reasoning-gym": REASONING_GYM,
         # textarena:<game> single-player games (arl.envs.tasks.textarena_game).
         "textarena": TEXTARENA,
         # openenv:<url or module> environments (arl.envs.tasks.openenv_client).

@@ -1,4 +1,4 @@
-r"""GRPO on a reasoning-gym task (`reasoning_gym:<task>`; pip install 'arl[reasoning_gym]').
+r"""GRPO on a reasoning-gym task (`reasoning_gym:<task>`; pip install 'arl[reasoning-gym]').
 
     python -m experiments.train --config=configs/grpo_reasoning_gym.py --workdir=/tmp/rg
     python -m experiments.train --config=configs/grpo_reasoning_gym.py --workdir=/tmp/rg2 \

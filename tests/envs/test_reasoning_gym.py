@@ -19,7 +19,7 @@ from arl import rollout as rollout_lib
 from arl.errors import ConfigError
 
 reasoning_gym = pytest.importorskip(
-    "reasoning_gym", reason="reasoning-gym is not installed (pip install 'arl[reasoning_gym]')")
+    "reasoning_gym", reason="reasoning-gym is not installed (pip install 'arl[reasoning-gym]')")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}

@@ -3,7 +3,7 @@
     python -m experiments.train --config=configs/grpo_reasoning_gym.py --workdir=/tmp/rg \
         --config.env.name=reasoning_gym:chain_sum
 
-reasoning-gym (`pip install 'arl[reasoning_gym]'`, tested with 0.1.25) generates
+reasoning-gym (`pip install 'arl[reasoning-gym]'`, tested with 0.1.25) generates
 procedural reasoning tasks and scores answers. What maps to what:
 
 * rows: `reasoning_gym.create_dataset(<task>, size=size, seed=seed, **task_kwargs)`
@@ -54,7 +54,7 @@ def _library():
         import reasoning_gym  # pylint: disable=import-outside-toplevel
     except ImportError as error:
         raise ValueError("env 'reasoning_gym:<task>' needs the reasoning-gym package: "
-                         "pip install 'arl[reasoning_gym]'") from error
+                         "pip install 'arl[reasoning-gym]'") from error
     return reasoning_gym
 
 
