@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 # env-name prefix -> (the module the adapter imports, the extra that installs it)
-_EXTRAS = {"reasoning_gym:": ("reasoning_gym", "reasoning_gym"),
+_EXTRAS = {"reasoning_gym:": ("reasoning_gym", "reasoning-gym"),
            "textarena:": ("textarena", "textarena"),
            "openenv:": ("openenv.core", "openenv")}
 
