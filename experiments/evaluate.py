@@ -37,7 +37,7 @@ def main(argv):
     import jax
 
     import arl
-    from arl import algorithm_table, rollout
+    from arl import algorithm_table
     from arl import config as config_lib
     from arl.runs import evaluation
 
@@ -97,7 +97,7 @@ def main(argv):
         print(f"(no {source} baseline: env {config.env.name!r} defines no {source}_action)")
     for row in range(min(_NUM_TRANSCRIPTS.value, num_tasks)):
         print(f"\n--- sampled transcript {row} ---")
-        print(rollout.render_trajectory(env, sampled, row))
+        print(evaluation.render_episode(env, sampled, row, evaluation.history_window(trainer)))
 
 
 def _split_player(trainer, config, split: str):
@@ -109,6 +109,7 @@ def _split_player(trainer, config, split: str):
 
     from arl import envs, rollout
     from arl.errors import ConfigError
+    from arl.runs import evaluation
 
     env_config = config.env.to_dict() if hasattr(config.env, "to_dict") else dict(config.env)
     env_config["kwargs"] = {**dict(env_config.get("kwargs") or {}), "split": split}
@@ -123,10 +124,10 @@ def _split_player(trainer, config, split: str):
     @functools.partial(jax.jit, static_argnames=("greedy", "action_source"))
     def rows(params, key, greedy, action_source):
         model = trainer.model if action_source == "model" else None
-        return rollout.rollout(env, key, num_tasks=env.num_rows, group_size=1, model=model,
-                               params=params, sampling=trainer.sampling.replace(greedy=greedy),
-                               action_source=action_source, reset_keys=keys,
-                               env_params=env_params)
+        play = evaluation.player(evaluation.history_window(trainer))  # as the run played
+        return play(env, key, num_tasks=env.num_rows, group_size=1, model=model,
+                    params=params, sampling=trainer.sampling.replace(greedy=greedy),
+                    action_source=action_source, reset_keys=keys, env_params=env_params)
 
     def play(params, key, greedy, action_source="model"):
         return jax.device_get(rows(params, key, greedy=greedy, action_source=action_source))

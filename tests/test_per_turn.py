@@ -632,6 +632,22 @@ def _case_id(family, kwargs, env, history):
     return f"{family}{'-thinking_off' if kwargs else ''}-{env}-{history}"
 
 
+def _evaluates_per_turn(workdir):
+    """`experiments.evaluate` on a per-turn run: the policy, the demonstrator and the
+    oracle played per turn (the transcripts are `render_samples`' last-turn contexts,
+    which an as-generated evaluation does not print) in one table."""
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", f"--workdir={workdir}",
+         "--num_tasks=4", "--num_transcripts=1"],
+        cwd=_ROOT, env={**os.environ, "PYTHONPATH": _ROOT}, capture_output=True, text=True,
+        timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "Checkpoint step 1 of" in out and "4 tasks per policy" in out, out
+    assert "[context of turn " in out and "--- sampled transcript 0 ---" in out, out
+    assert "greedy" in out and "sampled" in out, out
+
+
 @pytest.mark.parametrize("family,kwargs,env,history", [
     pytest.param(*case, id=_case_id(*case)) for case in MATRIX_DEFAULT] + [
     pytest.param(*case, id=_case_id(*case), marks=pytest.mark.slow) for case in MATRIX
@@ -643,11 +659,14 @@ def test_families_train_every_env_in_both_history_modes_through_the_cli(
     in both history modes (48 runs, 9-54 s each, 17.5 min in all on two shared CPU cores:
     the default suite runs two, the rest run with -m slow). Tool envs declare their tools
     to the template (the sample shows them) and log the tools' counts in either mode,
-    training and evaluation."""
+    training and evaluation. A per-turn run's checkpoint is evaluated per turn by
+    `experiments.evaluate` (its transcripts show the last turn's rendered context)."""
     tools = env in TOOL_NAMES
     directory = tool_standin(family) if tools else standin(family)
     record, sample = _train_through_the_cli(directory, tmp_path, kwargs, env,
                                             MATRIX_ENVS[env], history)
+    if history == "per_turn":
+        _evaluates_per_turn(tmp_path / "run")
     if tools:
         assert f'"name": "{TOOL_NAMES[env]}"' in sample
         assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0

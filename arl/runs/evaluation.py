@@ -83,24 +83,53 @@ def restore_params(trainer, workdir: str, step: int | None = None) -> tuple[int,
     return step, trainer.policy_params(checkpoint)
 
 
-@functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling"))
-def _rollout(env, model, params, key, env_params, *, num_tasks, sampling):
-    return rollout_lib.rollout(env, key, num_tasks=num_tasks, group_size=1, model=model,
-                               params=params, sampling=sampling, env_params=env_params)
+def history_window(trainer):
+    """The run's per-turn history window (`rollout.history="per_turn"`), or None for a run
+    whose episodes are played as generated."""
+    return trainer.window if trainer.config.rollout.history == "per_turn" else None
 
 
-@functools.partial(jax.jit, static_argnames=("env", "num_tasks", "action_source"))
-def _scripted_rollout(env, key, env_params, *, num_tasks, action_source):
-    return rollout_lib.rollout(env, key, num_tasks=num_tasks, group_size=1,
-                               action_source=action_source, env_params=env_params)
+def player(window):
+    """The rollout function of a run's history mode, with `arl.rollout.rollout`'s
+    arguments: `rollout` as generated (`window` None), else `per_turn_rollout` keeping
+    `window`, so an evaluation reads the contexts the run trained on."""
+    if window is None:
+        return rollout_lib.rollout
+    from arl.rollout import per_turn  # pylint: disable=import-outside-toplevel
+
+    return functools.partial(per_turn.per_turn_rollout, window=window)
+
+
+def render_episode(env, episodes, row: int, window) -> str:
+    """Readable text of episode `row` of what `player(window)` played."""
+    if window is None:
+        return rollout_lib.render_trajectory(env, episodes, row)
+    from arl.trainers import per_turn  # pylint: disable=import-outside-toplevel
+
+    return per_turn.render_samples(env.codec, episodes, row)
+
+
+@functools.partial(jax.jit, static_argnames=("env", "model", "num_tasks", "sampling",
+                                             "window"))
+def _rollout(env, model, params, key, env_params, *, num_tasks, sampling, window):
+    return player(window)(env, key, num_tasks=num_tasks, group_size=1, model=model,
+                          params=params, sampling=sampling, env_params=env_params)
+
+
+@functools.partial(jax.jit, static_argnames=("env", "num_tasks", "action_source", "window"))
+def _scripted_rollout(env, key, env_params, *, num_tasks, action_source, window):
+    return player(window)(env, key, num_tasks=num_tasks, group_size=1,
+                          action_source=action_source, env_params=env_params)
 
 
 def evaluate_policy(trainer, params, key: jax.Array, *, num_tasks: int, greedy: bool,
-                    action_source: str = "model") -> rollout_lib.Trajectory:
+                    action_source: str = "model"):
     """Plays `num_tasks` fresh tasks once each; returns the trajectory on the host.
 
     action_source "oracle" / "demonstrator" plays the environment's scripted policy
-    instead (the baselines of the table)."""
+    instead (the baselines of the table). A per-turn run (`rollout.history="per_turn"`)
+    is played per turn, with its window: the `TurnSamples` it returns carry the fields
+    `success_table` reads."""
     if not isinstance(num_tasks, int) or num_tasks < 1:
         raise ValueError(f"num_tasks must be an integer >= 1, got {num_tasks!r}")
     # The run's environment params (config.env.params applied), one row per task.
@@ -108,10 +137,10 @@ def evaluate_policy(trainer, params, key: jax.Array, *, num_tasks: int, greedy: 
     if action_source == "model":
         sampling = trainer.sampling.replace(greedy=bool(greedy))
         traj = _rollout(trainer.env, trainer.model, params, key, env_params,
-                        num_tasks=num_tasks, sampling=sampling)
+                        num_tasks=num_tasks, sampling=sampling, window=history_window(trainer))
     else:
         traj = _scripted_rollout(trainer.env, key, env_params, num_tasks=num_tasks,
-                                 action_source=action_source)
+                                 action_source=action_source, window=history_window(trainer))
     return jax.device_get(traj)
 
 
