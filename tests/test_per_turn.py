@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -671,3 +672,40 @@ def test_families_train_every_env_in_both_history_modes_through_the_cli(
         assert f'"name": "{TOOL_NAMES[env]}"' in sample
         assert record["tools/calls_mean"] >= 0.0 and record["tools/invalid_calls_mean"] >= 0.0
         assert record["eval/tools/invalid_call_cap_episodes"] <= 1.0  # the evaluation's too
+
+
+@pytest.mark.slow
+def test_a_sharded_per_turn_step_equals_one_device(standin):
+    """Per-turn GRPO on a 2x2x2 mesh (batch over data and FSDP, parameters over FSDP and
+    tensor) gives one device's metrics and parameters after two steps: the host renders
+    each context from rows gathered across the devices and the prefills, samples and
+    update run sharded. Tolerances as tests/test_train.py's sharded step."""
+    import arl
+    from configs import grpo_hf_checkpoint
+
+    def two_steps(mesh):
+        c = grpo_hf_checkpoint.get_config(standin("qwen2"))
+        c.model.system_prompt = SYSTEM
+        c.model.dtype = c.model.param_dtype = "float32"
+        c.model.remat, c.model.logprob_chunk = False, 0
+        c.env.name, c.env.kwargs = "guess_number", dict(max_n=16, max_turns=2)
+        c.rollout.num_tasks, c.rollout.group_size, c.rollout.history = 4, 2, "per_turn"
+        c.filters.skip_zero_advantage = False
+        c.mesh = mesh
+        trainer = arl.build(c)
+        state, history = trainer.init_state(), []
+        devices = {len(x.sharding.device_set) for x in jax.tree.leaves(state.params)}
+        assert devices == {math.prod(mesh)}, devices  # the state lives on the whole mesh
+        for _ in range(2):
+            state, metrics = trainer.train_step(state)
+            history.append(jax.device_get(metrics))
+        return jax.device_get(trainer.policy_params(state)), history
+
+    params, single = two_steps((1, 1, 1))
+    sharded_params, sharded = two_steps((2, 2, 2))
+    assert single[0]["per_turn/samples"] >= 8
+    for got, want in zip(sharded, single):
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for got, want in zip(jax.tree.leaves(sharded_params), jax.tree.leaves(params)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
