@@ -709,3 +709,45 @@ def test_a_sharded_per_turn_step_equals_one_device(standin):
             np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
     for got, want in zip(jax.tree.leaves(sharded_params), jax.tree.leaves(params)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_warm_start_clones_the_oracle_per_turn_with_two_calls_in_a_turn(tool_standin):
+    """`warm_start.sft_steps` in per-turn mode: the demonstrations are the per-turn samples
+    of the oracle (every turn its own context, rendered with the tools), among them the
+    warehouse oracle's turn of two calls, and cloning them lowers their loss."""
+    import arl
+    from arl.trainers import warm_start as warm_start_lib
+    from configs import grpo_hf_checkpoint
+
+    c = grpo_hf_checkpoint.get_config(tool_standin("qwen2"))
+    c.imports = ("tests.tool_user_envs",)
+    c.model.system_prompt = SYSTEM
+    c.model.dtype = c.model.param_dtype = "float32"
+    c.model.remat, c.model.logprob_chunk = False, 0
+    c.env.name, c.env.kwargs = "warehouse", dict(max_turns=3)  # room for two calls
+    c.rollout.num_tasks, c.rollout.group_size, c.rollout.history = 2, 2, "per_turn"
+    c.warm_start.sft_steps, c.warm_start.sft_batch, c.warm_start.sft_lr = 20, 4, 3e-3
+    c.warm_start.sft_source = "oracle"
+    trainer = arl.build(c)
+    tokens, mask = jax.device_get(trainer.scripted_demonstrations(
+        jax.random.key(0), 4, "oracle", trainer.task_params(4, 1)))
+    assert tokens.shape == (4 * trainer.turns, trainer.sample_length) == mask.shape
+    codec = trainer.env.codec
+    turns = [codec.decode(row[m.astype(bool)], stop_at_pad=False)
+             for row, m in zip(tokens, mask) if m.any()]
+    assert any(turn.count("<tool_call>") == 2 for turn in turns), turns
+    # A turn after the first reads the tools' results as tool messages of its context.
+    later = [codec.decode(row, stop_at_pad=False) for row, m in zip(tokens, mask)
+             if m.any() and "<tool_response>" in codec.decode(row, stop_at_pad=False)]
+    assert later and '"name": "stock"' in later[0]
+    state = trainer.init_state()
+    key = jax.random.key(7)
+    before = warm_start_lib.demonstration_loss(trainer, trainer.policy_params(state), key,
+                                               num_tasks=8, source="oracle")
+    state = trainer.warm_start(state, log=lambda _: None)
+    after = warm_start_lib.demonstration_loss(trainer, trainer.policy_params(state), key,
+                                              num_tasks=8, source="oracle")
+    assert after < 0.7 * before, (before, after)
+    state, metrics = trainer.train_step(state)  # and RL goes on from there
+    assert np.isfinite(float(metrics["loss/total"]))

@@ -28,7 +28,6 @@ _PER_TURN_EXCLUDES = (
     ("loss.kl_in_reward", bool, "per-token rewards"),
     ("loss.echo_coef", lambda v: v > 0, "observation tokens in the growing context"),
     ("loss.sft_coef", lambda v: v > 0, "demonstrations in the growing context"),
-    ("warm_start.sft_steps", lambda v: v > 0, "demonstrations in the growing context"),
     ("reward.functions", bool, "Python reward functions on the growing context"),
     ("reward_model.hf_checkpoint", bool, "a reward model on the growing context"),
     ("rollout.policy_lag", lambda v: v > 0, "the fused one-program step"),

@@ -176,6 +176,16 @@ class PerTurnTrainer(TokenTrainer):
             env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
             window=self.window)
 
+    def scripted_demonstrations(self, key, num_tasks: int, source: str, env_params=None):
+        """(tokens, agent_mask), [N * max_turns, L]: the scripted episodes played per turn,
+        each turn a sample (its context as rendered before it, and the turn), as RL trains
+        them; turns an episode did not play have an empty mask."""
+        demo = per_turn_lib.per_turn_rollout(
+            self.env, key, num_tasks=num_tasks, group_size=1, action_source=source,
+            env_params=env_params, window=self.window)
+        rows = lambda x: x.reshape((-1,) + x.shape[2:])  # [N, K, L] -> [N*K, L]
+        return rows(demo.tokens), rows(demo.agent_mask)
+
     def learn(self, state: TrainState, samples: per_turn_lib.TurnSamples, keys: StepKeys,
               horizon, behaviour_params=None):
         del behaviour_params  # no Monte Carlo branching in this mode

@@ -205,6 +205,14 @@ class TokenTrainer:
         return warm_start_lib.warm_start_state(
             self, state, log=log, log_every=max(1, min(25, ws.sft_steps // 10 or 1)))
 
+    def scripted_demonstrations(self, key: jax.Array, num_tasks: int, source: str, env_params=None):
+        """(tokens, agent_mask), [N, T] each: `num_tasks` episodes of the env's scripted
+        policy `source` ("oracle" / "demonstrator") as the policy would read and write
+        them, for behaviour cloning (`arl.trainers.warm_start`)."""
+        demo = rollout_lib.rollout(self.env, key, num_tasks=num_tasks, group_size=1,
+                                   action_source=source, env_params=env_params)
+        return demo.tokens, demo.agent_mask
+
     # ------------------------------------------------------------------ step
     def horizon(self, step):
         r = self.config.rollout

@@ -10,8 +10,9 @@ scripted demonstrations (`config.warm_start`; docs/learning.md says why):
     state = warm_start_state(trainer)
 
 Each SFT step is one `jax.jit` program: a batch of fresh demonstrations from
-`rollout(..., action_source=source)` (`"demonstrator"`: the env's weaker demonstrator;
-`"oracle"`), the masked NLL of the demonstrator's tokens (`algorithms.sft_loss`) and
+`trainer.scripted_demonstrations` (the env's scripted policy `source`, `"demonstrator"`: the
+weaker one, or `"oracle"`, played in the run's history mode: as generated, or per turn
+with every turn a sample of its own rendered context), the masked NLL of the demonstrator's tokens (`algorithms.sft_loss`) and
 an AdamW update of *all* the model's weights. Under LoRA (`model.lora_rank > 0`) those
 weights become the frozen base (and so the KL reference) on which the adapters are
 trained; otherwise they are the trained params, and the KL reference (`ref_params`) and
@@ -29,7 +30,6 @@ import jax.numpy as jnp
 import optax
 
 from arl import algorithms as alg
-from arl import rollout as rollout_lib
 from arl import sharding as sharding_lib
 from arl.optim import make_optimizer
 
@@ -89,10 +89,8 @@ def sft_warm_start(trainer, steps: int, *, seed: int = 0, learning_rate=None,
 
     @jax.jit
     def step(params, opt_state, key):
-        demo = rollout_lib.rollout(
-            trainer.env, key, num_tasks=batch_size, group_size=1,
-            action_source=source, env_params=env_params)
-        loss, grads = jax.value_and_grad(loss_fn)(params, demo.tokens, demo.agent_mask)
+        tokens, mask = trainer.scripted_demonstrations(key, batch_size, source, env_params)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, mask)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -111,11 +109,10 @@ def demonstration_loss(trainer, params, key, *, num_tasks: int = 64,
                        source: str | None = None) -> float:
     """Mean SFT loss (masked NLL) of `params` on `num_tasks` fresh demonstrations."""
     source = source or trainer.config.loss.sft_source
-    demo = rollout_lib.rollout(trainer.env, key, num_tasks=num_tasks, group_size=1,
-                               action_source=source,
-                               env_params=trainer.task_params(num_tasks, 1))
-    logp = trainer.policy.score(params, demo.tokens).logp
-    return float(alg.sft_loss(logp, demo.agent_mask))
+    tokens, mask = trainer.scripted_demonstrations(key, num_tasks, source,
+                                          trainer.task_params(num_tasks, 1))
+    logp = trainer.policy.score(params, tokens).logp
+    return float(alg.sft_loss(logp, mask))
 
 
 def start_state(trainer, params, state=None):
