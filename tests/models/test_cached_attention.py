@@ -156,18 +156,25 @@ def test_transformer_decoding_equals_the_dense_cached_path(padded):
     def run(config):
         model = Transformer(config)
 
+        # The decoding calls in a scan, not unrolled: one compiled decode step instead
+        # of twelve (the suite's time is compiling); each call's output is kept.
         @jax.jit
         def decode(params):
             cache = init_cache(config, 3, 32)
             out = model.apply({"params": params}, tokens, cache, **prefill, method="decode")
-            outs = [out]
-            for token in steps:
-                outs.append(model.apply({"params": params}, token, outs[-1].cache, method="decode"))
-            return outs
+
+            def step(cache, token):
+                out = model.apply({"params": params}, token, cache, method="decode")
+                return out.cache, out
+
+            _, outs = jax.lax.scan(step, out.cache, steps)
+            return [out] + [jax.tree.map(lambda x: x[i], outs) for i in range(len(steps))]
         return decode(params)
 
     real = np.ones((3, 9), bool) if not padded else mask  # padding queries: meaningless
-    for call, (blocked, dense) in enumerate(zip(run(AUTO_SMALL_BLOCKS), run(SMALL))):
+    calls = list(zip(run(AUTO_SMALL_BLOCKS), run(SMALL)))
+    assert len(calls) == 13
+    for call, (blocked, dense) in enumerate(calls):
         seen = real if call == 0 else np.ones((3, 1), bool)
         np.testing.assert_allclose(blocked.logits * seen[..., None],
                                    dense.logits * seen[..., None], atol=1e-5, rtol=1e-5)
