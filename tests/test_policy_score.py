@@ -3,6 +3,7 @@ log-prob + entropy, scoring only the positions a loss reads, and the flattened-t
 layers, each against the plain computation it replaces."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -41,7 +42,10 @@ def test_fused_logprobs_and_entropy_equal_the_two_kernels():
 
 
 def _policy(chunk=0, **model_overrides):
-    model, _, params = make(dataclasses.replace(SMALL, **model_overrides))
+    """A policy of SMALL with `model_overrides`, on SMALL's parameters: the overrides
+    (remat, attention) take the same parameters, which are initialised (compiled) once."""
+    _, _, params = make(SMALL)
+    model = Transformer(dataclasses.replace(SMALL, **model_overrides))
     return Policy(model=model, temperature=0.7, logprob_chunk=chunk), params
 
 
@@ -57,6 +61,7 @@ def _scored_mask(seed=3, per_row=(5, 0, 9, 7)):
 TOKENS = jax.random.randint(jax.random.key(7), (B, S), 0, SMALL.vocab_size)
 
 
+@functools.partial(jax.jit, static_argnums=2)  # one compile for the file, not eager ops
 def _plain_scores(params, tokens, temperature):
     """The previous scoring path: the model's [B, S, V] logits, tempered, then the two
     separate kernels."""
