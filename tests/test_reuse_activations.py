@@ -52,6 +52,8 @@ def _model(layer_unroll: int):
         num_kv_heads=1, mlp_dim=32, max_len=WIDTH, value_head=True,
         layer_unroll=layer_unroll)
     model = Transformer(config)
+    if layer_unroll != 1:  # the same parameters (stacked by layer), initialised once
+        return model, _model(1)[1]
     params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
     return model, nn.unbox(params)
 
