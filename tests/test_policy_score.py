@@ -136,9 +136,13 @@ def test_a_row_over_the_bound_falls_back_to_full_scoring():
 
 def test_entropy_can_be_skipped_and_arguments_are_checked():
     policy, params = _policy()
-    assert policy.score(params, TOKENS, entropy=False).entropy is None
-    assert policy.score(params, TOKENS, scored=_scored_mask(), max_scored=9,
-                        entropy=False).entropy is None
+    # Shapes only (traced, not compiled): whether the entropy is there.
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS, entropy=False), params
+                          ).entropy is None
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS, scored=_scored_mask(),
+                                                 max_scored=9, entropy=False), params
+                          ).entropy is None
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS), params).entropy.shape == (B, S)
     with pytest.raises(ValueError, match="max_scored"):
         policy.score(params, TOKENS, scored=_scored_mask(), max_scored=2.5)
     with pytest.raises(ValueError, match="scored"):
