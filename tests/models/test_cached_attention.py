@@ -189,8 +189,9 @@ def test_an_empty_call_leaves_the_cache_as_it_is():
     _, _, params = make(SMALL)
     model = Transformer(AUTO_SMALL_BLOCKS)
     tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, SMALL.vocab_size)
-    cache = model.apply({"params": params}, tokens, init_cache(AUTO_SMALL_BLOCKS, 3, 32),
-                        num_valid=jnp.asarray([9, 3, 6], jnp.int32), method="decode").cache
+    cache = jax.jit(lambda p: model.apply(  # one program, not the model op by op
+        {"params": p}, tokens, init_cache(AUTO_SMALL_BLOCKS, 3, 32),
+        num_valid=jnp.asarray([9, 3, 6], jnp.int32), method="decode").cache)(params)
     out = jax.jit(lambda p, c: model.apply({"params": p}, jnp.zeros((3, 0), jnp.int32), c,
                                            num_valid=jnp.zeros((3,), jnp.int32),
                                            method="decode"))(params, cache)
