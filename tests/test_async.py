@@ -123,7 +123,7 @@ def test_pipelined_run_is_the_reference_run_with_delayed_params(fresh_state, two
 @pytest.mark.parametrize("two", [0], indirect=True)
 def test_lag_zero_matches_the_fused_step(trainer, fresh_state, two, monkeypatch):
     state, calls, metrics = recorded_run(two, fresh_state(), STEPS, monkeypatch)
-    fused = trainer.init_state()
+    fused = fresh_state()
     for t in range(STEPS):
         fused, fused_metrics = trainer.train_step(fused)
         fused_metrics = jax.device_get(fused_metrics)
