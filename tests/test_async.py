@@ -38,6 +38,16 @@ def trainer():
 
 
 @pytest.fixture(scope="module")
+def fresh_state(trainer):
+    """`trainer.init_state()` as a function: the initial state is computed once and each
+    call gives a copy on the training devices (init_state compiles its program at every
+    call; the updates donate the state, so each run needs its own buffers)."""
+    initial = trainer.init_state()
+    shardings = trainer.state_shardings()
+    return lambda: jax.device_put(initial, shardings, may_alias=False)
+
+
+@pytest.fixture(scope="module")
 def programs(trainer):
     """The two programs, compiled once (they do not depend on the lag)."""
     return TwoProgramTrainer(trainer)
@@ -90,10 +100,10 @@ def recorded_run(two, state, steps, monkeypatch):
 
 
 @pytest.mark.parametrize("two", [0, 2], indirect=True)
-def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, monkeypatch):
+def test_pipelined_run_is_the_reference_run_with_delayed_params(fresh_state, two, monkeypatch):
     lag = two.policy_lag
-    ref_state, ref = reference_run(two, trainer.init_state(), STEPS, lag)
-    state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
+    ref_state, ref = reference_run(two, fresh_state(), STEPS, lag)
+    state, calls, metrics = recorded_run(two, fresh_state(), STEPS, monkeypatch)
     # ... and the rollout of the next step, out when the loop stops (train_steps > STEPS)
     assert [step for _, step in calls] == list(range(STEPS + 1))
     for t, ((params, _), (ref_params, _, ref_metrics), m) in enumerate(
@@ -111,9 +121,9 @@ def test_pipelined_run_is_the_reference_run_with_delayed_params(trainer, two, mo
 
 
 @pytest.mark.parametrize("two", [0], indirect=True)
-def test_lag_zero_matches_the_fused_step(trainer, two, monkeypatch):
-    state, calls, metrics = recorded_run(two, trainer.init_state(), STEPS, monkeypatch)
-    fused = trainer.init_state()
+def test_lag_zero_matches_the_fused_step(trainer, fresh_state, two, monkeypatch):
+    state, calls, metrics = recorded_run(two, fresh_state(), STEPS, monkeypatch)
+    fused = fresh_state()
     for t in range(STEPS):
         fused, fused_metrics = trainer.train_step(fused)
         fused_metrics = jax.device_get(fused_metrics)
@@ -129,11 +139,11 @@ def test_lag_zero_matches_the_fused_step(trainer, two, monkeypatch):
                  jax.device_get(state.params), jax.device_get(fused.params))
 
 
-def test_resharding_round_trip_is_exact(trainer, two):
+def test_resharding_round_trip_is_exact(trainer, fresh_state, two):
     training = {d.id for d in trainer.mesh.devices.flat}
     sampling = {d.id for d in two.mesh.devices.flat}
     assert training == {0, 1} and sampling == {2, 3}
-    state = trainer.init_state()
+    state = fresh_state()
     on_rollout = two.behaviour_params(state)
     for leaf in jax.tree.leaves(on_rollout):
         assert {d.id for d in leaf.devices()} == sampling
@@ -145,10 +155,10 @@ def test_resharding_round_trip_is_exact(trainer, two):
     assert leaves_equal(moved, traj)
 
 
-def test_snapshots_survive_donation(trainer):
+def test_snapshots_survive_donation(trainer, fresh_state):
     """A behaviour copy is its own buffers: the update that donates the state leaves it."""
     two = TwoProgramTrainer(trainer, mesh=trainer.mesh)  # colocated: same shardings
-    state = trainer.init_state()
+    state = fresh_state()
     snapshot = two.behaviour_params(state)
     before = jax.device_get(snapshot)
     traj = two.rollout(snapshot, two.state_key(state), jnp.int32(0))
@@ -157,7 +167,7 @@ def test_snapshots_survive_donation(trainer):
 
 
 @pytest.mark.parametrize("two", [2], indirect=True)
-def test_a_restored_state_recomputes_the_rollouts_in_flight(trainer, two):
+def test_a_restored_state_recomputes_the_rollouts_in_flight(fresh_state, two):
     """A state `train_step` did not return itself (here: copied through the host, as a
     checkpoint restores it) carries on bit for bit: the rollouts the first run had in
     flight are sampled again from the behaviour versions in the state."""
@@ -168,7 +178,7 @@ def test_a_restored_state_recomputes_the_rollouts_in_flight(trainer, two):
         straight.append(jax.device_get(metrics))
     final = jax.device_get(state)
 
-    state = two.init_state()
+    state = two.start(fresh_state())
     for _ in range(2):
         state, _ = two.train_step(state)
     assert len(state.behaviour) == 2  # versions 0 and 1: rollouts 2 and 3
@@ -180,7 +190,8 @@ def test_a_restored_state_recomputes_the_rollouts_in_flight(trainer, two):
     assert leaves_equal(jax.device_get(restored), final)
 
 
-def test_the_update_is_dispatched_before_the_next_rollout(trainer, two, monkeypatch):
+def test_the_update_is_dispatched_before_the_next_rollout(trainer, fresh_state, two,
+                                                          monkeypatch):
     """At lag 1 rollout t + 1 is dispatched after update t (a rollout that holds the
     host would otherwise delay the update), and the run's last step samples none."""
     calls = []
@@ -190,7 +201,7 @@ def test_the_update_is_dispatched_before_the_next_rollout(trainer, two, monkeypa
             name) or program(*args))
     monkeypatch.setattr(trainer.config, "train_steps", 3)
     monkeypatch.setattr(two, "_rollout_first", None)
-    state = two.init_state()
+    state = two.start(fresh_state())
     for _ in range(3):
         state, _ = two.train_step(state)
     assert calls == ["rollout", "update", "rollout", "update", "rollout", "update"]

@@ -3,6 +3,7 @@ log-prob + entropy, scoring only the positions a loss reads, and the flattened-t
 layers, each against the plain computation it replaces."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -41,7 +42,10 @@ def test_fused_logprobs_and_entropy_equal_the_two_kernels():
 
 
 def _policy(chunk=0, **model_overrides):
-    model, _, params = make(dataclasses.replace(SMALL, **model_overrides))
+    """A policy of SMALL with `model_overrides`, on SMALL's parameters: the overrides
+    (remat, attention) take the same parameters, which are initialised (compiled) once."""
+    _, _, params = make(SMALL)
+    model = Transformer(dataclasses.replace(SMALL, **model_overrides))
     return Policy(model=model, temperature=0.7, logprob_chunk=chunk), params
 
 
@@ -57,6 +61,7 @@ def _scored_mask(seed=3, per_row=(5, 0, 9, 7)):
 TOKENS = jax.random.randint(jax.random.key(7), (B, S), 0, SMALL.vocab_size)
 
 
+@functools.partial(jax.jit, static_argnums=2)  # one compile for the file, not eager ops
 def _plain_scores(params, tokens, temperature):
     """The previous scoring path: the model's [B, S, V] logits, tempered, then the two
     separate kernels."""
@@ -131,9 +136,13 @@ def test_a_row_over_the_bound_falls_back_to_full_scoring():
 
 def test_entropy_can_be_skipped_and_arguments_are_checked():
     policy, params = _policy()
-    assert policy.score(params, TOKENS, entropy=False).entropy is None
-    assert policy.score(params, TOKENS, scored=_scored_mask(), max_scored=9,
-                        entropy=False).entropy is None
+    # Shapes only (traced, not compiled): whether the entropy is there.
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS, entropy=False), params
+                          ).entropy is None
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS, scored=_scored_mask(),
+                                                 max_scored=9, entropy=False), params
+                          ).entropy is None
+    assert jax.eval_shape(lambda p: policy.score(p, TOKENS), params).entropy.shape == (B, S)
     with pytest.raises(ValueError, match="max_scored"):
         policy.score(params, TOKENS, scored=_scored_mask(), max_scored=2.5)
     with pytest.raises(ValueError, match="scored"):
@@ -229,7 +238,10 @@ def _reference_forward(params, tokens, config):
 
 def test_flattened_token_layers_equal_the_plain_formulation():
     config = dataclasses.replace(SMALL, value_head=False)
-    model, _, params = make(config)
+    model = Transformer(config)
+    # SMALL's parameters less the value head: those an init of `config` gives (the same
+    # key and shapes), without compiling that init.
+    params = {k: v for k, v in make(SMALL)[2].items() if k != "value_head"}
     weights = jax.random.normal(jax.random.key(9), (B, S, config.vocab_size))
     loss = lambda f: (lambda p: jnp.sum(f(p) * weights))
     ours = lambda p: model.apply({"params": p}, TOKENS).logits

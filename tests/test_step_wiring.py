@@ -63,8 +63,11 @@ def test_the_update_batch_holds_the_signals_on_the_kept_rows(monkeypatch, algori
             return params, opt_state, {"loss/total": jnp.zeros(()), "grad_norm": jnp.zeros(())}
 
     monkeypatch.setattr(trainer, "learner", RecordingLearner())
-    _, metrics = trainer.learn(state, traj, keys, horizon, behaviour_params=policy)
-    (batch,) = received
+    # Jitted as the step runs it: one program instead of each op compiled eagerly.
+    batch, metrics = jax.jit(lambda s, t, k, h, p: (
+        trainer.learn(s, t, k, h, behaviour_params=p)[1], received[0])[::-1])(
+            state, traj, keys, horizon, policy)
+    assert len(received) == 1
 
     # DAPO in NumPy: a group whose scores are all equal is dropped.
     groups = scores.reshape(NUM_TASKS, GROUP_SIZE)
@@ -75,16 +78,17 @@ def test_the_update_batch_holds_the_signals_on_the_kept_rows(monkeypatch, algori
 
     old_values = (shift_right(traj.values[:, :-1]) * traj.agent_mask
                   if algorithm == "ppo" else None)
-    signals = trainer.credit(traj, traj.rewards, old_values,
-                             process_rewards=None, implicit_rewards=None, branch=None)
+    signals = jax.jit(lambda t, v: trainer.credit(
+        t, t.rewards, v, process_rewards=None, implicit_rewards=None, branch=None))(
+            traj, old_values)
     np.testing.assert_array_equal(signals.valid, valid)
     np.testing.assert_array_equal(batch.advantages, np.asarray(signals.advantages) * loss_mask)
     assert np.any(np.asarray(batch.advantages)[GROUP_SIZE:] != 0)
     np.testing.assert_array_equal(batch.tokens, traj.tokens)
     np.testing.assert_array_equal(batch.old_logp, traj.behaviour_logp)
     np.testing.assert_array_equal(batch.observation_mask, traj.observation_mask)
-    reference = trainer.policy.score(trainer.layout.reference_params(state), traj.tokens,
-                                     **trainer.shared_prompt).logp
+    reference = jax.jit(lambda p, t: trainer.policy.score(p, t, **trainer.shared_prompt).logp)(
+        trainer.layout.reference_params(state), traj.tokens)
     np.testing.assert_allclose(batch.ref_logp, reference, rtol=1e-6, atol=1e-6)
     if algorithm == "ppo":
         np.testing.assert_array_equal(batch.old_values, old_values)

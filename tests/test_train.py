@@ -39,8 +39,18 @@ def grpo_trainer():
     return TokenTrainer(c)
 
 
-def test_step_is_one_program_without_host_transfers(grpo_trainer):
-    state = grpo_trainer.init_state()
+@pytest.fixture(scope="module")
+def fresh_state(grpo_trainer):
+    """`grpo_trainer.init_state()` as a function: computed once (init_state compiles its
+    program at every call), each call a copy on the trainer's devices (the step donates
+    the state)."""
+    initial = grpo_trainer.init_state()
+    shardings = grpo_trainer.state_shardings()
+    return lambda: jax.device_put(initial, shardings, may_alias=False)
+
+
+def test_step_is_one_program_without_host_transfers(grpo_trainer, fresh_state):
+    state = fresh_state()
     state, _ = grpo_trainer.train_step(state)  # compile outside the guard
     with jax.transfer_guard("disallow"):
         state, metrics = grpo_trainer.train_step(state)
@@ -49,12 +59,12 @@ def test_step_is_one_program_without_host_transfers(grpo_trainer):
     assert all(np.isfinite(float(v)) for v in metrics.values())
 
 
-def test_the_rollout_method_is_the_step_rollout(grpo_trainer, monkeypatch):
+def test_the_rollout_method_is_the_step_rollout(grpo_trainer, fresh_state, monkeypatch):
     """Benchmarks time `TokenTrainer.rollout` as the step's rollout: the step plays its
     episodes through it, once, and it prefills a group's prompt once, which plays the
     same episodes as prefilling every row."""
     from arl import rollout as rollout_lib
-    state = grpo_trainer.init_state()
+    state = fresh_state()
     trainer_type, original = type(grpo_trainer), type(grpo_trainer).rollout
     calls = []
     monkeypatch.setattr(trainer_type, "rollout",
@@ -83,8 +93,8 @@ def test_the_rollout_method_is_the_step_rollout(grpo_trainer, monkeypatch):
     np.testing.assert_allclose(traj.behaviour_logp, per_row.behaviour_logp, atol=5e-5)
 
 
-def test_update_is_skipped_exactly_when_no_advantage_is_nonzero(grpo_trainer):
-    state = grpo_trainer.init_state()
+def test_update_is_skipped_exactly_when_no_advantage_is_nonzero(grpo_trainer, fresh_state):
+    state = fresh_state()
     before = jax.tree.map(np.asarray, state.params)
     state, metrics = grpo_trainer.train_step(state)
     assert float(metrics["degenerate_group_fraction"]) == 1.0
@@ -93,8 +103,8 @@ def test_update_is_skipped_exactly_when_no_advantage_is_nonzero(grpo_trainer):
     assert int(state.step) == 1
 
 
-def test_metrics_cover_the_issue_list(grpo_trainer):
-    state = grpo_trainer.init_state()
+def test_metrics_cover_the_issue_list(grpo_trainer, fresh_state):
+    state = fresh_state()
     _, metrics = grpo_trainer.train_step(state)
     for key in ("reward_mean", "reward_std", "success_rate", "turns_mean",
                 "response_tokens_mean", "entropy", "policy/clip_fraction_low",

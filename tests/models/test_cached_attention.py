@@ -156,18 +156,25 @@ def test_transformer_decoding_equals_the_dense_cached_path(padded):
     def run(config):
         model = Transformer(config)
 
+        # The decoding calls in a scan, not unrolled: one compiled decode step instead
+        # of twelve (the suite's time is compiling); each call's output is kept.
         @jax.jit
         def decode(params):
             cache = init_cache(config, 3, 32)
             out = model.apply({"params": params}, tokens, cache, **prefill, method="decode")
-            outs = [out]
-            for token in steps:
-                outs.append(model.apply({"params": params}, token, outs[-1].cache, method="decode"))
-            return outs
+
+            def step(cache, token):
+                out = model.apply({"params": params}, token, cache, method="decode")
+                return out.cache, out
+
+            _, outs = jax.lax.scan(step, out.cache, steps)
+            return [out] + [jax.tree.map(lambda x: x[i], outs) for i in range(len(steps))]
         return decode(params)
 
     real = np.ones((3, 9), bool) if not padded else mask  # padding queries: meaningless
-    for call, (blocked, dense) in enumerate(zip(run(AUTO_SMALL_BLOCKS), run(SMALL))):
+    calls = list(zip(run(AUTO_SMALL_BLOCKS), run(SMALL)))
+    assert len(calls) == 13
+    for call, (blocked, dense) in enumerate(calls):
         seen = real if call == 0 else np.ones((3, 1), bool)
         np.testing.assert_allclose(blocked.logits * seen[..., None],
                                    dense.logits * seen[..., None], atol=1e-5, rtol=1e-5)
@@ -182,8 +189,9 @@ def test_an_empty_call_leaves_the_cache_as_it_is():
     _, _, params = make(SMALL)
     model = Transformer(AUTO_SMALL_BLOCKS)
     tokens = jax.random.randint(jax.random.key(1), (3, 9), 0, SMALL.vocab_size)
-    cache = model.apply({"params": params}, tokens, init_cache(AUTO_SMALL_BLOCKS, 3, 32),
-                        num_valid=jnp.asarray([9, 3, 6], jnp.int32), method="decode").cache
+    cache = jax.jit(lambda p: model.apply(  # one program, not the model op by op
+        {"params": p}, tokens, init_cache(AUTO_SMALL_BLOCKS, 3, 32),
+        num_valid=jnp.asarray([9, 3, 6], jnp.int32), method="decode").cache)(params)
     out = jax.jit(lambda p, c: model.apply({"params": p}, jnp.zeros((3, 0), jnp.int32), c,
                                            num_valid=jnp.zeros((3,), jnp.int32),
                                            method="decode"))(params, cache)
