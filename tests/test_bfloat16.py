@@ -188,8 +188,30 @@ def bfloat16_statistics(jaxpr, backward: bool = False):
 @pytest.mark.parametrize("name", CONFIG_FILES)
 def test_bfloat16_step_keeps_statistics_in_float32(name, request):
     config, _, _ = _bfloat16_config(name, request)
+    _check_bfloat16_step(config)
+
+
+# The two non-default rollouts: per-turn history (its own trainer and update) and slot
+# scheduling (its own rollout program), each on a shipped config.
+_ROLLOUT_MODES = {
+    "per_turn": ("grpo_hf_checkpoint", {"rollout.history": "per_turn", "loss.sft_coef": 0.0}),
+    "slots": ("grpo_guess_number", {"rollout.schedule": "slots", "rollout.num_slots": 2}),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_ROLLOUT_MODES))
+def test_bfloat16_step_of_each_rollout_mode_keeps_statistics_in_float32(mode, request):
+    name, overrides = _ROLLOUT_MODES[mode]
+    config, _, _ = _bfloat16_config(name, request)
+    config.update_from_flattened_dict(overrides)
+    _check_bfloat16_step(config)
+
+
+def _check_bfloat16_step(config):
     config_lib.validate(config, num_devices=jax.device_count())
     trainer = trainers.build(config)
+    if config.rollout.history == "per_turn":
+        assert type(trainer).__name__ == "PerTurnTrainer", type(trainer)
     state = trainer.abstract_state()
     closed, (_, metrics) = jax.make_jaxpr(trainer.train_step, return_shape=True)(state)
     not_float32 = {k: str(v.dtype) for k, v in metrics.items()
