@@ -33,7 +33,7 @@ from arl.text.tool_schemas import (ToolSchemaError, call_error, check_tool_schem
                                    schema_of_function)
 from tests import tool_user_envs  # noqa: E402  (registers "warehouse")
 from tests.hf_standins import build_standin  # noqa: E402
-from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, call_message, with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = "Use the tools, then answer."
@@ -107,9 +107,7 @@ def contexts_against_template(env, directory, *, num_tasks=3, seed=3, variant=Tr
             else:
                 content, calls = parsed
                 calls_per_turn.append(len(calls))
-                messages.append({"role": "assistant", "content": content, "tool_calls": [
-                    {"type": "function", "function": {"name": n, "arguments": a}}
-                    for n, a in calls]})
+                messages.append(call_message(content, calls))
                 reply = tokenizer.decode(tokens[end + len(chat.reply_prefix):_reply_end(
                     traj, b, end + len(chat.reply_prefix), chat)])
                 results = reply.split(syntax.result_separator) if len(calls) > 1 else [reply]

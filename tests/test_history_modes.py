@@ -29,7 +29,7 @@ from arl.text import chat_template, keep_history  # noqa: E402
 from arl.text.hf_codec import HFCodec  # noqa: E402
 from tests import hf_standins  # noqa: E402
 from tests.tool_templates import QWEN3_TOOLS_TEMPLATE as QWEN3_TOOL_TEMPLATE  # noqa: E402
-from tests.tool_templates import copy_with_template  # noqa: E402
+from tests.tool_templates import call_message, copy_with_template  # noqa: E402
 
 SYSTEM = "Answer with a number."
 OFF = {"enable_thinking": False}
@@ -236,9 +236,7 @@ def test_qwen3_tool_env_context_is_the_keep_history_render_every_turn(standins, 
             text = tokenizer.decode(tokens[start:end - 1])
             call = env.call_syntax.parse(text)
             if t == 0:
-                messages.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": call[0],
-                                                      "arguments": call[1]}}]})
+                messages.append(call_message("", [call]))
             else:
                 messages.append({"role": "assistant", "content": text})
             reply = end + len(chat.reply_prefix)

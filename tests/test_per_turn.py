@@ -39,7 +39,7 @@ from arl.text.hf_codec import HFCodec  # noqa: E402
 from arl.text.render_turns import HistoryWindow, TurnRenderer  # noqa: E402
 from arl.trainers.per_turn import turn_advantages, turn_sample_gae  # noqa: E402
 from tests import hf_standins  # noqa: E402
-from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, copy_with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, call_message, copy_with_template  # noqa: E402
 from tests.tool_user_envs import Warehouse  # noqa: E402  (registers "warehouse")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -294,9 +294,7 @@ def _check_tool_contexts(directory, kwargs, env, samples):
             else:
                 content, calls = parsed
                 calls_per_turn.append(len(calls))
-                messages.append({"role": "assistant", "content": content, "tool_calls": [
-                    {"type": "function", "function": {"name": name, "arguments": arguments}}
-                    for name, arguments in calls]})
+                messages.append(call_message(content, calls))
                 results = reply.split(syntax.result_separator) if len(calls) > 1 else [reply]
                 assert len(results) == len(calls)
             if syntax.results_as_json:
@@ -343,9 +341,7 @@ def test_tool_calls_render_as_the_template_renders_tool_use(tool_standin, family
     context = TurnRenderer(codec, HistoryWindow(turns=1), tools=env.tool_schemas,
                            call_syntax=syntax).context(TASK, exchanges, capacity=10_000)
     messages = [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": TASK},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": n, "arguments": a}}
-                    for n, a in calls]}] + [{"role": "tool", "content": r} for r in results]
+                call_message("", calls)] + [{"role": "tool", "content": r} for r in results]
     assert context.kept == 1
     assert context.ids == _reference(directory, messages, dict(kwargs, tools=env.tool_schemas))
 
@@ -387,8 +383,6 @@ def test_a_turn_and_its_reply_read_back_as_the_messages_a_template_takes(tool_st
     syntax = env.call_syntax
     stock = ("stock", {"item": "widget", "warehouse": 2})
     price = ("price", {"item": "widget", "quantity": 3, "currency": "EUR", "gift_wrap": True})
-    structured = lambda *calls: [{"type": "function", "function": {"name": n, "arguments": a}}
-                                 for n, a in calls]
     broken = '<tool_call>\n{"name": "stock", "arguments": {"item": "widget"' if \
         family == "qwen2" else '{"name": "stock", "parameters": {"item": '
     assert syntax.assistant_message(broken) == {"role": "assistant", "content": broken}
@@ -397,14 +391,13 @@ def test_a_turn_and_its_reply_read_back_as_the_messages_a_template_takes(tool_st
     results = ["112", 'error: KeyError: "no \'x\'"\nthen\ta tab']
     if family == "qwen2":
         text = syntax.write_calls([stock, price], content="Both.")
-        assert syntax.assistant_message(text) == {
-            "role": "assistant", "content": "Both.", "tool_calls": structured(stock, price)}
+        assert syntax.assistant_message(text) == call_message("Both.", [stock, price])
         reply = env.fit_reply(results)
         assert syntax.split_results(reply, 2) == results
         assert syntax.split_results(reply, 1) == [reply]  # one error for too many calls
     else:  # one call a turn, alone; results written as JSON strings
-        assert syntax.assistant_message(syntax.write_calls([stock])) == {
-            "role": "assistant", "content": "", "tool_calls": structured(stock)}
+        assert syntax.assistant_message(syntax.write_calls([stock])) == call_message(
+            "", [stock])
         reply = env.fit_reply(results[1:])
         assert reply != results[1] and syntax.split_results(reply, 1) == results[1:]
         assert syntax.split_results('a "b', 1) == ['a "b']  # not escaped: kept as written

@@ -28,7 +28,7 @@ from arl import rollout as rollout_lib  # noqa: E402
 from arl.envs import from_config  # noqa: E402
 from tests import hf_standins  # noqa: E402
 from tests.tool_templates import QWEN3_TOOLS_TEMPLATE as QWEN3_TOOL_TEMPLATE  # noqa: E402
-from tests.tool_templates import copy_with_template  # noqa: E402
+from tests.tool_templates import call_message, copy_with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFF = {"enable_thinking": False}
@@ -153,9 +153,7 @@ def contexts_are_the_reference_render(directory, system, template_kwargs, env_na
             text = tokenizer.decode(tokens[start:end - 1])
             call = env.call_syntax.parse(text) if tool_env else None
             if tool_env and not isinstance(call, str):
-                messages.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": call[0],
-                                                      "arguments": call[1]}}]})
+                messages.append(call_message("", [call]))
             else:
                 messages.append({"role": "assistant", "content": text})
             reply = end + len(chat.reply_prefix)

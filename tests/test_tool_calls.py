@@ -29,7 +29,7 @@ from arl.envs.host import HostEpisode  # noqa: E402
 from arl.rewards.functions import episode_texts  # noqa: E402
 from arl.text.chat_template import ChatTemplateError  # noqa: E402
 from tests.hf_standins import build_standin  # noqa: E402
-from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, with_template  # noqa: E402
+from tests.tool_templates import QWEN3_TOOLS_TEMPLATE, call_message, with_template  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEM = "Answer with the tool."
@@ -110,9 +110,7 @@ def test_context_is_the_template_with_tools_before_every_turn(standins, family, 
                 assert call[0] == name and set(call[1]) == {parameter}
                 assert text.startswith(f'{{"name": "{name}", "parameters": ' if as_json else
                                        f'<tool_call>\n{{"name": "{name}", "arguments": ')
-                messages.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": call[0],
-                                                      "arguments": call[1]}}]})
+                messages.append(call_message("", [call]))
             else:
                 assert text.startswith("<answer>")
                 messages.append({"role": "assistant", "content": text})

@@ -3,7 +3,8 @@
 `QWEN3_TOOLS_TEMPLATE` is Qwen3's chat template as released (the tools list in the
 system turn, `<tool_call>` blocks, tool results as `<tool_response>` in a user turn,
 earlier thinking kept after the last user query); `with_template` writes it into a
-stand-in checkpoint directory, `copy_with_template` into a copy of one.
+stand-in checkpoint directory, `copy_with_template` into a copy of one. `call_message`
+writes the reference renders' assistant message of tool calls.
 """
 
 from __future__ import annotations
@@ -130,3 +131,12 @@ def copy_with_template(source: str, directory: str, template: str) -> str:
     with open(os.path.join(directory, "chat_template.jinja"), "w", encoding="utf-8") as f:
         f.write(template)
     return directory
+
+
+def call_message(content: str, calls) -> dict:
+    """The assistant message with `content` and the tool `calls` ([(name, arguments)]),
+    in the OpenAI chat format a template's `tool_calls` branch reads: the tests' reference
+    renders write it out plainly rather than through `ToolCallSyntax.assistant_message`."""
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"type": "function", "function": {"name": name, "arguments": arguments}}
+        for name, arguments in calls]}
