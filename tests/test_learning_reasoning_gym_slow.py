@@ -12,26 +12,18 @@ docs/environments.md, "reasoning-gym". 134-182 s on the shared 2-core CPU at loa
 import numpy as np
 import pytest
 
-from configs import grpo_reasoning_gym
-from experiments import learning_stages
-from tests import optional_envs
+from tests.learning_runs import first_and_last, run_shipped_config_and_curve
 
 
 @pytest.mark.slow
 def test_grpo_learns_reasoning_gyms_chain_sum_beyond_its_start():
-    config = grpo_reasoning_gym.get_config()
-    optional_envs.skip_without_extra(config)
-    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
-    curve = result.pop("rl_curve")
-    result.pop("rl_history")
-    print(result)
+    result, curve = run_shipped_config_and_curve("grpo_reasoning_gym")
     assert result["random_sampled"][0] < 0.05, result
     assert result["oracle"][0] == 1.0, result
     # Exact scoring: a batch's mean reward is its success rate, no partial credit.
     np.testing.assert_allclose([row["reward_mean"] for row in curve],
                                [row["success_rate"] for row in curve], atol=1e-6)
-    first = np.mean([row["success_rate"] for row in curve[:10]])
-    last = np.mean([row["success_rate"] for row in curve[-10:]])
+    first, last = first_and_last(curve, "success_rate")
     print("RL batches' success: first 10 steps", first, "last 10", last)
     # Measured (seed 0, 2026-12-07). Under the suite's XLA flags (tests/xla_flags.py, so
     # this test; twice, the same numbers): SFT alone 0.32 sampled / 0.51 greedy, SFT +

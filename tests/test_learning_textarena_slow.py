@@ -9,30 +9,21 @@ play 64 fresh demonstrator episodes through TextArena, stage 2's 100 steps as ma
     pytest -m slow tests/test_learning_textarena_slow.py -n 0 -p no:cacheprovider -s
 """
 
-import numpy as np
 import pytest
 
-from configs import grpo_textarena
-from experiments import learning_stages
-from tests import optional_envs
+from tests.learning_runs import first_and_last, run_shipped_config_and_curve
 
 
 @pytest.mark.slow
 def test_grpo_learns_textarenas_guess_the_number_beyond_its_start():
-    config = grpo_textarena.get_config()
-    optional_envs.skip_without_extra(config)
-    result, _ = learning_stages.run_stages(config, log=lambda s: print(s, flush=True))
-    curve = result.pop("rl_curve")
-    result.pop("rl_history")
-    print(result)
+    result, curve = run_shipped_config_and_curve("grpo_textarena")
     assert result["random_sampled"][0] < 0.05, result
     assert result["oracle"][0] == 1.0, result
     # Half its guesses are the midpoint of the range left, half a uniform draw from it.
     assert 0.65 <= result["demonstrator"][0] <= 0.85, result
-    first = {k: np.mean([row[k] for row in curve[:10]]) for k in ("success_rate",
-                                                                  "reward_mean")}
-    last = {k: np.mean([row[k] for row in curve[-10:]]) for k in ("success_rate",
-                                                                 "reward_mean")}
+    first, last = {}, {}
+    for key in ("success_rate", "reward_mean"):
+        first[key], last[key] = first_and_last(curve, key)
     print("first 10 RL steps", first, "last 10", last)
     # Measured (seed 0, 2026-12-07, four runs, two of them this test, not bit for bit
     # the same): SFT alone 0.65-0.71 sampled / 0.90 greedy; SFT + RL 0.83-0.84 / 0.90
