@@ -96,6 +96,12 @@ def turn_sample_gae(turn_rewards, values, context_length, length, action_len: in
             to_samples(returns * mask, context_length, turn_length, width))
 
 
+def turn_rows(x: jax.Array) -> jax.Array:
+    """[B, K, ...] -> [B*K, ...]: every turn of every episode a row, as the update and the
+    warm start train them."""
+    return x.reshape((-1,) + x.shape[2:])
+
+
 def samples_metrics(samples: per_turn_lib.TurnSamples, env_names) -> dict[str, jax.Array]:
     """The rollout metrics of `arl.trainers.credit_assignment.rollout_metrics` for
     episodes played per turn (the env's own per-episode statistics included, e.g.
@@ -183,8 +189,7 @@ class PerTurnTrainer(TokenTrainer):
         demo = per_turn_lib.per_turn_rollout(
             self.env, key, num_tasks=num_tasks, group_size=1, action_source=source,
             env_params=env_params, window=self.window)
-        rows = lambda x: x.reshape((-1,) + x.shape[2:])  # [N, K, L] -> [N*K, L]
-        return rows(demo.tokens), rows(demo.agent_mask)
+        return turn_rows(demo.tokens), turn_rows(demo.agent_mask)
 
     def learn(self, state: TrainState, samples: per_turn_lib.TurnSamples, keys: StepKeys,
               horizon, behaviour_params=None):
@@ -207,7 +212,6 @@ class PerTurnTrainer(TokenTrainer):
             valid = valid * alg.dapo_zero_variance_mask(
                 scores, samples.group_ids, num_groups=num_groups).astype(jnp.float32)
         metrics["kept_fraction"] = jnp.mean(valid)
-        rows = lambda x: x.reshape((-1,) + x.shape[2:])  # [B, K, ...] -> [B*K, ...]
         mask = samples.agent_mask * valid[:, None, None]
         old_values = returns = None
         if self.algorithm.credit == "gae":  # per turn: GAE over the episode's turns
@@ -216,20 +220,21 @@ class PerTurnTrainer(TokenTrainer):
                 samples.context_length, samples.length, self.env.action_len,
                 gamma=c.advantage.gamma, lam=c.advantage.lam,
                 turn_level=c.advantage.turn_level, turn_gamma=c.advantage.turn_gamma)
-            advantages, returns = rows(advantages), rows(returns)
+            advantages, returns = turn_rows(advantages), turn_rows(returns)
             if c.advantage.whiten:
-                advantages = alg.whiten(advantages, rows(mask))
-            old_values = shift_right(rows(samples.values)[:, :-1]) * rows(samples.agent_mask)
+                advantages = alg.whiten(advantages, turn_rows(mask))
+            old_values = (shift_right(turn_rows(samples.values)[:, :-1])
+                          * turn_rows(samples.agent_mask))
         else:  # the episode's advantage on every turn
             outcome = algorithm_table.OutcomeBatch(
                 scores=scores, group_ids=samples.group_ids, env_ids=samples.env_ids,
                 valid=valid > 0, num_groups=num_groups, num_envs=self.num_envs)
             episode_adv = c.process.outcome_weight * self.algorithm.outcome_advantages(
                 outcome, c.advantage)
-            advantages = rows(turn_advantages(episode_adv, mask))
-        tokens, mask = rows(samples.tokens), rows(mask)
+            advantages = turn_rows(turn_advantages(episode_adv, mask))
+        tokens, mask = turn_rows(samples.tokens), turn_rows(mask)
         advantages = advantages * mask
-        old_logp = rows(samples.behaviour_logp)
+        old_logp = turn_rows(samples.behaviour_logp)
         ref_logp = None
         if self.uses_reference:
             ref_logp = jax.lax.stop_gradient(self.policy.score(
