@@ -30,7 +30,7 @@ from arl.models import sampling as sampling_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout import episode_keys as episode_keys_lib
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format,
-                                     context_length)
+                                     context_length, first_observation_length)
 from arl.rollout.turns import ACTION_SOURCES, TurnPlayer, initial_carry, write_rows
 
 
@@ -177,9 +177,11 @@ class EpisodeStarts:
 
 def start_episodes(env, key, *, num_tasks: int, group_size: int, model, params,
                    action_source: str, env_params, reset_keys, share_group_prefill: bool,
-                   record_projections: bool) -> EpisodeStarts:
+                   record_projections: bool, prefill_prompts: bool = True) -> EpisodeStarts:
     """Resets `num_tasks * group_size` episodes and reads their prompts (the policy's
-    prefill, once per group with `share_group_prefill`); the arguments as `rollout`'s."""
+    prefill, once per group with `share_group_prefill`); the arguments as `rollout`'s.
+    With `prefill_prompts=False` the prompts are written to the context but not read: no
+    cache, logits or values yet (`read_prompts` reads them later)."""
     batch = num_tasks * group_size
     codec = env.codec
     width = context_length(env)
@@ -213,6 +215,7 @@ def start_episodes(env, key, *, num_tasks: int, group_size: int, model, params,
     if use_model:
         # One gathered table for every turn and decoded token, not one per loop level.
         params = transformer_lib.gather_embedding(params, model.config)
+    if use_model and prefill_prompts:
         # Keys and values are computed in the activation dtype: a cache in that dtype
         # holds them exactly, at half the bytes of float32 for bfloat16 activations.
         if chat is None:
@@ -232,6 +235,21 @@ def start_episodes(env, key, *, num_tasks: int, group_size: int, model, params,
                           last_logits, values, done=jnp.zeros((batch,), bool))
     return EpisodeStarts(carry=carry, params=params, task_rows=task_rows,
                          episode_keys=episode_keys_lib.episode_keys(turns_key, batch))
+
+
+def read_prompts(env, model, params, carry, group_size: int):
+    """`carry` (episodes before their first turn, `start_episodes(..., prefill_prompts=False)`)
+    with its prompts read by the policy `params` (embedding gathered): the KV cache, the
+    next token's logits and, with a value head, the prompt's values. The rows of each
+    group of `group_size` start from the same observation; the model reads its first."""
+    first = carry.tokens[:, :first_observation_length(env)]
+    cache, last_logits, prompt_values = _prefill(
+        model, params, first, carry.offset, carry.tokens.shape[1], group_size)
+    values = None
+    if model.config.value_head:
+        values = write_rows(jnp.zeros(carry.tokens.shape, jnp.float32), prompt_values,
+                            jnp.zeros_like(carry.offset), carry.offset)
+    return carry.replace(cache=cache, last_logits=last_logits, values=values)
 
 
 def _prefill(model, params, first, num_valid, capacity: int, group_size: int,

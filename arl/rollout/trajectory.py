@@ -74,6 +74,10 @@ class Trajectory:
     # state (envs with an `episode_stats` hook, e.g. declared tools' invalid calls);
     # `rollout_metrics` logs their means. None otherwise.
     episode_stats: Any = None
+    # int32 [B, S]: the parameter version (updates applied) that sampled each agent token,
+    # read under `agent_mask`; set by partial rollouts (`arl.rollout.slots`), whose
+    # episodes can span versions; None otherwise.
+    token_versions: jax.Array | None = None
 
 
 def chat_format(env):
