@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_collections
 
 from arl import algorithm_table
+from arl import algorithms as alg
 from arl.config import history as history_section
 from arl.config.checks import check_choice, check_range, fail
 
@@ -37,6 +38,12 @@ def defaults() -> ml_collections.ConfigDict:
     c.schedule = "lockstep"
     c.num_slots = 0
     c.slot_service_batch = 1
+    # Partial rollouts (slots only): carried_groups groups play beyond the step's quota;
+    # the step ends when num_tasks groups have finished and the others carry over,
+    # unfinished, to the next step's newer parameters. max_staleness: a carried group
+    # that started more versions ago than this restarts from its first turn.
+    c.carried_groups = 0
+    c.max_staleness = 1
     # How a multi-turn conversation becomes the policy's context, and the per-turn
     # history window (defaults and checks: arl.config.history).
     history_section.add_defaults(c)
@@ -89,6 +96,17 @@ def _validate_schedule(config) -> None:
     batch = r.num_tasks * r.group_size
     check_range(config, "rollout.num_slots", 0, batch, integer=True)
     check_range(config, "rollout.slot_service_batch", 1, r.num_slots or batch, integer=True)
+    check_range(config, "rollout.carried_groups", 0, integer=True)
+    check_range(config, "rollout.max_staleness", 0, integer=True)
+    if r.carried_groups and r.schedule != "slots":
+        fail("rollout.carried_groups", r.carried_groups,
+             f"partial rollouts run on slots (rollout.schedule='slots', not "
+             f"{r.schedule!r}): allowed value is 0")
+    if r.carried_groups and r.max_staleness and config.loss.off_policy_correction == "none":
+        fail("loss.off_policy_correction", "none",
+             f"rollout.carried_groups={r.carried_groups} continues episodes with parameters "
+             f"up to rollout.max_staleness={r.max_staleness} updates newer than their first "
+             f"tokens: choose one of {alg.CORRECTIONS[1:]} (or rollout.max_staleness=0)")
     if r.schedule != "slots":
         return
     if config.process.mc_samples > 0:

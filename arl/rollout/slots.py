@@ -349,6 +349,20 @@ def partial_slot_rollout(env, key: jax.Array, carried: CarriedEpisodes, *, num_t
     return traj, next_carried, stats
 
 
+def partial_metrics(traj: Trajectory, stats: SlotStats, version) -> dict[str, jax.Array]:
+    """What partial rollouts did in a step: episodes restarted at the staleness bound and
+    carried unfinished (`rollout/...`), and how many versions old the trajectory's agent
+    tokens are (`off_policy/token_staleness_{mean,max}`)."""
+    agent = traj.agent_mask > 0
+    age = jnp.where(agent, version - traj.token_versions, 0).astype(jnp.float32)
+    return {
+        "rollout/restarted_episodes": stats.restarted.astype(jnp.float32),
+        "rollout/carried_episodes": stats.carried.astype(jnp.float32),
+        "off_policy/token_staleness_mean": jnp.sum(age) / jnp.maximum(jnp.sum(agent), 1),
+        "off_policy/token_staleness_max": jnp.max(age),
+    }
+
+
 def _per_layer_if(per_layer: bool, cache):
     return cache.per_layer() if per_layer else cache
 

@@ -45,6 +45,14 @@ class TrainState:
     base_params: Any = None
     # The frozen outcome reward model (reward_model.hf_checkpoint); None otherwise.
     reward_model_params: Any = None
+    # Partial rollouts in the fused step (rollout.carried_groups > 0): the episodes the
+    # last rollout left unfinished (`arl.rollout.slots.CarriedEpisodes`); None otherwise.
+    rollout_carry: Any = None
+
+
+def carry_key(init_key: jax.Array) -> jax.Array:
+    """The key of the episodes partial rollouts start with, from the state's init key."""
+    return jax.random.fold_in(init_key, 2)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,6 +65,9 @@ class StateLayout:
     uses_reference: bool  # a KL term or PRIME reads the reference policy
     process_models: ProcessModels
     reward_model: Any = None  # an `arl.trainers.reward_model.OutcomeRewardModel`, or None
+    # (key, policy params) -> the `CarriedEpisodes` partial rollouts start from, where
+    # the state carries them (`TrainState.rollout_carry`); None otherwise.
+    initial_carry: Any = None
 
     def initial(self, init_key, key, pretrained=None, reward_model_params=None) -> TrainState:
         """The state before training: fresh weights (or `pretrained` ones over a fresh
@@ -83,6 +94,9 @@ class StateLayout:
                 step=jnp.zeros((), jnp.int32),
                 key=key,
             )
+        if self.initial_carry is not None:
+            state = state.replace(rollout_carry=self.initial_carry(
+                carry_key(init_key), params))
         return state.replace(reward_model_params=reward_model_params,
                              **self.process_models.initial_fields(
                                  prm_key, params, self.policy.model.config.max_len))
@@ -145,6 +159,9 @@ class StateLayout:
         if self.reward_model is not None:
             shardings = shardings.replace(
                 reward_model_params=self.reward_model.param_shardings(self.mesh))
+        if abstract.rollout_carry is not None:
+            shardings = shardings.replace(rollout_carry=jax.tree.map(
+                lambda _: replicated, abstract.rollout_carry))
         return shardings.replace(**self.process_models.field_shardings(
             abstract, param_shardings, self.mesh, opt_shardings))
 

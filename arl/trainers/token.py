@@ -118,9 +118,14 @@ class TokenTrainer:
             config.process, max_turns=self.env.max_turns,
             group_size=config.rollout.group_size, env_name=config.env.name)
         check_branching(self.env, self.branch_turns, config.process.mc_samples)  # sessions
-        self.layout = StateLayout(self.policy, self.optimizer, self.mesh,
-                                  self.uses_reference, self.process_models,
-                                  reward_model=self.reward_model)
+        # Partial rollouts: the fused step carries the unfinished episodes in its state;
+        # two programs carry them beside it (`arl.trainers.two_program`).
+        self.carries_episodes = config.rollout.carried_groups > 0
+        self.layout = StateLayout(
+            self.policy, self.optimizer, self.mesh, self.uses_reference, self.process_models,
+            reward_model=self.reward_model,
+            initial_carry=(self.initial_rollout_carry if self.carries_episodes
+                           and not config_lib.uses_two_programs(config) else None))
         self.credit = credit_lib.CreditAssignment(
             self.algorithm, config, num_envs=self.num_envs, max_turns=self.env.max_turns,
             branch_turns=self.branch_turns)
@@ -238,14 +243,41 @@ class TokenTrainer:
                 horizon=horizon,
                 env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
                 share_group_prefill=True,
-                num_slots=c.rollout.num_slots or c.rollout.num_tasks * c.rollout.group_size,
-                service_batch=c.rollout.slot_service_batch)
+                num_slots=self.num_slots, service_batch=c.rollout.slot_service_batch)
         return rollout_lib.rollout(
             self.env, key, num_tasks=c.rollout.num_tasks, group_size=c.rollout.group_size,
             model=self.model, params=policy_params, sampling=self.sampling, horizon=horizon,
             env_params=self.task_params(c.rollout.num_tasks, c.rollout.group_size),
             record_turn_states=bool(self.branch_turns), share_group_prefill=True,
             record_projections=self.learner.reuse_activations)
+
+    @property
+    def num_slots(self) -> int:
+        r = self.config.rollout
+        return r.num_slots or r.num_tasks * r.group_size
+
+    def initial_rollout_carry(self, key: jax.Array, policy_params) -> slots_lib.CarriedEpisodes:
+        """The carried episodes partial rollouts start from (traceable):
+        `rollout.carried_groups` fresh groups drawn from `key`, on the tasks the
+        positions after the step's own would take."""
+        r = self.config.rollout
+        return slots_lib.initial_carried(
+            self.env, key, carried_groups=r.carried_groups, group_size=r.group_size,
+            model=self.model, params=policy_params, num_slots=self.num_slots,
+            env_params=self.task_params(r.carried_groups, r.group_size))
+
+    def partial_rollout(self, policy_params, key: jax.Array, horizon, carried, version):
+        """The rollout of a step with partial rollouts (traceable): (its trajectory, the
+        episodes it carries to the next step, its metrics); `version`: the updates
+        `policy_params` has had."""
+        r = self.config.rollout
+        traj, carried, stats = slots_lib.partial_slot_rollout(
+            self.env, key, carried, num_tasks=r.num_tasks, group_size=r.group_size,
+            model=self.model, params=policy_params, num_slots=self.num_slots,
+            version=version, max_staleness=r.max_staleness, sampling=self.sampling,
+            horizon=horizon, env_params=self.task_params(r.num_tasks, r.group_size),
+            service_batch=r.slot_service_batch)
+        return traj, carried, slots_lib.partial_metrics(traj, stats, version)
 
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
@@ -267,8 +299,14 @@ class TokenTrainer:
         keys = self.step_keys(state.key)
         horizon = self.horizon(state.step)
         policy = self.layout.policy_params(state)
-        traj = self.rollout(policy, keys.rollout, horizon)
-        return self.learn(state, traj, keys, horizon, behaviour_params=policy)
+        if not self.carries_episodes:
+            traj = self.rollout(policy, keys.rollout, horizon)
+            return self.learn(state, traj, keys, horizon, behaviour_params=policy)
+        traj, carried, rollout_metrics = self.partial_rollout(
+            policy, keys.rollout, horizon, state.rollout_carry, state.step)
+        state, metrics = self.learn(state.replace(rollout_carry=carried), traj, keys, horizon,
+                                    behaviour_params=policy)
+        return state, {**metrics, **rollout_metrics}
 
     def learn(self, state: TrainState, traj: rollout_lib.Trajectory, keys: StepKeys,
               horizon, behaviour_params=None) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -40,7 +40,7 @@ from arl import sharding as sharding_lib
 from arl.models import transformer as transformer_lib
 from arl.rollout import Trajectory
 from arl.trainers import placement
-from arl.trainers.state import TrainState
+from arl.trainers.state import TrainState, carry_key
 
 
 @struct.dataclass
@@ -52,6 +52,9 @@ class TwoProgramState:
 
     state: TrainState
     behaviour: tuple  # k parameter trees, on the rollout mesh
+    # Partial rollouts (rollout.carried_groups > 0): the episodes rollout t - 1 left
+    # unfinished, which rollout t continues, on the rollout mesh; None otherwise.
+    carried: Any = None
 
 
 class TwoProgramTrainer:
@@ -102,6 +105,11 @@ class TwoProgramTrainer:
         replicated = sharding_lib.replicated(self.mesh)
         self._replicated = replicated
         self.rollout = jax.jit(self._rollout, out_shardings=self.trajectory_shardings)
+        # Partial rollouts: rollout t reads the episodes rollout t - 1 carried over.
+        self.partial_rollout = jax.jit(
+            self._partial_rollout,
+            out_shardings=(self.trajectory_shardings, replicated, replicated))
+        self._initial_carry = jax.jit(trainer.initial_rollout_carry, out_shardings=replicated)
         state_shardings = trainer.state_shardings()
         self.update = jax.jit(
             self._update,
@@ -119,6 +127,8 @@ class TwoProgramTrainer:
         self._ahead: _Ahead | None = None  # see train_step
         # The jitted programs themselves (benchmarks and tests may wrap the attributes).
         self._rollout_program, self._update_program = self.rollout, self.update
+        if trainer.carries_episodes:
+            self._rollout_program = self.partial_rollout
         self._rollout_first: bool | None = None
 
     # ------------------------------------------------------------------ programs
@@ -129,6 +139,26 @@ class TwoProgramTrainer:
         with sharding_lib.activation_mesh(self._activation_mesh):
             return self.trainer.rollout(behaviour_params, keys.rollout,
                                         self.trainer.horizon(step))
+
+    def _partial_rollout(self, behaviour_params, state_key, step, carried, version):
+        """`_rollout` with partial rollouts: (trajectory, carried episodes, metrics)."""
+        keys = self.trainer.step_keys(state_key)
+        with sharding_lib.activation_mesh(self._activation_mesh):
+            return self.trainer.partial_rollout(behaviour_params, keys.rollout,
+                                                self.trainer.horizon(step), carried, version)
+
+    def _rollout_args(self, params, key, step: int, carried) -> tuple:
+        """The arguments of rollout `step`'s program (`_rollout_program`)."""
+        if carried is None:
+            return params, key, jnp.int32(step)
+        return params, key, jnp.int32(step), carried, jnp.int32(self.behaviour_version(step))
+
+    def _sample(self, params, key, step: int, carried):
+        """Rollout `step` with `params`: (trajectory, the episodes it carries over or
+        None, its metrics)."""
+        if carried is None:
+            return self.rollout(params, key, jnp.int32(step)), None, {}
+        return self.partial_rollout(*self._rollout_args(params, key, step, carried))
 
     def _update(self, state: TrainState, traj: Trajectory, behaviour_version):
         """Signals + update of `traj`, sampled by the parameters after
@@ -162,14 +192,21 @@ class TwoProgramTrainer:
     def config(self):
         return self.trainer.config
 
-    def start(self, state: TrainState) -> TwoProgramState:
+    def start(self, state: TrainState, seed: int | None = None) -> TwoProgramState:
         """A run that starts at `state`: its first `policy_lag` rollouts sample with
-        `state`'s parameters (those of version 0 for a fresh state)."""
+        `state`'s parameters (those of version 0 for a fresh state); with partial
+        rollouts, from fresh carried episodes drawn from `seed` (default config.seed)."""
+        carried = None
+        if self.trainer.carries_episodes:
+            seed = self.config.seed if seed is None else seed
+            init_key, _ = jax.random.split(jax.random.key(seed))  # as TokenTrainer's
+            carried = self._initial_carry(carry_key(init_key), self.behaviour_params(state))
         return TwoProgramState(state=state,
-                               behaviour=(self.behaviour_params(state),) * self.policy_lag)
+                               behaviour=(self.behaviour_params(state),) * self.policy_lag,
+                               carried=carried)
 
     def init_state(self, seed: int | None = None) -> TwoProgramState:
-        return self.start(self.trainer.init_state(seed))
+        return self.start(self.trainer.init_state(seed), seed)
 
     def abstract_state(self) -> TwoProgramState:
         """Shapes, dtypes and shardings of the state (the orbax restore target; orbax
@@ -178,7 +215,14 @@ class TwoProgramTrainer:
         params = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             jax.eval_shape(self.trainer.layout.policy_params, state), self.param_shardings)
-        return TwoProgramState(state=state, behaviour=(params,) * self.policy_lag)
+        carried = None
+        if self.trainer.carries_episodes:
+            carried = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated),
+                jax.eval_shape(self.trainer.initial_rollout_carry,
+                               jax.random.key(0), params))
+        return TwoProgramState(state=state, behaviour=(params,) * self.policy_lag,
+                               carried=carried)
 
     def policy_params(self, state: TwoProgramState):
         """The policy's parameters in `state` (`TokenTrainer.policy_params`)."""
@@ -213,12 +257,15 @@ class TwoProgramTrainer:
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.state is state:
             step, key, trajectory = ahead.step, ahead.key, ahead.trajectory
+            carried, rollout_metrics = ahead.carried, ahead.rollout_metrics
         else:
             step, key, trajectory = int(state.state.step), self.state_key(state.state), None
+            carried, rollout_metrics = state.carried, {}
         k = self.policy_lag
         if trajectory is None:
             params = state.behaviour[0] if k else self.behaviour_params(state.state)
-            trajectory = self.rollout(params, key, jnp.int32(step))
+            trajectory, carried, rollout_metrics = self._sample(params, key, step,
+                                                                state.carried)
         # Rollout step + k samples with this state's parameters (version `step`): copied
         # before the update donates the state.
         behaviour = state.behaviour[1:] + (self.behaviour_params(state.state),) if k else ()
@@ -226,17 +273,20 @@ class TwoProgramTrainer:
                        jnp.int32(self.behaviour_version(step)))
         key = self._next_key(key)
         samples_next = step + 1 < self.config.train_steps  # the last step samples no more
-        trajectory = None
+        ahead = None
         if k and samples_next and self.rollout_first(
-                (behaviour[0], key, jnp.int32(step + 1)), update_args):
-            trajectory = self.rollout(behaviour[0], key, jnp.int32(step + 1))
+                self._rollout_args(behaviour[0], key, step + 1, carried), update_args):
+            ahead = self._sample(behaviour[0], key, step + 1, carried)
             samples_next = False
         train_state, metrics = self.update(*update_args)
+        metrics = {**metrics, **rollout_metrics}
         if samples_next:
             params = behaviour[0] if k else self.behaviour_params(train_state)
-            trajectory = self.rollout(params, key, jnp.int32(step + 1))
-        result = TwoProgramState(state=train_state, behaviour=behaviour)
-        self._ahead = _Ahead(state=result, step=step + 1, key=key, trajectory=trajectory)
+            ahead = self._sample(params, key, step + 1, carried)
+        result = TwoProgramState(state=train_state, behaviour=behaviour, carried=carried)
+        trajectory, carried_next, metrics_next = ahead if ahead is not None else (None,) * 3
+        self._ahead = _Ahead(state=result, step=step + 1, key=key, trajectory=trajectory,
+                             carried=carried_next, rollout_metrics=metrics_next)
         return result, metrics
 
     def rollout_first(self, rollout_args, update_args) -> bool:
@@ -260,3 +310,5 @@ class _Ahead:
     step: int
     key: jax.Array
     trajectory: Trajectory | None
+    carried: Any = None  # the episodes that rollout carries over (partial rollouts)
+    rollout_metrics: Any = None
