@@ -216,3 +216,39 @@ def test_a_stopped_run_resumes_with_its_carried_episodes_bit_for_bit(tmp_path, p
     assert sorted(final[0]) == sorted(final[1])
     for name, value in final[0].items():
         assert np.array_equal(value, final[1][name]), name
+
+
+@pytest.mark.slow  # io_callback steps: two more compiles
+def test_a_host_environment_episode_carries_over_and_continues():
+    """A host environment (its memory in the env state, stepped through io_callback from
+    the slot loop) carried across steps: every returned episode is one of the lockstep
+    episodes of its group's key."""
+    from tests.envs.test_host_env import Reverse  # pylint: disable=import-outside-toplevel
+
+    env = Reverse(max_turns=3)
+    config = TransformerConfig(
+        vocab_size=env.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
+        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(env))
+    model = Transformer(config)
+    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, config.max_len),
+                                                             jnp.int32))["params"])
+    carried = slots.initial_carried(env, INIT_KEY, carried_groups=1, group_size=GROUP,
+                                    model=model, params=params, num_slots=2)
+    step = jax.jit(lambda c, k, v: slots.partial_slot_rollout(
+        env, k, c, num_tasks=1, group_size=GROUP, model=model, params=params, num_slots=2,
+        version=v, max_staleness=2))
+    lockstep = jax.jit(lambda k: rollout_lib.rollout(
+        env, k, num_tasks=1, group_size=GROUP, model=model, params=params))
+    candidates = [jax.device_get(lockstep(key)) for key in [INIT_KEY] + STEP_KEYS[:3]]
+    spans = []
+    for t, key in enumerate(STEP_KEYS[:3]):
+        traj, carried, _ = jax.device_get(step(carried, key, jnp.int32(t)))
+        for row in range(GROUP):
+            b, r = _match(traj, row, candidates)
+            for field in ("rewards", "num_turns", "length", "observation_mask"):
+                np.testing.assert_array_equal(getattr(traj, field)[row],
+                                              getattr(candidates[b], field)[r],
+                                              err_msg=field)
+            versions = traj.token_versions[row][traj.agent_mask[row] > 0]
+            spans.append(versions.max() - versions.min())
+    assert max(spans) >= 1  # one episode at least continued by a later step

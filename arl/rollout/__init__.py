@@ -11,7 +11,8 @@ from arl.rollout.episode_datasets import (Demonstrations, TaskSet, build_demonst
                                           sample_demonstrations)
 from arl.rollout.rollouts import (default_row_params, env_ids_of, rollout, scripted_rollout,
                               task_keys)
-from arl.rollout.slots import SlotStats, slot_rollout
+from arl.rollout.slots import (CarriedEpisodes, SlotStats, initial_carried,
+                               partial_slot_rollout, slot_rollout)
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format, context_length,
                                     first_observation_length, observation_length,
                                     render_trajectory)
@@ -19,11 +20,11 @@ from arl.rollout.turns import (ACTION_SOURCES, RolloutCarry, TurnPlayer, TurnRec
                                initial_carry, write_rows)
 
 __all__ = [
-    "ACTION_SOURCES", "Demonstrations", "RolloutCarry", "SamplingConfig", "SlotStats",
+    "ACTION_SOURCES", "CarriedEpisodes", "Demonstrations", "RolloutCarry", "SamplingConfig", "SlotStats",
     "TaskSet",
     "Trajectory", "TurnPlayer", "TurnRecord", "build_demonstrations", "build_task_set",
     "chat_format", "context_length", "default_row_params", "env_ids_of",
-    "first_observation_length", "initial_carry", "load_demonstrations", "load_task_set",
-    "observation_length", "render_trajectory", "rollout", "sample_demonstrations",
+    "first_observation_length", "initial_carried", "initial_carry", "load_demonstrations", "load_task_set",
+    "observation_length", "partial_slot_rollout", "render_trajectory", "rollout", "sample_demonstrations",
     "scripted_rollout", "slot_rollout", "task_keys", "write_rows",
 ]

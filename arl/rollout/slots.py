@@ -13,9 +13,9 @@ episode at a time, each in its own phase:
                the next episode of the step's queue: its reset state and prompt cache.
 
 All of it is one `lax.while_loop` inside the compiled step, one iteration per decoded
-token; it ends when every episode of the step has finished. Episodes draw their
-randomness from their own keys (`arl.rollout.episode_keys`), so with the same key the
-episodes are the ones `rollout` plays: the same tasks, tokens, rewards and turns; the
+token; `slot_rollout` ends when every episode of the step has finished. Episodes draw
+their randomness from their own keys (`arl.rollout.episode_keys`), so with the same key
+the episodes are the ones `rollout` plays: the same tasks, tokens, rewards and turns; the
 behaviour log-probs too, bit for bit where the slots' batch computes a row as lockstep's
 does (the same number of rows, `num_slots = num_tasks * group_size`) and to float
 rounding otherwise. The output is the same `Trajectory` (row i = episode i).
@@ -23,7 +23,15 @@ rounding otherwise. The output is the same `Trajectory` (row i = episode i).
 Waiting slots are served together: the env step and the reply prefill run when at least
 `service_batch` slots wait, or no slot is decoding, so one [num_slots, reply] prefill
 serves many turns.
-"""
+
+Partial rollouts (`partial_slot_rollout`) remove the wait for the longest episode: the
+queue holds `carried_groups` groups beyond the step's quota, the loop ends as soon as
+`num_tasks` whole groups have finished, and what is unfinished (slots mid-turn with their
+caches, finished members of open groups, episodes not started) is returned as
+`CarriedEpisodes` for the next step, which continues it with its newer parameters. Each
+agent token records the parameter version that sampled it (`Trajectory.token_versions`);
+a carried group that started more than `max_staleness` versions before the step restarts.
+""""""
 
 from __future__ import annotations
 
