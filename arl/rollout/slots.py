@@ -31,7 +31,7 @@ caches, finished members of open groups, episodes not started) is returned as
 `CarriedEpisodes` for the next step, which continues it with its newer parameters. Each
 agent token records the parameter version that sampled it (`Trajectory.token_versions`);
 a carried group that started more than `max_staleness` versions before the step restarts.
-""""""
+"""
 
 from __future__ import annotations
 
