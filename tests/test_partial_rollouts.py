@@ -252,3 +252,46 @@ def test_a_host_environment_episode_carries_over_and_continues():
             versions = traj.token_versions[row][traj.agent_mask[row] > 0]
             spans.append(versions.max() - versions.min())
     assert max(spans) >= 1  # one episode at least continued by a later step
+
+
+_KILL_FLAGS = (
+    "--config=configs/grpo_guess_number.py", "--config.train_steps=5", "--config.log_every=1",
+    "--config.checkpoint_every=2", "--config.sample_every=0",
+    "--config.rollout.num_tasks=2", "--config.rollout.group_size=2",
+    "--config.rollout.schedule=slots", "--config.rollout.num_slots=2",
+    "--config.rollout.carried_groups=1", "--config.rollout.max_staleness=1",
+    "--config.rollout.policy_lag=2", "--config.loss.off_policy_correction=tis",
+    "--config.model.d_model=16", "--config.model.num_layers=1", "--config.model.mlp_dim=32",
+    "--config.model.num_heads=2", "--config.model.num_kv_heads=2",
+    "--config.warm_start.sft_steps=0", "--config.loss.echo_coef=0.1",
+)
+
+
+@pytest.mark.slow  # three CLI processes
+def test_a_sigkilled_cli_run_with_carried_episodes_resumes_exactly(tmp_path):
+    """`experiments.train` with partial rollouts at lag 2, killed with SIGKILL after step 3
+    (checkpoint 2 committed: its carried episodes, rollouts 3 and 4 in flight), restarted
+    on the same workdir: every metric of every step and the final checkpoint as an
+    uninterrupted run's."""
+    import os
+    import signal
+
+    from arl.runs import writers
+    from tests.test_experiment import _final_state, _flat_arrays, _train
+
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", tmp_path / "jax_cache")
+    reference = _train(tmp_path / "reference", _KILL_FLAGS, cache)
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    killed = _train(tmp_path / "resumed", _KILL_FLAGS, cache, "--debug_kill_after_step=3")
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
+    resumed = _train(tmp_path / "resumed", _KILL_FLAGS, cache)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "Resumed from step 2" in resumed.stdout
+    expected = writers.read_metrics(tmp_path / "reference")
+    assert writers.read_metrics(tmp_path / "resumed") == expected
+    assert any(m["rollout/carried_episodes"] > 0 for m in expected)
+    final = [_flat_arrays(_final_state(tmp_path / run, 5)) for run in ("reference", "resumed")]
+    assert any(name.startswith("carried/") for name in final[0])
+    assert sorted(final[0]) == sorted(final[1])
+    for name, value in final[0].items():
+        assert np.array_equal(value, final[1][name]), name
