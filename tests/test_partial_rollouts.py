@@ -295,3 +295,35 @@ def test_a_sigkilled_cli_run_with_carried_episodes_resumes_exactly(tmp_path):
     assert sorted(final[0]) == sorted(final[1])
     for name, value in final[0].items():
         assert np.array_equal(value, final[1][name]), name
+
+
+@pytest.mark.slow
+def test_a_sharded_step_with_carried_episodes_equals_one_device():
+    """Partial rollouts on a 2x2x2 mesh (the carried episodes replicated, the trained
+    batch over data x FSDP, parameters over FSDP and tensor) give one device's metrics
+    and parameters after three steps (tolerances as tests/test_train.py's)."""
+    import math
+
+    from arl.trainers import build
+
+    def three_steps(mesh):
+        c = _run_config(0)
+        c.rollout.num_tasks, c.rollout.group_size, c.rollout.num_slots = 4, 2, 4
+        c.mesh = mesh
+        trainer = build(c)
+        state, history = trainer.init_state(), []
+        devices = {len(x.sharding.device_set) for x in jax.tree.leaves(state.params)}
+        assert devices == {math.prod(mesh)}, devices
+        for _ in range(3):
+            state, metrics = trainer.train_step(state)
+            history.append(jax.device_get(metrics))
+        return jax.device_get(trainer.policy_params(state)), history
+
+    params, single = three_steps((1, 1, 1))
+    sharded_params, sharded = three_steps((2, 2, 2))
+    assert max(m["off_policy/token_staleness_max"] for m in single) > 0
+    for got, want in zip(sharded, single):
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for got, want in zip(jax.tree.leaves(sharded_params), jax.tree.leaves(params)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
