@@ -546,3 +546,39 @@ def test_sigkill_and_resume_is_bitwise_exact(tmp_path):
         assert expected[name].dtype == actual[name].dtype, name
         assert np.array_equal(expected[name], actual[name]), name
     assert int(actual["step"]) == 12
+
+
+@struct.dataclass
+class _Before:
+    params: jax.Array
+    pair: tuple
+    unused: object = None
+
+
+@struct.dataclass
+class _After:  # _Before after a release: one more optional field, one dropped
+    params: jax.Array
+    pair: tuple
+    carried: object = None
+
+
+def test_a_state_class_that_grew_or_lost_an_empty_field_restores(tmp_path):
+    """A checkpoint written before a state class gained an optional field (None unless
+    used) restores into the new class, and one with a None field the class no longer
+    has restores too: the arrays are the same, found by name."""
+    key = jax.random.key(3)
+    before = _Before(params=jnp.arange(4.0), pair=(key, {"m": jnp.ones((2, 2))}))
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, before, force=True)
+    target = checkpoint.abstract_state(_After(params=before.params, pair=before.pair))
+    with checkpoint.Checkpointer(tmp_path, read_only=True) as ckpt:
+        restored, _ = ckpt.restore(1, target)
+    assert isinstance(restored, _After) and restored.carried is None
+    np.testing.assert_array_equal(restored.params, before.params)
+    np.testing.assert_array_equal(jax.random.key_data(restored.pair[0]),
+                                  jax.random.key_data(key))
+    np.testing.assert_array_equal(restored.pair[1]["m"], np.ones((2, 2)))
+    # A field that holds arrays on one side only is still a structure error.
+    with checkpoint.Checkpointer(tmp_path, read_only=True) as ckpt:
+        with pytest.raises(checkpoint.CheckpointStructureError, match="carried"):
+            ckpt.restore(1, target.replace(carried=jax.ShapeDtypeStruct((2,), jnp.float32)))

@@ -199,6 +199,56 @@ def _structure_differences(abstract: PyTree, saved_tree: PyTree) -> list[str]:
     return differences
 
 
+def _leaf_names(tree: PyTree) -> tuple[list[str], Any, list[Any]]:
+    """(leaf names as orbax writes them, the tree's structure, its leaves)."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return [".".join(ocp.tree.str_keypath(path)) for path, _ in flat], treedef, [
+        leaf for _, leaf in flat]
+
+
+def _none_paths(tree: PyTree, is_target: bool = False) -> set[str]:
+    """Names of the None fields of `tree` (a state, or orbax's tree metadata)."""
+    if is_target:
+        flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is None)[0]
+        return {".".join(ocp.tree.str_keypath(path)) for path, leaf in flat if leaf is None}
+    found = set()
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, prefix + (str(key),))
+        elif isinstance(node, (list, tuple)):
+            for index, value in enumerate(node):
+                walk(value, prefix + (str(index),))
+        elif node is None:
+            found.add(".".join(prefix))
+
+    walk(tree, ())
+    return found
+
+
+def _disk_shaped(abstract: PyTree, saved_tree: PyTree) -> PyTree:
+    """`abstract`'s leaves in the nesting of the checkpoint's tree metadata."""
+    names, _, leaves = _leaf_names(abstract)
+    by_name = dict(zip(names, leaves))
+
+    def build(node, prefix):
+        if isinstance(node, dict):
+            return {key: build(value, prefix + (str(key),)) for key, value in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [build(value, prefix + (str(i),)) for i, value in enumerate(node)]
+        return None if node is None else by_name[".".join(prefix)]
+
+    return build(saved_tree, ())
+
+
+def _into_target(restored: PyTree, abstract: PyTree) -> PyTree:
+    """Arrays restored in the checkpoint's nesting, in `abstract`'s structure."""
+    flat = ocp.tree.to_flat_dict(restored, sep=".")
+    names, treedef, _ = _leaf_names(abstract)
+    return jax.tree_util.tree_unflatten(treedef, [flat[name] for name in names])
+
+
 class _DropOrbaxErrors(std_logging.Filter):
     """Drops error records logged from orbax's code (its writer threads' reports)."""
 
@@ -454,12 +504,19 @@ class Checkpointer:
                 f"checkpoint step {step} in {self._directory} does not match "
                 "abstract_target:\n  " + "\n  ".join(differences)
             )
+        # A field that holds no arrays (None) may be in the target and not on disk, or
+        # the other way round: a state class grew an optional field since the checkpoint
+        # was written. Orbax restores only its own nesting, so the arrays are restored
+        # in the checkpoint's nesting and put back into the target's.
+        item = abstract_target
+        if _none_paths(abstract_target, is_target=True) != _none_paths(saved_tree):
+            item = _disk_shaped(abstract_target, saved_tree)
         try:
             restored = self._manager.restore(
                 step,
                 args=ocp.args.Composite(
                     **{
-                        _STATE_ITEM: ocp.args.StandardRestore(abstract_target),
+                        _STATE_ITEM: ocp.args.StandardRestore(item),
                         _METADATA_ITEM: ocp.args.JsonRestore(),
                     }
                 ),
@@ -470,6 +527,9 @@ class Checkpointer:
             raise CheckpointCorruptError(
                 f"arrays unreadable: {_first_line(error)}"
             ) from error
+        if item is not abstract_target:
+            restored = {**restored, _STATE_ITEM: _into_target(restored[_STATE_ITEM],
+                                                              abstract_target)}
         metadata = restored[_METADATA_ITEM]
         if not isinstance(metadata, dict):
             raise CheckpointCorruptError(f"metadata is {type(metadata).__name__}, not a dict")
