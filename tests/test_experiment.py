@@ -64,6 +64,8 @@ def _final_state(workdir, step):
 
 
 def _flat_arrays(tree, prefix=""):
+    if tree is None:  # a field that holds no arrays
+        return {}
     if isinstance(tree, dict):
         out = {}
         for key, value in tree.items():
