@@ -87,7 +87,8 @@ def run_one(config, log) -> dict:
         history.append({k: float(v) for k, v in jax.device_get(wanted).items()})
         if step % 10 == 0 or step == config.train_steps:
             recent = [h["success_rate"] for h in history[-10:]]
-            log(f"    step {step}/{config.train_steps}: success (last 10) "
+            log(f"    step {step}/{config.train_steps} ({time.perf_counter() - start:.0f} s): "
+                f"success (last 10) "
                 f"{np.mean(recent):.3f}" + "".join(
                     f", {k.split('/')[1]} {history[-1][k]:.3g}"
                     for k in PARTIAL_KEYS[:1] + PARTIAL_KEYS[2:] if k in history[-1]))
@@ -110,7 +111,7 @@ def summarize(runs: list[dict], window: int) -> dict:
         return float(max(values)) if values else None
 
     off_policy = sorted({k for r in runs for k in r["history"][0]
-                         if k.startswith("off_policy/")})
+                         if k.startswith("off_policy/") and k not in PARTIAL_KEYS})
     return {"first": first, "last": last, "seconds": [r["seconds"] for r in runs],
             "staleness": mean_of(PARTIAL_KEYS[0]), "staleness_max": max_of(PARTIAL_KEYS[1]),
             "carried": mean_of(PARTIAL_KEYS[2]), "restarted": mean_of(PARTIAL_KEYS[3]),
