@@ -142,9 +142,9 @@ def main(argv=None):
     from arl.runs import process_settings  # pylint: disable=import-outside-toplevel
     process_settings.setup()  # as a run: compilation cache, CPU host settings
     load_before = common.load_average()
-    rows, verdicts, details, steps_of = [], [], [], {}
+    rows, verdicts, verdicts_extra, details, steps_of = [], [], [], [], {}
     for env in envs:
-        summaries = {}
+        summaries, histories = {}, {}
         for arm in ARMS:
             runs = []
             for seed in seeds:
@@ -155,6 +155,14 @@ def main(argv=None):
                 runs.append(run_one(config, log=lambda s: print(s, flush=True)))
                 print(f"    {runs[-1]['seconds']:.0f} s", flush=True)
             summaries[arm] = summarize(runs, window)
+            histories[arm] = [r["history"] for r in runs]
+        if histories["partial s2"] == histories["partial s1"]:
+            verdicts_extra.append(
+                f"- {env}: partial s2 ran bit for bit as partial s1 (every seed, every "
+                "metric): no group was carried past a second step (token staleness max "
+                f"{summaries['partial s2']['staleness_max']:.0f}, restarts "
+                f"{summaries['partial s2']['restarted']:.0f}), so max_staleness 2 never "
+                "acted differently from 1 at these sizes.")
         lock_last = summaries["lockstep"]["last"]
         low, high = float(lock_last.min()), float(lock_last.max())
         for arm in ARMS:
@@ -202,7 +210,7 @@ def main(argv=None):
             f"before, {load_after:.1f} after.\n\n"
             + table + "\n\nWithin noise = the partial arm's seed-mean last-"
             f"{window} success lies inside the lockstep seeds' [min, max]:\n\n"
-            + "\n".join(verdicts)
+            + "\n".join(verdicts + verdicts_extra)
             + "\n\nOff-policy metrics of the update (mean over steps and seeds):\n\n"
             + "\n".join(details) + "\n")
     common.publish(SECTION, text, write=not args.no_write and not args.tiny)
