@@ -187,7 +187,8 @@ def _run_config(policy_lag):
     return c
 
 
-@pytest.mark.parametrize("policy_lag", [0, 2])
+@pytest.mark.parametrize("policy_lag", [
+    0, pytest.param(2, marks=pytest.mark.slow)])  # lag 2: also the slow SIGKILL test below
 def test_a_stopped_run_resumes_with_its_carried_episodes_bit_for_bit(tmp_path, policy_lag):
     """Stopped after step 2 (checkpoint 2 holds the carried episodes) and resumed to
     step 4: the same metrics at every step and the same final checkpoint as a run of 4
