@@ -10,8 +10,8 @@ Workloads: `long_tail` (benchmarks/long_tail_env.py: each episode's number of tu
 from a Pareto tail whose p99 is 10x its median, capped at max_turns), `guess_number` and
 `countdown` as shipped (configs/grpo_*.py, no warm start), each at the same tiny model.
 Arms: lockstep; slots with each `--slots` fraction x (num_tasks * group_size)
-generation rows; and partial rollouts on the first fraction's slots, one arm per
-`--staleness` value (rollout.max_staleness), with `--carried` x num_tasks groups (at
+generation rows; and partial rollouts on the first fraction's slots (with
+`--rollout-only`: on every fraction's), one arm per `--staleness` value (rollout.max_staleness), with `--carried` x num_tasks groups (at
 least 1) carried beyond each step's quota. Lockstep and plain slots play the same
 episodes from the same keys (the same trained tokens); they differ in how the decoding is
 scheduled. A partial arm's step returns the num_tasks groups that finished first, carried
@@ -28,9 +28,12 @@ gives each workload's episode tokens (median, p99 : median) and the slots' busy 
 `--rollout-only` times the step's rollout alone (no update) and adds where its time goes:
 decode iterations (lockstep: max_turns x action_len, its turns scan their whole budget;
 slots: `SlotStats.iterations`) and milliseconds per iteration; its own section,
-"Continuous batching: where the rollout's time goes". A partial arm there is timed in
-steady state: each call continues the episodes the previous call carried, at the next
-parameter version (the same parameters), after max(3, 1 + max_staleness) warm-up calls.
+"Continuous batching: where the rollout's time goes". There call i of every arm draws
+its fresh groups from the same key, so all arms sample one population of episodes (a
+single fixed batch of a heavy-tailed workload can be far from its mean); a partial arm is
+timed in steady state: each call continues the episodes the previous call carried, at
+the next parameter version (the same parameters), after max(3, 1 + max_staleness)
+warm-up calls.
 """
 
 from __future__ import annotations
@@ -304,6 +307,21 @@ class PartialRollouts:
         return traj, stats
 
 
+class FreshRollouts:
+    """A lockstep or slot arm's rollout calls: call i plays the episodes of
+    `fold_in(key, i)` (the groups a partial arm's call i adds to its queue), so over the
+    timed calls every arm draws from the same population of episodes, not one batch."""
+
+    def __init__(self, fn, policy, key):
+        _, self.key = jax.random.split(key)  # as PartialRollouts' fresh groups
+        self.fn, self.policy, self.calls = fn, policy, 0
+
+    def __call__(self):
+        out = self.fn(self.policy, jax.random.fold_in(self.key, self.calls))
+        self.calls += 1
+        return out
+
+
 def rollout_only(args):
     """The step's rollout alone per arm, interleaved rounds: ms per rollout, decode
     iterations and ms per iteration (the per-iteration cost is what slots trade against
@@ -328,7 +346,7 @@ def rollout_only(args):
             params=p, sampling=trainer.sampling, env_params=env_params,
             share_group_prefill=True), None))
         # arm -> (a call returning (trajectory, stats or None), max_staleness or None)
-        arms = {"lockstep": (lambda: lockstep(policy, key), None)}
+        arms = {"lockstep": (FreshRollouts(lockstep, policy, key), None)}
         counts = slot_counts(args, batch)
         for n in counts:
             fn = jax.jit(lambda p, k, n=n: slots_lib.slot_rollout(
@@ -337,13 +355,15 @@ def rollout_only(args):
                 env_params=env_params, share_group_prefill=True, num_slots=n,
                 service_batch=service_batch(args, n),
                 return_stats=True))
-            arms[slots_arm(n)] = (lambda fn=fn: fn(policy, key), None)
+            arms[slots_arm(n)] = (FreshRollouts(fn, policy, key), None)
         groups = carried_groups(args, r.num_tasks)
-        for staleness in staleness_values(args):
-            arms[partial_arm(counts[0], staleness)] = (PartialRollouts(
-                trainer, policy, key, num_slots=counts[0],
-                service=service_batch(args, counts[0]), carried=groups,
-                staleness=staleness), staleness)
+        # Here on every slot count: with one slot per episode the longest episode bounds
+        # a plain slot rollout's iterations, which is what carrying removes.
+        for n in counts:
+            for staleness in staleness_values(args):
+                arms[partial_arm(n, staleness)] = (PartialRollouts(
+                    trainer, policy, key, num_slots=n, service=service_batch(args, n),
+                    carried=groups, staleness=staleness), staleness)
         for call, staleness in arms.values():  # compile; partial arms: to steady state
             for _ in range(warm_up_calls(staleness)):
                 jax.block_until_ready(call())
@@ -365,34 +385,34 @@ def rollout_only(args):
         for arm, (_, staleness) in arms.items():
             seconds, tokens, iterations, _ = (np.asarray(x, float) for x in zip(*calls[arm]))
             median_s = statistics.median(seconds)
-            if staleness is None:  # the same episodes every call
-                rates[arm] = tokens[0] / median_s
-                per_iteration = median_s / iterations[0]
-            else:  # each call returns other episodes: totals over the timed calls
-                rates[arm] = tokens.sum() / seconds.sum()
-                per_iteration = seconds.sum() / iterations.sum()
+            # Each call returns other episodes: totals over the timed calls.
+            rates[arm] = tokens.sum() / seconds.sum()
+            per_iteration = seconds.sum() / iterations.sum()
             rows.append([workload, arm, common.fmt_ms(median_s),
                          f"{statistics.median(iterations):.0f}",
                          f"{per_iteration * 1e3:.2f}", common.fmt_rate(rates[arm]),
                          f"{batch / median_s:.1f}",
                          f"{rates[arm] / rates['lockstep']:.2f}x"])
         tokens = np.asarray(last["lockstep"].agent_mask.sum(axis=1))
+        drawn = np.mean([c[1] for c in calls["lockstep"]]) / batch
         partial = [f"{arm}: agent tokens per returned episode "
                    f"{np.mean([c[1] for c in calls[arm]]) / batch:.1f} on average, "
                    f"{np.mean([c[3] for c in calls[arm]]):.1f} episodes restarted per call"
                    for arm, (_, staleness) in arms.items() if staleness is not None]
-        notes.append(f"{workload}: batch {batch}, agent tokens per episode median "
+        notes.append(f"{workload}: batch {batch}, agent tokens per episode {drawn:.1f} on "
+                     f"average over lockstep's calls; in its last call median "
                      f"{np.median(tokens):.0f}, max {int(tokens.max())} (the longest episode "
                      f"bounds the iterations of every arm without partial rollouts); "
                      f"rollout.carried_groups {groups}"
                      + ("; " if partial else "") + "; ".join(partial))
     description = (
         f"The step's rollout alone, d_model 64, 2 layers, float32, {args.rounds} "
-        "interleaved rounds, median. Lockstep and slots play the same episodes every call. "
-        "A partial arm is timed in steady state: each call continues the episodes the "
-        "previous one carried, at the next version (same parameters), after max(3, 1 + "
-        "max_staleness) warm-up calls (other arms: 3); its calls return different "
-        "episodes, so its agent tok/s = the agent tokens of the episodes its timed calls "
+        "interleaved rounds. Call i of every arm draws its fresh groups from the same key "
+        "(lockstep and slots play them; a partial arm adds them to its queue), so the arms "
+        "sample one population of episodes, not one batch. A partial arm is timed in "
+        "steady state: each call continues the episodes the previous one carried, at the "
+        "next version (same parameters), after max(3, 1 + max_staleness) warm-up calls "
+        "(other arms: 3). Agent tok/s = the agent tokens of the episodes the timed calls "
         "returned / their total seconds, ms / iteration = total seconds / total "
         "iterations, decode iterations: the median call's, episodes/s: batch / median "
         f"seconds. Speed-up: agent tok/s over lockstep's. Load average {load_before:.1f} before, "
