@@ -96,8 +96,8 @@ else
   # Rollout/update overlap (asynchronous rollouts, lag 0/1/2 vs the fused step and the
   # bound max(rollout, update)) with a host tool; colocated on one accelerator.
   run async_rollouts 150 "$PYTHON" benchmarks/async_rollouts.py --steps 4 --rounds 3
-  # Slot scheduling against lockstep (#58's figures on the device): the long-tailed
-  # workload and guess_number, 8 and 32 of 32 rows.
+  # Slot scheduling and partial rollouts against lockstep on the device: the long-tailed
+  # workload and guess_number, 8 and 32 of 32 rows, partial rollouts at staleness 1 and 2.
   run continuous_batching 150 "$PYTHON" benchmarks/continuous_batching.py --steps 2 \
     --rounds 3 --slots 0.25,1.0 --workloads long_tail,guess_number
   # Where the rollout's time goes on the device: iterations and ms per iteration.
