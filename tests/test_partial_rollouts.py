@@ -10,7 +10,6 @@ bit where an uninterrupted run ends, in the fused step (lag 0) and at lag 2."""
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,11 +18,9 @@ import pytest
 from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.errors import ConfigError
-from arl.models.transformer import Transformer, TransformerConfig
 from arl.rollout import slots
-from benchmarks.long_tail_env import LongTail
+from tests.test_slots import ENV, MODEL, PARAMS, tiny_policy  # LongTail(6 turns, 4 tokens)
 
-ENV = LongTail(max_turns=6, action_len=4)
 NUM_TASKS, GROUP, CARRIED, NUM_SLOTS, STEPS = 2, 2, 2, 3, 5
 HORIZON = 5
 EXACT = ("tokens", "agent_mask", "observation_mask", "rewards", "turn_end_mask", "length",
@@ -31,16 +28,6 @@ EXACT = ("tokens", "agent_mask", "observation_mask", "rewards", "turn_end_mask",
          "turn_rewards", "turn_starts", "turn_active", "turn_success")
 
 
-def _policy():
-    config = TransformerConfig(
-        vocab_size=ENV.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
-        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(ENV), value_head=True)
-    model = Transformer(config)
-    params = model.init(jax.random.key(0), jnp.zeros((1, config.max_len), jnp.int32))
-    return model, nn.unbox(params["params"])
-
-
-MODEL, PARAMS = _policy()
 INIT_KEY = jax.random.key(1)
 STEP_KEYS = [jax.random.key(10 + t) for t in range(STEPS)]
 
@@ -227,12 +214,7 @@ def test_a_host_environment_episode_carries_over_and_continues():
     from tests.envs.test_host_env import Reverse  # pylint: disable=import-outside-toplevel
 
     env = Reverse(max_turns=3)
-    config = TransformerConfig(
-        vocab_size=env.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
-        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(env))
-    model = Transformer(config)
-    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, config.max_len),
-                                                             jnp.int32))["params"])
+    model, params = tiny_policy(env, value_head=False)
     carried = slots.initial_carried(env, INIT_KEY, carried_groups=1, group_size=GROUP,
                                     model=model, params=params, num_slots=2)
     step = jax.jit(lambda c, k, v: slots.partial_slot_rollout(

@@ -27,16 +27,18 @@ EXACT = ("tokens", "agent_mask", "observation_mask", "rewards", "turn_end_mask",
 FLOATS = ("behaviour_logp", "values")
 
 
-def _policy():
+def tiny_policy(env, value_head: bool = True):
+    """(model, params): a one-layer policy over `env`'s codec and context."""
     config = TransformerConfig(
-        vocab_size=ENV.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
-        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(ENV), value_head=True)
+        vocab_size=env.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
+        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(env),
+        value_head=value_head)
     model = Transformer(config)
     params = model.init(jax.random.key(0), jnp.zeros((1, config.max_len), jnp.int32))
     return model, nn.unbox(params["params"])
 
 
-MODEL, PARAMS = _policy()
+MODEL, PARAMS = tiny_policy(ENV)
 KEY = jax.random.key(4)  # groups of 2, 4 and 6 turns (6 cut at the horizon, 5)
 
 
@@ -207,12 +209,7 @@ def test_slots_step_a_host_environment_from_inside_the_loop():
     from tests.envs.test_host_env import Reverse  # pylint: disable=import-outside-toplevel
 
     env = Reverse(max_turns=2)
-    config = TransformerConfig(
-        vocab_size=env.codec.vocab_size, d_model=16, num_layers=1, num_heads=2,
-        num_kv_heads=2, mlp_dim=32, max_len=rollout_lib.context_length(env))
-    model = Transformer(config)
-    params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, config.max_len),
-                                                             jnp.int32))["params"])
+    model, params = tiny_policy(env, value_head=False)
     lockstep = jax.jit(lambda p, k: rollout_lib.rollout(
         env, k, num_tasks=2, group_size=2, model=model, params=p))(params, KEY)
     slots = jax.jit(lambda p, k: slot_rollout(

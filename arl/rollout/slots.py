@@ -264,7 +264,6 @@ def partial_slot_rollout(env, key: jax.Array, carried: CarriedEpisodes, *, num_t
     earlier positions the versions that wrote them computed.
     """
     carried_groups = carried.group_versions.shape[0]
-    batch = num_tasks * group_size
     pool = (carried_groups + num_tasks) * group_size
     _check_sizes(model, params, num_slots, service_batch, pool)
     if max_staleness < 0:
