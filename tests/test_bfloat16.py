@@ -191,11 +191,15 @@ def test_bfloat16_step_keeps_statistics_in_float32(name, request):
     _check_bfloat16_step(config)
 
 
-# The two non-default rollouts: per-turn history (its own trainer and update) and slot
-# scheduling (its own rollout program), each on a shipped config.
+# The non-default rollouts: per-turn history (its own trainer and update), slot
+# scheduling (its own rollout program) and partial rollouts (episodes carried in the
+# state), each on a shipped config.
 _ROLLOUT_MODES = {
     "per_turn": ("grpo_hf_checkpoint", {"rollout.history": "per_turn", "loss.sft_coef": 0.0}),
     "slots": ("grpo_guess_number", {"rollout.schedule": "slots", "rollout.num_slots": 2}),
+    "partial": ("grpo_guess_number", {
+        "rollout.schedule": "slots", "rollout.num_slots": 2, "rollout.carried_groups": 1,
+        "loss.off_policy_correction": "tis"}),
 }
 
 
@@ -213,6 +217,8 @@ def _check_bfloat16_step(config):
     if config.rollout.history == "per_turn":
         assert type(trainer).__name__ == "PerTurnTrainer", type(trainer)
     state = trainer.abstract_state()
+    if config.rollout.carried_groups:  # the carried episodes' logits stay in float32
+        assert state.rollout_carry.rows.slots.last_logits.dtype == jnp.float32
     closed, (_, metrics) = jax.make_jaxpr(trainer.train_step, return_shape=True)(state)
     not_float32 = {k: str(v.dtype) for k, v in metrics.items()
                    if jnp.issubdtype(v.dtype, jnp.floating) and v.dtype != jnp.float32}

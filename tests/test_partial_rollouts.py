@@ -19,6 +19,7 @@ from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.errors import ConfigError
 from arl.rollout import slots
+from tests.test_slots import _config  # GRPO on the bandit with rollout.* overrides
 from tests.test_slots import ENV, MODEL, PARAMS, tiny_policy  # LongTail(6 turns, 4 tokens)
 
 NUM_TASKS, GROUP, CARRIED, NUM_SLOTS, STEPS = 2, 2, 2, 3, 5
@@ -128,15 +129,6 @@ def test_bad_arguments_are_refused():
                               model=MODEL, params=PARAMS, num_slots=2)
 
 
-def _config(**rollout):
-    c = config_lib.default_config()
-    c.algorithm = "grpo"
-    c.env.name = "guess_number"
-    for name, value in rollout.items():
-        c.rollout[name] = value
-    return c
-
-
 @pytest.mark.parametrize("rollout, loss, field", [
     (dict(carried_groups=2), {}, "rollout.carried_groups"),  # lockstep
     (dict(schedule="slots", carried_groups=-1), {}, "rollout.carried_groups"),
@@ -165,6 +157,7 @@ def _run_config(policy_lag):
     lag 2)."""
     c = _config(schedule="slots", num_tasks=2, group_size=2, num_slots=2, carried_groups=1,
                 max_staleness=1, policy_lag=policy_lag)
+    c.env.name = "guess_number"
     c.loss.off_policy_correction = "tis"
     c.loss.echo_coef = 0.1  # keeps the parameters moving when every group is degenerate
     c.model.d_model, c.model.num_layers, c.model.mlp_dim = 16, 1, 32
