@@ -276,7 +276,7 @@ class PartialRollouts:
     key folded with that version."""
 
     def __init__(self, trainer, policy, key, *, num_slots, service, carried, staleness):
-        from arl.rollout import slots as slots_lib  # pylint: disable=import-outside-toplevel
+        from arl.rollout import partial_rollouts as partial_lib  # pylint: disable=import-outside-toplevel
 
         r = trainer.config.rollout
         env, model = trainer.env, trainer.model
@@ -284,7 +284,7 @@ class PartialRollouts:
         # The carried episodes (their slots' caches) donated, as the trainer's step
         # donates the state that holds them.
         self.rollout = jax.jit(lambda p, k, carried_episodes, version: (
-            slots_lib.partial_slot_rollout(
+            partial_lib.partial_slot_rollout(
                 env, jax.random.fold_in(k, version), carried_episodes,
                 num_tasks=r.num_tasks, group_size=r.group_size,
                 model=model, params=p, num_slots=num_slots, version=version,
@@ -294,7 +294,7 @@ class PartialRollouts:
         # Placed as the rollout returns it (replicated on the trainer's mesh, as the
         # trainer places it): a default placement would compile the rollout twice.
         replicated = jax.sharding.NamedSharding(trainer.mesh, jax.sharding.PartitionSpec())
-        self.carried = jax.jit(lambda p, k: slots_lib.initial_carried(
+        self.carried = jax.jit(lambda p, k: partial_lib.initial_carried(
             env, k, carried_groups=carried, group_size=r.group_size, model=model, params=p,
             num_slots=num_slots, env_params=trainer.task_params(carried, r.group_size)),
                                out_shardings=replicated)(policy, carry_key)

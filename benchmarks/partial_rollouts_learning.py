@@ -1,6 +1,6 @@
 """Partial rollouts: learning parity. Success curves at equal trained episodes, lockstep
 rollouts against slots with partial rollouts (`rollout.carried_groups`,
-`rollout.max_staleness`; `arl.rollout.slots.partial_slot_rollout`).
+`rollout.max_staleness`; `arl.rollout.partial_rollouts.partial_slot_rollout`).
 
     python benchmarks/partial_rollouts_learning.py [--envs bandit,guess_number]
         [--seeds 3] [--steps N] [--tiny] [--no-write]

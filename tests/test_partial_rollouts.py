@@ -1,4 +1,4 @@
-"""Partial rollouts (`arl.rollout.slots.partial_slot_rollout`, `rollout.carried_groups`):
+"""Partial rollouts (`arl.rollout.partial_rollouts.partial_slot_rollout`, `rollout.carried_groups`):
 groups beyond a step's quota are carried, unfinished, into the next step.
 
 With the parameters held fixed, every episode a run of partial steps returns is an
@@ -18,7 +18,7 @@ import pytest
 from arl import config as config_lib
 from arl import rollout as rollout_lib
 from arl.errors import ConfigError
-from arl.rollout import slots
+from arl.rollout import partial_rollouts
 from tests.test_slots import _config  # GRPO on the bandit with rollout.* overrides
 from tests.test_slots import ENV, MODEL, PARAMS, tiny_policy  # LongTail(6 turns, 4 tokens)
 
@@ -36,10 +36,10 @@ STEP_KEYS = [jax.random.key(10 + t) for t in range(STEPS)]
 @functools.lru_cache(maxsize=None)
 def _partial_run(max_staleness):
     """STEPS partial steps at fixed parameters, the version rising by one per step."""
-    carried = jax.jit(lambda p: slots.initial_carried(
+    carried = jax.jit(lambda p: partial_rollouts.initial_carried(
         ENV, INIT_KEY, carried_groups=CARRIED, group_size=GROUP, model=MODEL, params=p,
         num_slots=NUM_SLOTS))(PARAMS)
-    step = jax.jit(lambda c, k, v: slots.partial_slot_rollout(
+    step = jax.jit(lambda c, k, v: partial_rollouts.partial_slot_rollout(
         ENV, k, c, num_tasks=NUM_TASKS, group_size=GROUP, model=MODEL, params=PARAMS,
         num_slots=NUM_SLOTS, version=v, max_staleness=max_staleness, horizon=HORIZON))
     steps = []
@@ -118,14 +118,14 @@ def test_a_restart_replays_its_group_from_the_first_turn():
 
 
 def test_bad_arguments_are_refused():
-    carried = slots.initial_carried(ENV, INIT_KEY, carried_groups=1, group_size=GROUP,
+    carried = partial_rollouts.initial_carried(ENV, INIT_KEY, carried_groups=1, group_size=GROUP,
                                     model=MODEL, params=PARAMS, num_slots=2)
     with pytest.raises(ValueError, match="max_staleness=-1"):
-        slots.partial_slot_rollout(ENV, STEP_KEYS[0], carried, num_tasks=1,
+        partial_rollouts.partial_slot_rollout(ENV, STEP_KEYS[0], carried, num_tasks=1,
                                    group_size=GROUP, model=MODEL, params=PARAMS,
                                    num_slots=2, version=0, max_staleness=-1)
     with pytest.raises(ValueError, match="carried_groups=0"):
-        slots.initial_carried(ENV, INIT_KEY, carried_groups=0, group_size=GROUP,
+        partial_rollouts.initial_carried(ENV, INIT_KEY, carried_groups=0, group_size=GROUP,
                               model=MODEL, params=PARAMS, num_slots=2)
 
 
@@ -208,9 +208,9 @@ def test_a_host_environment_episode_carries_over_and_continues():
 
     env = Reverse(max_turns=3)
     model, params = tiny_policy(env, value_head=False)
-    carried = slots.initial_carried(env, INIT_KEY, carried_groups=1, group_size=GROUP,
+    carried = partial_rollouts.initial_carried(env, INIT_KEY, carried_groups=1, group_size=GROUP,
                                     model=model, params=params, num_slots=2)
-    step = jax.jit(lambda c, k, v: slots.partial_slot_rollout(
+    step = jax.jit(lambda c, k, v: partial_rollouts.partial_slot_rollout(
         env, k, c, num_tasks=1, group_size=GROUP, model=model, params=params, num_slots=2,
         version=v, max_staleness=2))
     lockstep = jax.jit(lambda k: rollout_lib.rollout(

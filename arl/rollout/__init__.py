@@ -11,8 +11,9 @@ from arl.rollout.episode_datasets import (Demonstrations, TaskSet, build_demonst
                                           sample_demonstrations)
 from arl.rollout.rollouts import (default_row_params, env_ids_of, rollout, scripted_rollout,
                               task_keys)
-from arl.rollout.slots import (CarriedEpisodes, SlotStats, initial_carried,
-                               partial_slot_rollout, slot_rollout)
+from arl.rollout.partial_rollouts import (CarriedEpisodes, initial_carried,
+                                          partial_slot_rollout)
+from arl.rollout.slots import SlotStats, slot_rollout
 from arl.rollout.trajectory import (SamplingConfig, Trajectory, chat_format, context_length,
                                     first_observation_length, observation_length,
                                     render_trajectory)

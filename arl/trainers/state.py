@@ -46,7 +46,7 @@ class TrainState:
     # The frozen outcome reward model (reward_model.hf_checkpoint); None otherwise.
     reward_model_params: Any = None
     # Partial rollouts in the fused step (rollout.carried_groups > 0): the episodes the
-    # last rollout left unfinished (`arl.rollout.slots.CarriedEpisodes`); None otherwise.
+    # last rollout left unfinished (`arl.rollout.partial_rollouts.CarriedEpisodes`); None otherwise.
     rollout_carry: Any = None
 
 

@@ -41,6 +41,7 @@ from arl.optim import make_optimizer, rl_updates
 from arl.rollout import episode_datasets as datasets_lib
 from arl.errors import ConfigError, one_line
 from arl.rollout import branching as branching_lib
+from arl.rollout import partial_rollouts as partial_lib
 from arl.rollout import slots as slots_lib
 from arl.trainers import credit_assignment as credit_lib
 from arl.trainers import guards
@@ -256,12 +257,12 @@ class TokenTrainer:
         r = self.config.rollout
         return r.num_slots or r.num_tasks * r.group_size
 
-    def initial_rollout_carry(self, key: jax.Array, policy_params) -> slots_lib.CarriedEpisodes:
+    def initial_rollout_carry(self, key: jax.Array, policy_params) -> partial_lib.CarriedEpisodes:
         """The carried episodes partial rollouts start from (traceable):
         `rollout.carried_groups` fresh groups drawn from `key`, on the tasks the
         positions after the step's own would take."""
         r = self.config.rollout
-        return slots_lib.initial_carried(
+        return partial_lib.initial_carried(
             self.env, key, carried_groups=r.carried_groups, group_size=r.group_size,
             model=self.model, params=policy_params, num_slots=self.num_slots,
             env_params=self.task_params(r.carried_groups, r.group_size))
@@ -271,13 +272,13 @@ class TokenTrainer:
         episodes it carries to the next step, its metrics); `version`: the updates
         `policy_params` has had."""
         r = self.config.rollout
-        traj, carried, stats = slots_lib.partial_slot_rollout(
+        traj, carried, stats = partial_lib.partial_slot_rollout(
             self.env, key, carried, num_tasks=r.num_tasks, group_size=r.group_size,
             model=self.model, params=policy_params, num_slots=self.num_slots,
             version=version, max_staleness=r.max_staleness, sampling=self.sampling,
             horizon=horizon, env_params=self.task_params(r.num_tasks, r.group_size),
             service_batch=r.slot_service_batch)
-        return traj, carried, slots_lib.partial_metrics(traj, stats, version)
+        return traj, carried, partial_lib.partial_metrics(traj, stats, version)
 
     def step(self, state: TrainState) -> tuple[TrainState, dict[str, jax.Array]]:
         """One rollout + signals + update, traced (`train_step` is its jitted, donating
